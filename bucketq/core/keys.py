@@ -1,0 +1,126 @@
+"""The key layout of storage protocol v1: the only module that spells object keys."""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+
+from bucketq.errors import InvalidName
+
+SEQ_WIDTH = 16
+PARTITION_WIDTH = 4
+MAX_PARTITIONS = 10**PARTITION_WIDTH
+_NAME = re.compile(r"^[a-z0-9]([a-z0-9.-]{0,61}[a-z0-9])?$")
+
+
+def validate_name(name: str, what: str = "topic") -> str:
+    """Check a topic or consumer name: DNS-1123 characters, 1-63 long, usable as an S3 prefix.
+
+    Lower-case letters, digits, ``-`` and ``.``; starts and ends with a letter or digit; no ``..``.
+    Dots are allowed so that the default dead-letter topic ``{topic}.dlq`` is a valid name.
+    """
+    if not isinstance(name, str) or not _NAME.match(name) or ".." in name:
+        raise InvalidName(
+            f"invalid {what} name {name!r}: use 1-63 lower-case letters, digits, '-' or '.', "
+            "starting and ending with a letter or digit (DNS-1123)"
+        )
+    return name
+
+
+def seq_str(seq: int) -> str:
+    return f"{seq:0{SEQ_WIDTH}d}"
+
+
+def parse_seq(key: str) -> int:
+    """The sequence number at the end of a segment, delta or checkpoint key."""
+    stem = key.rsplit("/", 1)[-1].split(".", 1)[0]
+    return int(stem)
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """Keys under one root prefix ``R`` (empty, or e.g. ``bucketq/team-a``)."""
+
+    root: str = ""
+
+    def _k(self, rest: str) -> str:
+        return f"{self.root}/{rest}" if self.root else rest
+
+    @property
+    def prefix(self) -> str:
+        return self._k("")
+
+    # bootstrap and probe
+    def format_marker(self) -> str:
+        return self._k("_bucketq/format.json")
+
+    def probes_prefix(self) -> str:
+        return self._k("_probe/")
+
+    def probe(self, token: str) -> str:
+        return self._k(f"_probe/{token}.probe")
+
+    # registry
+    def producer(self, producer_id: str) -> str:
+        return self._k(f"_registry/producers/{producer_id}.json")
+
+    def consumer(self, consumer_id: str) -> str:
+        return self._k(f"_registry/consumers/{consumer_id}.json")
+
+    def members_topic_prefix(self, topic: str) -> str:
+        return self._k(f"_registry/members/{topic}/")
+
+    def members_prefix(self, topic: str, consumer: str) -> str:
+        return self._k(f"_registry/members/{topic}/{consumer}/")
+
+    def member(self, topic: str, consumer: str, member: str) -> str:
+        return self._k(f"_registry/members/{topic}/{consumer}/{member}.json")
+
+    # topics
+    def topics_prefix(self) -> str:
+        return self._k("")
+
+    def topic_prefix(self, topic: str) -> str:
+        return self._k(f"{topic}/")
+
+    def topic_marker(self, topic: str) -> str:
+        return self._k(f"{topic}/.topic")
+
+    def partition_prefix(self, topic: str, partition: int) -> str:
+        return self._k(f"{topic}/p{partition:0{PARTITION_WIDTH}d}/")
+
+    def segments_prefix(self, topic: str, partition: int) -> str:
+        return self.partition_prefix(topic, partition) + "seg/"
+
+    def segment(self, topic: str, partition: int, seq: int) -> str:
+        return self.segments_prefix(topic, partition) + f"{seq_str(seq)}.jsonl"
+
+    def head(self, topic: str, partition: int) -> str:
+        return self.partition_prefix(topic, partition) + "head.json"
+
+    def dedup(self, topic: str, dedup_id: str) -> str:
+        digest = hashlib.sha256(dedup_id.encode()).hexdigest()
+        return self._k(f"{topic}/dedup/{digest}")
+
+    def dedup_prefix(self, topic: str) -> str:
+        return self._k(f"{topic}/dedup/")
+
+    # subscriptions
+    def subs_prefix(self, topic: str) -> str:
+        return self._k(f"{topic}/subs/")
+
+    def sub_partition_prefix(self, topic: str, consumer: str, partition: int) -> str:
+        return self._k(f"{topic}/subs/{consumer}/p{partition:0{PARTITION_WIDTH}d}/")
+
+    def delta(self, topic: str, consumer: str, partition: int, n: int) -> str:
+        return self.sub_partition_prefix(topic, consumer, partition) + f"log/{seq_str(n)}.json"
+
+    def deltas_prefix(self, topic: str, consumer: str, partition: int) -> str:
+        return self.sub_partition_prefix(topic, consumer, partition) + "log/"
+
+    def checkpoint(self, topic: str, consumer: str, partition: int, n: int) -> str:
+        return self.sub_partition_prefix(topic, consumer, partition) + f"ckpt/{seq_str(n)}.json"
+
+    def checkpoints_prefix(self, topic: str, consumer: str, partition: int) -> str:
+        return self.sub_partition_prefix(topic, consumer, partition) + "ckpt/"

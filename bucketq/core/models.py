@@ -1,0 +1,54 @@
+"""Value objects of the protocol: topic configuration and the topic marker."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from bucketq.core.keys import MAX_PARTITIONS, validate_name
+
+DEFAULT_RETENTION_S = 7 * 24 * 3600.0
+DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024
+
+
+class DeadLetterConfig(BaseModel):
+    """When a message is dead-lettered, and where it goes."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = True
+    max_deliveries: int = Field(5, ge=1, le=1000)
+    topic: str | None = None  # None: "{topic}.dlq"
+
+    @field_validator("topic")
+    @classmethod
+    def _valid_topic(cls, value: str | None) -> str | None:
+        return None if value is None else validate_name(value, "dead-letter topic")
+
+
+class TopicConfig(BaseModel):
+    """A topic's configuration, stored in its marker ``R/{topic}/.topic``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    partitions: int = Field(1, ge=1, le=MAX_PARTITIONS)
+    retention_seconds: float = Field(DEFAULT_RETENTION_S, gt=0)
+    max_message_bytes: int = Field(DEFAULT_MAX_MESSAGE_BYTES, ge=64, le=64 * 1024 * 1024)
+    dead_letter: DeadLetterConfig = DeadLetterConfig()
+
+    def dead_letter_topic(self, topic: str) -> str | None:
+        """The dead-letter topic's name, or None when dead-lettering is off."""
+        if not self.dead_letter.enabled:
+            return None
+        return self.dead_letter.topic or f"{topic}.dlq"
+
+
+class TopicMarker(BaseModel):
+    """The JSON body of ``R/{topic}/.topic``."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    v: int = 1
+    name: str
+    created_at: float
+    updated_at: float
+    config: TopicConfig

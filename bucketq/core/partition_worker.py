@@ -1,0 +1,353 @@
+"""One member's work on one subscription partition: discovery, claims and one delta per cycle."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from bucketq.config import ConsumerSettings
+from bucketq.core.cursor import CursorState, Op, Pos
+from bucketq.core.cursor_log import CursorLog
+from bucketq.core.ids import token
+from bucketq.core.keys import Keys
+from bucketq.core.message import Message, Receipt
+from bucketq.core.segment import Record, Segment, decode_segment
+from bucketq.core.subscriptions import start_cursor
+from bucketq.storage import Storage
+
+log = logging.getLogger("bucketq.consumer")
+
+REDRIVE_FOR_HEADER = "bucketq-redrive-for"
+MAX_DISCOVER_PER_CYCLE = 32
+MAX_WINDOW_SEGMENTS = 64
+
+DeadLetterFn = Callable[[str, int, Pos, Record, int, str], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class Intent:
+    """An app's request on a lease, waiting for the next delta; its future gets the op's validity."""
+
+    kind: str  # ack | extend | release | dead
+    receipt: Receipt
+    future: asyncio.Future[bool]
+    until: float | None = None
+    not_before: float | None = None
+    counted: bool = True
+    reason: str | None = None
+
+    def op(self) -> Op:
+        r = self.receipt
+        return Op(
+            self.kind, r.seq, r.idx, token=r.token, until=self.until, not_before=self.not_before,
+            counted=self.counted, reason=self.reason, ref=self,
+        )
+
+
+@dataclass(slots=True)
+class CycleResult:
+    messages: list[Message] = field(default_factory=list)
+    discovered: int = 0
+    claimable_left: bool = False
+    conflicts: int = 0
+    ops: int = 0
+
+
+class PartitionWorker:
+    """Owns the cursor replica of (topic, consumer, partition) for this member."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        keys: Keys,
+        topic: str,
+        consumer: str,
+        partition: int,
+        member: str,
+        settings: ConsumerSettings,
+        max_deliveries: Callable[[], int | None],
+        dead_letter: DeadLetterFn,
+    ) -> None:
+        self.storage = storage
+        self.keys = keys
+        self.topic = topic
+        self.consumer = consumer
+        self.partition = partition
+        self.member = member
+        self.settings = settings
+        self.max_deliveries = max_deliveries
+        self.dead_letter = dead_letter
+        self.log = CursorLog(
+            storage, keys, topic, consumer, partition, member,
+            checkpoint_every=settings.checkpoint_every, max_attempts=settings.max_commit_attempts,
+        )
+        self.intents: list[Intent] = []
+        self.loaded = False
+        self._segments: dict[int, Segment] = {}
+        self._discovered: list[Segment] = []
+        self._dead_ready: dict[Pos, str] = {}
+        self.next_foreign_poll = 0.0
+        self.foreign_backoff = settings.foreign_poll_ms / 1000
+        self.next_discovery = 0.0
+        self.discovery_backoff = settings.poll_min_ms / 1000
+        self.window_has_more = True
+        self._lock = asyncio.Lock()
+
+    @property
+    def state(self) -> CursorState:
+        return self.log.state
+
+    # -- startup ---------------------------------------------------------------------------------
+
+    async def ensure_loaded(self) -> None:
+        if self.loaded:
+            return
+        await start_cursor(self.log, self.settings.start_position)
+        self.loaded = True
+
+    # -- discovery -------------------------------------------------------------------------------
+
+    async def discover(self) -> int:
+        """GET the segments after the frontier until a 404 (bounded per cycle)."""
+        found = 0
+        nxt = max(self.state.frontier, self._discovered[-1].header.seq if self._discovered else -1) + 1
+        nxt = max(nxt, self.state.floor)
+        while found < MAX_DISCOVER_PER_CYCLE:
+            blob = await self.storage.get(self.keys.segment(self.topic, self.partition, nxt))
+            if blob is None:
+                break
+            self._discovered.append(decode_segment(blob.data))
+            found += 1
+            nxt += 1
+        return found
+
+    async def _ensure_window(self) -> None:
+        """Have the records of the first open segments cached (after a restart or a rebase)."""
+        wanted = [s for s in sorted(self.state.segments)[:MAX_WINDOW_SEGMENTS] if s not in self._segments]
+        for seq in wanted:
+            blob = await self.storage.get(self.keys.segment(self.topic, self.partition, seq))
+            if blob is not None:
+                self._segments[seq] = decode_segment(blob.data)
+
+    # -- the cycle -------------------------------------------------------------------------------
+
+    def discovery_due(self, now: float) -> bool:
+        return self.window_has_more or now >= self.next_discovery
+
+    async def cycle(self, demand: int, *, foreign: bool = False) -> CycleResult:
+        """One group commit: pending intents, dead letters, new segments and up to ``demand`` claims.
+
+        On a partition another member owns (``foreign``), the member first catches up with the
+        log, claims only messages that waited longer than ``steal_after_s``, and writes nothing
+        when it has nothing to claim or settle.
+        """
+        async with self._lock:
+            return await self._cycle(demand, foreign)
+
+    async def _cycle(self, demand: int, foreign: bool) -> CycleResult:
+        result = CycleResult()
+        await self.ensure_loaded()
+        if foreign:
+            await self.log.catch_up()
+        now = time.monotonic()
+        if demand > 0 and (foreign or self.discovery_due(now)):
+            result.discovered = await self.discover()
+            if result.discovered:
+                self.discovery_backoff = self.settings.poll_min_ms / 1000
+            else:
+                self.discovery_backoff = min(self.discovery_backoff * 2, self.settings.poll_max_ms / 1000)
+            self.next_discovery = now + self.discovery_backoff
+        await self._ensure_window()
+        if not foreign:
+            await self._publish_dead_letters()
+        intents, self.intents = self.intents, []
+        leftover: list[bool] = [False]
+        min_age = self.settings.steal_after_s if foreign else None
+
+        def build(state: CursorState) -> list[Op]:
+            settle = [i.op() for i in intents if not i.future.done()]
+            settle.extend(Op("dead", p[0], p[1], reason=r, ref="dead") for p, r in self._dead_ready.items())
+            seen = self._seen_ops(state)
+            claims, more = self._choose_claims(state, demand, seen, min_age)
+            leftover[0] = more
+            if foreign and not claims and not settle:
+                return []
+            return [*seen, *settle, *claims]
+
+        try:
+            outcome = await self.log.commit(build)
+        finally:
+            self.intents[:0] = [i for i in intents if not i.future.done()]
+        result.claimable_left = leftover[0]
+        self.window_has_more = leftover[0]
+        if outcome is not None:
+            result.conflicts = outcome.conflicts
+            result.ops = len(outcome.delta.ops)
+            for op, ok in zip(outcome.delta.ops, outcome.results, strict=True):
+                self._settle(op, ok, outcome.delta.at, result)
+            self.intents = [i for i in self.intents if not i.future.done()]
+        self._absorb_discovered()
+        return result
+
+    def _seen_ops(self, state: CursorState) -> list[Op]:
+        ops = []
+        expected = state.frontier + 1
+        for seg in self._discovered:
+            h = seg.header
+            if h.seq < expected:
+                continue
+            if h.seq != expected:
+                break
+            delayed = {i: r.not_before for i, r in enumerate(seg.records) if r.not_before}
+            skip = [
+                i for i, r in enumerate(seg.records)
+                if r.headers.get(REDRIVE_FOR_HEADER) not in (None, self.consumer)
+            ]
+            ops.append(Op("seen", h.seq, count=h.count, base=h.base, delayed=delayed or None, skip=skip or None))
+            expected += 1
+        return ops
+
+    def _record(self, pos: Pos) -> Record | None:
+        seg = self._segments.get(pos[0])
+        if seg is None:
+            for d in self._discovered:
+                if d.header.seq == pos[0]:
+                    seg = d
+                    break
+        if seg is None or pos[1] >= len(seg.records):
+            return None
+        return seg.records[pos[1]]
+
+    def _choose_claims(
+        self, state: CursorState, demand: int, ops: list[Op], min_age: float | None = None
+    ) -> tuple[list[Op], bool]:
+        """Claims for up to ``demand`` visible positions, lowest priority first; and whether more remain.
+
+        ``min_age`` restricts claims to messages created at least that many seconds ago.
+        """
+        if demand <= 0:
+            return [], False
+        now = time.time()
+        newest = now - min_age if min_age is not None else None
+        skew = self.settings.clock_skew_s
+        limit = self.max_deliveries()
+        scan_limit = max(4 * demand, 256)
+        ordered = self.settings.ordered
+        blocked_keys: set[str] = set()
+        candidates: list[tuple[int, Pos, Record]] = []
+        new_segments = [
+            (op.seq, op.count, set(op.skip or ()), op.delayed or {}) for op in ops if op.kind == "seen"
+        ]
+
+        def consider(pos: Pos, record: Record, available: bool) -> None:
+            if newest is not None and record.created_at > newest:
+                available = False
+            key = record.key if ordered else None
+            if key is not None and key in blocked_keys:
+                return
+            if key is not None:
+                blocked_keys.add(key)  # later messages of this key wait for this one
+            if available:
+                candidates.append((record.priority, pos, record))
+
+        for pos in state.open_positions():
+            if len(candidates) >= scan_limit:
+                break
+            record = self._record(pos)
+            if record is None:
+                continue
+            available = state.claimable(pos, now) and pos not in self._dead_ready
+            lease = state.leases.get(pos)
+            if available and lease is not None and lease.until + skew >= now:
+                available = False  # expired, but within the clock-skew margin
+            if available and limit is not None and state.prior_deliveries(pos) >= limit:
+                available = False  # the janitor dead-letters it instead
+            consider(pos, record, available)
+        for seq, count, skip, delayed in new_segments:
+            for idx in range(count):
+                if len(candidates) >= scan_limit:
+                    break
+                if idx in skip:
+                    continue
+                record = self._record((seq, idx))
+                if record is None:
+                    continue
+                consider((seq, idx), record, delayed.get(idx, 0.0) <= now)
+        candidates.sort(key=lambda c: (c[0], c[1]))
+        until = now + self.settings.visibility_timeout_s
+        claims = [
+            Op("claim", pos[0], pos[1], token=token(), member=self.member, until=until, ref="claim")
+            for _, pos, _ in candidates[:demand]
+        ]
+        return claims, len(candidates) > demand
+
+    def dead_letter_candidates(self) -> list[tuple[Pos, int]]:
+        """Positions whose deliveries reached the limit and whose lease is gone: the janitor's work."""
+        limit = self.max_deliveries()
+        if limit is None:
+            return []
+        now = time.time()
+        skew = self.settings.clock_skew_s
+        out = []
+        for pos, lease in list(self.state.leases.items()):
+            if lease.deliveries >= limit and lease.until + skew < now and pos not in self._dead_ready:
+                out.append((pos, lease.deliveries))
+        for pos, count in list(self.state.deliveries.items()):
+            if count >= limit and pos not in self._dead_ready and self.state.claimable(pos, now):
+                out.append((pos, count))
+        return out
+
+    async def _publish_dead_letters(self) -> None:
+        for pos, deliveries in self.dead_letter_candidates():
+            record = self._record(pos)
+            if record is None:
+                continue
+            reason = "max_deliveries"
+            await self.dead_letter(self.topic, self.partition, pos, record, deliveries, reason)
+            self._dead_ready[pos] = reason
+
+    def _settle(self, op: Op, ok: bool, at: float, result: CycleResult) -> None:
+        if isinstance(op.ref, Intent):
+            if not op.ref.future.done():
+                op.ref.future.set_result(ok)
+        elif op.ref == "dead":
+            self._dead_ready.pop(op.pos, None)
+        elif op.ref == "claim" and ok:
+            record = self._record(op.pos)
+            lease = self.state.leases.get(op.pos)
+            if record is None or lease is None or lease.token != op.token:
+                return
+            seg = self._segments.get(op.seq)
+            base = seg.header.base if seg else next(
+                (d.header.base for d in self._discovered if d.header.seq == op.seq), 0
+            )
+            assert op.token is not None and op.until is not None
+            receipt = Receipt(self.topic, self.partition, op.seq, op.idx, op.token)
+            result.messages.append(
+                Message(
+                    self.topic, self.partition, op.seq, op.idx, base + op.idx, record,
+                    receipt.encode(), lease.deliveries, op.until,
+                )
+            )
+
+    def _absorb_discovered(self) -> None:
+        """Move discovered segments the state now knows into the window cache; evict done ones."""
+        keep = []
+        for seg in self._discovered:
+            if seg.header.seq <= self.state.frontier:
+                if seg.header.seq >= self.state.floor:
+                    self._segments[seg.header.seq] = seg
+            else:
+                keep.append(seg)
+        self._discovered = keep
+        for seq in [s for s in self._segments if s < self.state.floor]:
+            del self._segments[seq]
+
+    def add_intent(self, intent: Intent) -> None:
+        self.intents.append(intent)
+
+    def has_work(self) -> bool:
+        return bool(self.intents) or bool(self._dead_ready)

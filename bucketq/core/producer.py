@@ -1,0 +1,422 @@
+"""The producer: group commit of concurrent publishes into one segment per partition (DESIGN.md 2.2)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import logging
+import random
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from bucketq.config import ProducerSettings
+from bucketq.core.ids import token
+from bucketq.core.keys import Keys
+from bucketq.core.segment import (
+    Record,
+    SegmentHeader,
+    build_record,
+    decode_header,
+    encode_record,
+    encode_segment,
+)
+from bucketq.core.topics import TopicCatalog, find_tail
+from bucketq.errors import (
+    AlreadyExists,
+    BucketqError,
+    ClosedError,
+    Contended,
+    PreconditionFailed,
+    PublishTimeout,
+    StorageError,
+)
+from bucketq.storage import Storage
+
+log = logging.getLogger("bucketq.producer")
+
+
+@dataclass(frozen=True, slots=True)
+class PublishResult:
+    """Where a durable message landed. ``duplicate`` is True when a dedup id matched an earlier one."""
+
+    id: str
+    topic: str
+    partition: int
+    seq: int
+    index: int
+    offset: int
+    duplicate: bool = False
+
+
+def partition_for_key(key: str, partitions: int) -> int:
+    """``hash(key) % partitions`` with a stable hash: the first 8 bytes of SHA-256, big-endian."""
+    digest = hashlib.sha256(key.encode()).digest()
+    return int.from_bytes(digest[:8], "big") % partitions
+
+
+@dataclass(slots=True)
+class _Pending:
+    record: Record
+    line: bytes
+    future: asyncio.Future[PublishResult]
+
+
+class PartitionAppender:
+    """Appends batches to one partition; one segment write in flight at a time keeps order."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        keys: Keys,
+        topic: str,
+        partition: int,
+        producer_id: str,
+        settings: ProducerSettings,
+    ) -> None:
+        self.storage = storage
+        self.keys = keys
+        self.topic = topic
+        self.partition = partition
+        self.producer_id = producer_id
+        self.settings = settings
+        self.next_seq: int | None = None
+        self.next_offset = 0
+        self.segments_written = 0
+        self.conflicts = 0
+        self._buffer: list[_Pending] = []
+        self._writing: list[_Pending] = []
+        self._buffer_bytes = 0
+        self._wake = asyncio.Event()
+        self._full = asyncio.Event()
+        self._closing = False
+        self._task: asyncio.Task[None] | None = None
+        self._head_task: asyncio.Task[None] | None = None
+        self._head_dirty = False
+
+    @property
+    def buffered(self) -> int:
+        return len(self._buffer)
+
+    def unsettled(self) -> list[asyncio.Future[PublishResult]]:
+        """Futures of messages accepted but not yet durable or failed."""
+        return [p.future for p in (*self._writing, *self._buffer) if not p.future.done()]
+
+    def add(self, pending: _Pending) -> None:
+        if self._closing:
+            raise ClosedError("producer is closing")
+        self._buffer.append(pending)
+        self._buffer_bytes += len(pending.line) + 1
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run())
+        self._wake.set()
+        if (
+            len(self._buffer) >= self.settings.max_batch_messages
+            or self._buffer_bytes >= self.settings.max_batch_bytes
+        ):
+            self._full.set()
+
+    async def close(self) -> None:
+        """Flush what is buffered, then stop."""
+        self._closing = True
+        self._full.set()
+        self._wake.set()
+        if self._task is not None:
+            await self._task
+        if self._head_task is not None:
+            await self._head_task
+
+    async def _run(self) -> None:
+        while True:
+            if not self._buffer:
+                if self._closing:
+                    return
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            if not self._closing and not self._full.is_set():
+                try:
+                    await asyncio.wait_for(self._full.wait(), self.settings.linger_ms / 1000)
+                except TimeoutError:
+                    pass
+            batch = self._take_batch()
+            self._writing = batch
+            try:
+                await self._write(batch)
+            except Exception as exc:  # every caller of the batch learns why
+                err = exc if isinstance(exc, BucketqError) else StorageError(str(exc))
+                for p in batch:
+                    if not p.future.done():
+                        p.future.set_exception(err)
+            finally:
+                self._writing = []
+
+    def _take_batch(self) -> list[_Pending]:
+        batch: list[_Pending] = []
+        size = 0
+        while self._buffer and len(batch) < self.settings.max_batch_messages:
+            nxt = self._buffer[0]
+            if batch and size + len(nxt.line) + 1 > self.settings.max_batch_bytes:
+                break
+            batch.append(self._buffer.pop(0))
+            size += len(nxt.line) + 1
+        self._buffer_bytes -= size
+        if len(self._buffer) < self.settings.max_batch_messages and self._buffer_bytes < self.settings.max_batch_bytes:
+            self._full.clear()
+        return batch
+
+    async def _find_tail(self) -> None:
+        self.next_seq, self.next_offset = await find_tail(self.storage, self.keys, self.topic, self.partition)
+
+    async def _write(self, batch: list[_Pending]) -> None:
+        if self.next_seq is None:
+            await self._find_tail()
+        assert self.next_seq is not None
+        batch_id = token()
+        lines = [p.line for p in batch]
+        deadline = time.monotonic() + self.settings.publish_timeout_s
+        attempt = 0
+        while True:
+            attempt += 1
+            seq, base = self.next_seq, self.next_offset
+            header = SegmentHeader(
+                self.topic, self.partition, seq, len(batch), base, self.producer_id, time.time(), batch_id
+            )
+            body = encode_segment(header, lines)
+            key = self.keys.segment(self.topic, self.partition, seq)
+            try:
+                await self.storage.create(key, body)
+            except AlreadyExists:
+                blob = await self.storage.get(key)
+                if blob is not None and decode_header(blob.data).batch == batch_id:
+                    break  # our own write landed; its response was lost
+                self.conflicts += 1
+                if blob is not None:
+                    header_there = decode_header(blob.data)
+                    self.next_seq, self.next_offset = seq + 1, header_there.base + header_there.count
+                continue
+            except Contended:
+                await asyncio.sleep(random.uniform(0.05, 0.3))
+            except StorageError as exc:
+                if time.monotonic() >= deadline:
+                    raise PublishTimeout(
+                        f"publish to {self.topic}/p{self.partition} not durable after "
+                        f"{self.settings.publish_timeout_s:.0f}s: {exc}"
+                    ) from exc
+                await asyncio.sleep(min(2.0, 0.05 * 2 ** min(attempt, 6)) * random.uniform(0.5, 1.0))
+                continue
+            else:
+                break
+            if attempt >= self.settings.max_attempts or time.monotonic() >= deadline:
+                raise PublishTimeout(f"publish to {self.topic}/p{self.partition}: too many conflicts")
+        self.next_seq, self.next_offset = seq + 1, base + len(batch)
+        self.segments_written += 1
+        for index, p in enumerate(batch):
+            if not p.future.done():
+                p.future.set_result(
+                    PublishResult(p.record.id, self.topic, self.partition, seq, index, base + index)
+                )
+        self._schedule_head()
+
+    def _schedule_head(self) -> None:
+        self._head_dirty = True
+        if self._head_task is None or self._head_task.done():
+            self._head_task = asyncio.get_running_loop().create_task(self._write_head())
+
+    async def _write_head(self) -> None:
+        while self._head_dirty:
+            self._head_dirty = False
+            assert self.next_seq is not None
+            body = json.dumps(
+                {"seq": self.next_seq - 1, "next_offset": self.next_offset, "at": time.time()}
+            ).encode()
+            try:
+                await self.storage.overwrite(self.keys.head(self.topic, self.partition), body)
+            except StorageError as exc:  # advisory only
+                log.debug("head hint not written: %s", exc)
+
+
+class Producer:
+    """Publishes to any topic; concurrent calls share segments (group commit)."""
+
+    def __init__(
+        self,
+        storage: Storage,
+        keys: Keys,
+        catalog: TopicCatalog,
+        settings: ProducerSettings,
+        *,
+        producer_id: str,
+        name: str,
+    ) -> None:
+        self.storage = storage
+        self.keys = keys
+        self.catalog = catalog
+        self.settings = settings
+        self.id = producer_id
+        self.name = name
+        self._appenders: dict[tuple[str, int], PartitionAppender] = {}
+        self._sticky: dict[str, int] = {}
+        self._closed = False
+
+    @property
+    def buffered(self) -> int:
+        """Messages accepted but not yet durable."""
+        return sum(a.buffered for a in self._appenders.values())
+
+    def appender(self, topic: str, partition: int) -> PartitionAppender:
+        key = (topic, partition)
+        app = self._appenders.get(key)
+        if app is None:
+            app = PartitionAppender(self.storage, self.keys, topic, partition, self.id, self.settings)
+            self._appenders[key] = app
+        return app
+
+    async def _choose_partition(self, topic: str, key: str | None, partitions: int) -> int:
+        if key is not None:
+            return partition_for_key(key, partitions)
+        current = self._sticky.get(topic)
+        if current is None or current >= partitions:
+            current = random.randrange(partitions)
+        app = self._appenders.get((topic, current))
+        if app is not None and app.buffered >= self.settings.max_batch_messages:
+            current = (current + 1) % partitions  # sticky until a batch is full, like Kafka
+        self._sticky[topic] = current
+        return current
+
+    async def publish(
+        self,
+        topic: str,
+        payload: Any = None,
+        *,
+        data: bytes | None = None,
+        content_type: str | None = None,
+        key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        dedup_id: str | None = None,
+        priority: int = 0,
+        not_before: float | None = None,
+        delay: float | None = None,
+        message_id: str | None = None,
+        created_at: float | None = None,
+    ) -> PublishResult:
+        """Publish one message; returns once it is durable in the bucket."""
+        if self._closed:
+            raise ClosedError("producer is closed")
+        config = await self.catalog.config(topic)
+        record = build_record(
+            payload,
+            data=data,
+            content_type=content_type,
+            key=key,
+            headers=headers,
+            producer_id=self.id,
+            priority=priority,
+            not_before=not_before,
+            delay=delay,
+            dedup_id=dedup_id,
+            id=message_id,
+            created_at=created_at,
+        )
+        line = encode_record(record, config.max_message_bytes)
+        partition = await self._choose_partition(topic, key, config.partitions)
+        if dedup_id is not None:
+            return await self._publish_dedup(topic, partition, record, line, dedup_id)
+        return await self._enqueue(topic, partition, record, line)
+
+    async def publish_record(
+        self,
+        topic: str,
+        record: Record,
+        *,
+        headers: Mapping[str, str] | None = None,
+        dedup_id: str | None = None,
+    ) -> PublishResult:
+        """Publish an existing record as it is (same id, payload, key, timestamps), e.g. into a DLQ.
+
+        ``headers`` replaces the record's headers; ``dedup_id`` guards the publish without
+        changing the record.
+        """
+        if self._closed:
+            raise ClosedError("producer is closed")
+        config = await self.catalog.config(topic)
+        if headers is not None:
+            record = replace(record, headers=dict(headers))
+        line = encode_record(record, config.max_message_bytes)
+        partition = await self._choose_partition(topic, record.key, config.partitions)
+        if dedup_id is not None:
+            return await self._publish_dedup(topic, partition, record, line, dedup_id)
+        return await self._enqueue(topic, partition, record, line)
+
+    async def _enqueue(self, topic: str, partition: int, record: Record, line: bytes) -> PublishResult:
+        future: asyncio.Future[PublishResult] = asyncio.get_running_loop().create_future()
+        self.appender(topic, partition).add(_Pending(record, line, future))
+        return await future
+
+    async def _publish_dedup(
+        self, topic: str, partition: int, record: Record, line: bytes, dedup_id: str
+    ) -> PublishResult:
+        """Idempotent publish: a marker ``{topic}/dedup/{sha256}`` guards the dedup id in its window."""
+        marker_key = self.keys.dedup(topic, dedup_id)
+        window = self.settings.dedup_window_s
+        deadline = time.monotonic() + self.settings.publish_timeout_s
+        pending = json.dumps({"state": "pending", "id": record.id, "at": time.time()}).encode()
+        while True:
+            try:
+                etag = await self.storage.create(marker_key, pending)
+                break
+            except Contended:
+                await asyncio.sleep(random.uniform(0.05, 0.3))
+                continue
+            except AlreadyExists:
+                pass
+            blob = await self.storage.get(marker_key)
+            if blob is None:
+                continue
+            marker = json.loads(blob.data)
+            age = time.time() - float(marker.get("at", 0))
+            if marker.get("state") == "committed" and age <= window:
+                return PublishResult(
+                    marker["id"], topic, int(marker["partition"]), int(marker["seq"]),
+                    int(marker["index"]), int(marker["offset"]), duplicate=True,
+                )
+            stale = age > window if marker.get("state") == "committed" else age > self.settings.publish_timeout_s
+            if stale:  # take over an expired or abandoned marker
+                try:
+                    etag = await self.storage.store.put(marker_key, pending, if_match=blob.etag)
+                    break
+                except PreconditionFailed:
+                    continue
+            if time.monotonic() >= deadline:
+                raise PublishTimeout(f"dedup id {dedup_id!r} is being published by another caller")
+            await asyncio.sleep(0.1)
+        try:
+            result = await self._enqueue(topic, partition, record, line)
+        except BaseException:
+            try:
+                await self.storage.delete([marker_key])
+            except StorageError:
+                pass
+            raise
+        committed = {
+            "state": "committed", "id": result.id, "partition": result.partition, "seq": result.seq,
+            "index": result.index, "offset": result.offset, "at": time.time(),
+        }
+        try:
+            await self.storage.store.put(marker_key, json.dumps(committed).encode(), if_match=etag)
+        except StorageError as exc:
+            log.warning("dedup marker for %r not committed: %s", dedup_id, exc)
+        return result
+
+    async def flush(self) -> None:
+        """Wait until everything published so far is durable (or failed)."""
+        waits = [f for a in self._appenders.values() for f in a.unsettled()]
+        if waits:
+            await asyncio.gather(*waits, return_exceptions=True)
+
+    async def close(self) -> None:
+        """Flush and stop accepting publishes."""
+        self._closed = True
+        await asyncio.gather(*(a.close() for a in self._appenders.values()))

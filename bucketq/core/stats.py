@@ -1,0 +1,110 @@
+"""Queue statistics per topic and consumer: backlog, in flight, dead-lettered, oldest age."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from bucketq.core.cursor import CursorState
+from bucketq.core.cursor_log import CursorLog
+from bucketq.core.keys import Keys
+from bucketq.core.segment import decode_segment
+from bucketq.core.topics import TopicCatalog, find_tail
+from bucketq.storage import Storage
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionStats:
+    partition: int
+    messages: int  # ever published to the partition
+    backlog: int  # visible or delayed, not leased, not done
+    in_flight: int  # live leases
+    delayed: int
+    acked: int
+    dead_lettered: int
+    redelivered: int
+    oldest_age_s: float | None  # age of the oldest message not yet done
+
+
+@dataclass(frozen=True, slots=True)
+class SubscriptionStats:
+    """One consumer's view of one topic (summed over partitions)."""
+
+    topic: str
+    consumer: str
+    messages: int
+    backlog: int
+    in_flight: int
+    delayed: int
+    acked: int
+    dead_lettered: int
+    redelivered: int
+    oldest_age_s: float | None
+    partitions: list[PartitionStats]
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+async def partition_stats(
+    storage: Storage, keys: Keys, topic: str, consumer: str, partition: int
+) -> PartitionStats:
+    cursor = CursorLog(storage, keys, topic, consumer, partition, member="stats")
+    state = await cursor.load()
+    _, next_offset = await find_tail(storage, keys, topic, partition)
+    now = time.time()
+    done_open = sum(len(s.done) for s in state.segments.values())
+    live = sum(1 for le in state.leases.values() if le.until >= now)
+    delayed = sum(1 for t in state.delayed.values() if t > now)
+    start = state.floor_offset
+    outstanding = max(0, next_offset - start - done_open)
+    oldest: float | None = None
+    if outstanding:
+        oldest = await _oldest_age(storage, keys, topic, partition, state.floor, state, now)
+    return PartitionStats(
+        partition=partition,
+        messages=next_offset,
+        backlog=max(0, outstanding - live),
+        in_flight=live,
+        delayed=delayed,
+        acked=state.counters.acked,
+        dead_lettered=state.counters.dead,
+        redelivered=state.counters.redelivered,
+        oldest_age_s=oldest,
+    )
+
+
+async def _oldest_age(
+    storage: Storage, keys: Keys, topic: str, partition: int, seq: int, state: CursorState, now: float
+) -> float | None:
+    blob = await storage.get(keys.segment(topic, partition, seq))
+    if blob is None:
+        return None
+    seg = decode_segment(blob.data)
+    done = state.segments[seq].done if seq in state.segments else set()
+    for idx, record in enumerate(seg.records):
+        if idx not in done:
+            return max(0.0, now - record.created_at)
+    return None
+
+
+async def subscription_stats(
+    storage: Storage, keys: Keys, catalog: TopicCatalog, topic: str, consumer: str
+) -> SubscriptionStats:
+    config = await catalog.config(topic)
+    parts = [await partition_stats(storage, keys, topic, consumer, p) for p in range(config.partitions)]
+    ages = [p.oldest_age_s for p in parts if p.oldest_age_s is not None]
+    return SubscriptionStats(
+        topic=topic,
+        consumer=consumer,
+        messages=sum(p.messages for p in parts),
+        backlog=sum(p.backlog for p in parts),
+        in_flight=sum(p.in_flight for p in parts),
+        delayed=sum(p.delayed for p in parts),
+        acked=sum(p.acked for p in parts),
+        dead_lettered=sum(p.dead_lettered for p in parts),
+        redelivered=sum(p.redelivered for p in parts),
+        oldest_age_s=max(ages) if ages else None,
+        partitions=parts,
+    )

@@ -1,0 +1,48 @@
+"""Creating a subscription's cursors at its start position (used by consumers and the operator)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from bucketq.core.cursor import Op
+from bucketq.core.cursor_log import CursorLog
+from bucketq.core.keys import Keys, validate_name
+from bucketq.core.topics import TopicCatalog, find_tail, first_segment
+from bucketq.storage import Storage
+
+StartPosition = Literal["earliest", "latest"]
+
+
+async def start_cursor(cursor: CursorLog, start_position: StartPosition) -> None:
+    """Load the cursor; if the subscription partition never started, write its ``start`` op.
+
+    ``earliest`` starts at the oldest segment still stored, ``latest`` after the newest one.
+    Concurrent starters race on delta 1; the loser adopts the winner's start.
+    """
+    await cursor.load()
+    if cursor.state.started:
+        return
+    if start_position == "latest":
+        seq, base = await find_tail(cursor.storage, cursor.keys, cursor.topic, cursor.partition)
+    else:
+        first = await first_segment(cursor.storage, cursor.keys, cursor.topic, cursor.partition)
+        seq, base = first if first is not None else (0, 0)
+    start = Op("start", seq=seq, base=base)
+    await cursor.commit(lambda state: [] if state.started else [start])
+
+
+async def init_subscription(
+    storage: Storage, keys: Keys, topic: str, consumer: str, start_position: StartPosition = "earliest"
+) -> list[int]:
+    """Make sure every partition of ``topic`` has a started cursor for ``consumer``.
+
+    Returns each partition's floor (the first segment the consumer will read).
+    """
+    validate_name(consumer, "consumer")
+    config = await TopicCatalog(storage, keys).config(topic)
+    floors = []
+    for partition in range(config.partitions):
+        cursor = CursorLog(storage, keys, topic, consumer, partition, member="init")
+        await start_cursor(cursor, start_position)
+        floors.append(cursor.state.floor)
+    return floors

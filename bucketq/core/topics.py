@@ -1,0 +1,188 @@
+"""Topics: markers with their config, partition tails, and purge."""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+
+from pydantic import ValidationError
+
+from bucketq.core.keys import Keys, parse_seq, validate_name
+from bucketq.core.models import TopicConfig, TopicMarker
+from bucketq.core.segment import decode_header
+from bucketq.errors import AlreadyExists, BucketqError, Contended, TopicNotFound
+from bucketq.storage import Storage
+
+CONFIG_TTL_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    partition: int
+    next_seq: int  # sequence number the next segment will get
+    next_offset: int  # offset the next message will get (= messages ever written)
+
+
+@dataclass(frozen=True, slots=True)
+class TopicInfo:
+    """A topic's description: config, partitions' tails and subscriptions."""
+
+    name: str
+    config: TopicConfig
+    created_at: float
+    partitions: list[PartitionInfo] = field(default_factory=list)
+    consumers: list[str] = field(default_factory=list)
+
+    @property
+    def messages(self) -> int:
+        return sum(p.next_offset for p in self.partitions)
+
+
+async def find_tail(storage: Storage, keys: Keys, topic: str, partition: int) -> tuple[int, int]:
+    """(next seq, next offset) of a partition: the head hint, then GETs forward until a 404."""
+    seq, offset = 0, 0
+    hint = await storage.get(keys.head(topic, partition))
+    if hint is not None:
+        try:
+            obj = json.loads(hint.data)
+            seq, offset = int(obj["seq"]) + 1, int(obj["next_offset"])
+        except (ValueError, KeyError, TypeError):
+            hint = None
+    if hint is None:  # no hint: the last segment key tells where to start probing
+        last: str | None = None
+        async for info in storage.list(keys.segments_prefix(topic, partition)):
+            last = info.key
+        if last is not None:
+            seq = parse_seq(last)
+            blob = await storage.get(last)
+            if blob is not None:
+                header = decode_header(blob.data)
+                seq, offset = header.seq + 1, header.base + header.count
+    while True:
+        blob = await storage.get(keys.segment(topic, partition, seq))
+        if blob is None:
+            return seq, offset
+        header = decode_header(blob.data)
+        seq, offset = header.seq + 1, header.base + header.count
+
+
+async def first_segment(storage: Storage, keys: Keys, topic: str, partition: int) -> tuple[int, int] | None:
+    """(seq, base offset) of the oldest segment still stored, or None for an empty partition."""
+    async for info in storage.list(keys.segments_prefix(topic, partition)):
+        blob = await storage.get(info.key)
+        if blob is not None:
+            header = decode_header(blob.data)
+            return header.seq, header.base
+    return None
+
+
+class TopicCatalog:
+    """Reads and writes topic markers; caches configs briefly for the hot path."""
+
+    def __init__(self, storage: Storage, keys: Keys) -> None:
+        self.storage = storage
+        self.keys = keys
+        self._cache: dict[str, tuple[float, TopicMarker]] = {}
+
+    async def marker(self, topic: str, *, fresh: bool = False) -> TopicMarker:
+        validate_name(topic)
+        cached = self._cache.get(topic)
+        if cached is not None and not fresh and time.monotonic() - cached[0] < CONFIG_TTL_S:
+            return cached[1]
+        blob = await self.storage.get(self.keys.topic_marker(topic))
+        if blob is None:
+            self._cache.pop(topic, None)
+            raise TopicNotFound(topic)
+        try:
+            marker = TopicMarker.model_validate_json(blob.data)
+        except ValidationError as exc:
+            raise BucketqError(f"topic {topic!r} has a corrupt marker: {exc}") from None
+        self._cache[topic] = (time.monotonic(), marker)
+        return marker
+
+    async def config(self, topic: str) -> TopicConfig:
+        return (await self.marker(topic)).config
+
+    async def exists(self, topic: str) -> bool:
+        try:
+            await self.marker(topic, fresh=True)
+        except TopicNotFound:
+            return False
+        return True
+
+    async def create(self, topic: str, config: TopicConfig | None = None) -> tuple[TopicMarker, bool]:
+        """Create the topic (put-if-absent). Returns (marker, created); an existing topic is kept as is."""
+        validate_name(topic)
+        config = config or TopicConfig()
+        now = time.time()
+        marker = TopicMarker(name=topic, created_at=now, updated_at=now, config=config)
+        try:
+            await self.storage.create(self.keys.topic_marker(topic), marker.model_dump_json().encode())
+        except (AlreadyExists, Contended):
+            return await self.marker(topic, fresh=True), False
+        self._cache[topic] = (time.monotonic(), marker)
+        return marker, True
+
+    async def update(self, topic: str, config: TopicConfig) -> TopicMarker:
+        """Overwrite the topic's config. Partitions may only grow."""
+        current = await self.marker(topic, fresh=True)
+        if config.partitions < current.config.partitions:
+            raise BucketqError(
+                f"topic {topic!r} has {current.config.partitions} partitions; partitions may only grow "
+                f"(asked for {config.partitions})"
+            )
+        marker = current.model_copy(update={"config": config, "updated_at": time.time()})
+        await self.storage.overwrite(self.keys.topic_marker(topic), marker.model_dump_json().encode())
+        self._cache[topic] = (time.monotonic(), marker)
+        return marker
+
+    async def names(self) -> list[str]:
+        """Every topic with a marker, sorted."""
+        names = []
+        for prefix in await self.storage.list_prefixes(self.keys.topics_prefix()):
+            name = prefix[len(self.keys.topics_prefix()) :].rstrip("/")
+            if name.startswith("_"):
+                continue
+            if await self.storage.head(self.keys.topic_marker(name)) is not None:
+                names.append(name)
+        return sorted(names)
+
+    async def consumers(self, topic: str) -> list[str]:
+        """Consumers that have a subscription on the topic."""
+        prefix = self.keys.subs_prefix(topic)
+        return sorted(p[len(prefix) :].rstrip("/") for p in await self.storage.list_prefixes(prefix))
+
+    async def describe(self, topic: str) -> TopicInfo:
+        marker = await self.marker(topic, fresh=True)
+        parts = []
+        for p in range(marker.config.partitions):
+            seq, offset = await find_tail(self.storage, self.keys, topic, p)
+            parts.append(PartitionInfo(p, seq, offset))
+        return TopicInfo(topic, marker.config, marker.created_at, parts, await self.consumers(topic))
+
+    async def delete(self, topic: str, *, purge: bool = True) -> int:
+        """Remove the marker (the topic stops accepting publishes); with purge, every object under it.
+
+        Returns the number of objects deleted.
+        """
+        validate_name(topic)
+        marker_key = self.keys.topic_marker(topic)
+        if await self.storage.head(marker_key) is None:
+            raise TopicNotFound(topic)
+        await self.storage.delete([marker_key])
+        self._cache.pop(topic, None)
+        deleted = 1
+        if purge:
+            for prefix in (self.keys.topic_prefix(topic), self.keys.members_topic_prefix(topic)):
+                batch: list[str] = []
+                async for info in self.storage.list(prefix):
+                    batch.append(info.key)
+                    if len(batch) >= 1000:
+                        await self.storage.delete(batch)
+                        deleted += len(batch)
+                        batch = []
+                if batch:
+                    await self.storage.delete(batch)
+                    deleted += len(batch)
+        return deleted

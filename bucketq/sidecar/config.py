@@ -1,0 +1,185 @@
+"""Sidecar configuration: ``BUCKETQ_SIDECAR_*`` environment, a mounted YAML file, and CLI overrides.
+
+Precedence, highest first: explicit overrides (CLI options), environment variables, the YAML file
+named by ``BUCKETQ_SIDECAR_CONFIG``, defaults. The YAML file holds the sidecar's keys at the top
+level and the engine's :class:`~bucketq.config.Settings` under ``engine:``::
+
+    consumer: billing
+    topics: [orders]
+    delivery: push
+    app_port: 8080
+    engine:
+      s3_bucket: queues
+      s3_endpoint_url: http://minio:9000
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from bucketq.config import Settings
+from bucketq.errors import ConfigError
+
+CONFIG_ENV = "BUCKETQ_SIDECAR_CONFIG"
+SIDECAR_PREFIX = "BUCKETQ_SIDECAR_"
+ENGINE_PREFIX = "BUCKETQ_"
+
+Delivery = Literal["pull", "push"]
+
+
+class SidecarSettings(BaseSettings):
+    """What one sidecar serves: its consumer, delivery mode, listen addresses and limits."""
+
+    model_config = SettingsConfigDict(env_prefix=SIDECAR_PREFIX, extra="forbid", validate_default=True)
+
+    # the consumer (none: a publish-only sidecar)
+    consumer: str | None = None
+    topics: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    start_position: Literal["earliest", "latest"] | None = None
+    visibility_timeout_s: float | None = Field(None, gt=0)
+    max_in_flight: int | None = Field(None, ge=1)
+
+    # delivery to the app
+    delivery: Delivery = "pull"
+    app_host: str = "127.0.0.1"
+    app_port: int | None = Field(None, ge=1, le=65535)
+    app_path: str = "/bucketq"
+    push_concurrency: int = Field(16, ge=1, le=10_000)
+    push_batch_size: int = Field(1, ge=1, le=1000)
+    push_timeout_s: float = Field(600.0, gt=0)
+    push_retry_delay_s: float = Field(1.0, ge=0)
+
+    # the localhost API
+    listen_host: str = "127.0.0.1"
+    listen_port: int = Field(3500, ge=0, le=65535)
+    token_file: Path | None = None
+    max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    max_batch: int = Field(1000, ge=1, le=100_000)
+    max_wait_s: float = Field(60.0, ge=0)
+
+    # metrics and probes for Prometheus and the kubelet (0: only on the API port)
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int = Field(9090, ge=0, le=65535)
+
+    # publishing
+    producer_name: str = "sidecar"
+    publish_buffer_size: int = Field(10_000, ge=1)
+    publish_timeout_s: float = Field(10.0, gt=0)
+    settle_timeout_s: float = Field(10.0, gt=0)
+
+    # lifecycle
+    drain_grace_s: float = Field(25.0, ge=0)
+    connect_retry_max_s: float = Field(10.0, gt=0)
+    log_level: str = "INFO"
+
+    @field_validator("topics", mode="before")
+    @classmethod
+    def _split_topics(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [t.strip() for t in value.split(",") if t.strip()]
+        return value
+
+    @field_validator("app_path")
+    @classmethod
+    def _slash(cls, value: str) -> str:
+        return value if value.startswith("/") else "/" + value
+
+    @model_validator(mode="after")
+    def _check(self) -> SidecarSettings:
+        if self.consumer and not self.topics:
+            raise ValueError("a consumer needs topics (BUCKETQ_SIDECAR_TOPICS=orders,payments)")
+        if self.topics and not self.consumer:
+            raise ValueError("topics need a consumer name (BUCKETQ_SIDECAR_CONSUMER)")
+        if self.delivery == "push" and not self.consumer:
+            raise ValueError("push delivery needs a consumer and topics")
+        if self.delivery == "push" and self.app_port is None:
+            raise ValueError("push delivery needs the app's port (BUCKETQ_SIDECAR_APP_PORT)")
+        return self
+
+    @property
+    def app_url(self) -> str:
+        return f"http://{self.app_host}:{self.app_port}{self.app_path}"
+
+    def token(self) -> str | None:
+        """The bearer token from ``token_file`` (read at startup), or None when auth is off."""
+        if self.token_file is None:
+            return None
+        try:
+            text = self.token_file.read_text().strip()
+        except OSError as exc:
+            raise ConfigError(f"cannot read token file {self.token_file}: {exc.strerror}") from None
+        if not text:
+            raise ConfigError(f"token file {self.token_file} is empty")
+        return text
+
+
+@dataclass(frozen=True, slots=True)
+class SidecarConfig:
+    """The sidecar's own settings and the engine settings it opens the bucket with."""
+
+    sidecar: SidecarSettings
+    engine: Settings
+
+
+def load_config(
+    path: str | Path | None = None,
+    *,
+    overrides: Mapping[str, Any] | None = None,
+) -> SidecarConfig:
+    """Read the YAML file (``path`` or ``$BUCKETQ_SIDECAR_CONFIG``), then env, then ``overrides``."""
+    env = os.environ
+    path = path or env.get(CONFIG_ENV) or None
+    data = _read_yaml(Path(path)) if path else {}
+    engine_data = data.pop("engine", None) or {}
+    if not isinstance(engine_data, dict):
+        raise ConfigError("configuration key 'engine' must be a mapping of bucketq settings")
+    sidecar_data = _without_env(data, SIDECAR_PREFIX, env)
+    sidecar_data.update({k: v for k, v in (overrides or {}).items() if v is not None})
+    try:
+        sidecar = SidecarSettings(**sidecar_data)
+    except ValidationError as exc:
+        raise ConfigError(_explain(exc, "sidecar")) from None
+    engine = Settings.load(**_without_env(engine_data, ENGINE_PREFIX, env))
+    return SidecarConfig(sidecar, engine)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise ConfigError(f"cannot read sidecar configuration {path}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"sidecar configuration {path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"sidecar configuration {path} must be a mapping")
+    return data
+
+
+def _without_env(data: Mapping[str, Any], prefix: str, env: Mapping[str, str]) -> dict[str, Any]:
+    """``data`` minus the keys the environment sets (so that env wins over the file), recursively."""
+    names = {k.upper() for k in env}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = prefix + str(key).upper()
+        if name in names:
+            continue
+        out[key] = _without_env(value, name + "__", env) if isinstance(value, dict) else value
+    return out
+
+
+def _explain(exc: ValidationError, what: str) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"]) or "configuration"
+        parts.append(f"{where}: {err['msg']}")
+    return f"invalid {what} configuration: " + "; ".join(parts)

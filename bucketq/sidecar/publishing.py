@@ -1,0 +1,136 @@
+"""Publishing for the app: validate a whole request first, then publish with a bounded buffer."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from bucketq.core.producer import PublishResult
+from bucketq.core.segment import build_record, encode_record
+from bucketq.errors import BucketqError, MessageTooLarge
+from bucketq.sidecar.errors import RETRY_AFTER_S, ApiError, from_exception
+from bucketq.sidecar.metrics import Metrics
+from bucketq.sidecar.models import OutgoingMessage, PublishEntryResult, PublishResponse
+from bucketq.sidecar.runtime import Runtime
+
+
+class Publisher:
+    """Publishes through the runtime's producer; at most ``publish_buffer_size`` messages pending."""
+
+    def __init__(self, runtime: Runtime, metrics: Metrics) -> None:
+        self.runtime = runtime
+        self.metrics = metrics
+        self.capacity = runtime.cfg.publish_buffer_size
+        self.timeout = runtime.cfg.publish_timeout_s
+        self.pending = 0  # accepted, not yet durable or failed
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._tasks: set[asyncio.Task[PublishResult]] = set()
+
+    async def publish(self, topic: str, messages: list[OutgoingMessage]) -> list[PublishEntryResult]:
+        """Publish ``messages`` to ``topic``; one result per message, in order.
+
+        Raises :class:`ApiError` before anything is published when the request as a whole is bad
+        (unknown topic, an invalid or oversize message, buffer full, draining).
+        """
+        self.runtime.producer()  # 503 while starting or draining
+        if len(messages) > self.capacity:
+            raise ApiError(
+                413, "batch_too_large",
+                f"{len(messages)} messages exceed the publish buffer of {self.capacity}: split the batch",
+            )
+        await self._validate(topic, messages)
+        if self.pending + len(messages) > self.capacity:
+            self.metrics.publish_errors.labels(topic, "buffer_full").inc(len(messages))
+            raise ApiError(
+                429, "buffer_full",
+                f"the publish buffer is full ({self.pending} of {self.capacity} messages pending); "
+                f"retry after {RETRY_AFTER_S}s",
+                headers={"Retry-After": str(RETRY_AFTER_S)},
+            )
+        tasks = [self._start(topic, m) for m in messages]
+        outcomes = await asyncio.gather(*(self._bounded(t) for t in tasks), return_exceptions=True)
+        results: list[PublishEntryResult] = []
+        for outcome in outcomes:
+            if isinstance(outcome, PublishResult):
+                self.metrics.published.labels(topic).inc()
+                results.append(PublishEntryResult(status=200, result=_response(outcome)))
+            else:
+                err = from_exception(outcome)
+                self.metrics.publish_errors.labels(topic, err.code).inc()
+                results.append(PublishEntryResult(status=err.status, error=err.code, message=err.message))
+        return results
+
+    async def _validate(self, topic: str, messages: list[OutgoingMessage]) -> None:
+        bq = self.runtime.bq
+        assert bq is not None
+        try:
+            config = await bq.catalog.config(topic)
+        except BucketqError as exc:
+            raise from_exception(exc) from None
+        problems: list[dict[str, object]] = []
+        too_large = False
+        for i, m in enumerate(messages):
+            try:
+                record = build_record(
+                    m.payload, data=m.data(), content_type=m.content_type, key=m.key, headers=m.headers,
+                    priority=m.priority, not_before=m.not_before, delay=m.delay_seconds, dedup_id=m.dedup_id,
+                )
+                encode_record(record, config.max_message_bytes)
+            except BucketqError as exc:
+                too_large = too_large or isinstance(exc, MessageTooLarge)
+                problems.append({"index": i, "problem": str(exc)})
+        if not problems:
+            return
+        what = "message" if len(messages) == 1 else f"{len(problems)} of {len(messages)} messages"
+        summary = problems[0]["problem"] if len(messages) == 1 else "; ".join(
+            f"#{p['index']}: {p['problem']}" for p in problems[:5]
+        )
+        raise ApiError(
+            413 if too_large else 400,
+            "message_too_large" if too_large else "invalid_message",
+            f"{what} rejected, nothing was published: {summary}",
+            details=problems,
+        )
+
+    def _start(self, topic: str, m: OutgoingMessage) -> asyncio.Task[PublishResult]:
+        producer = self.runtime.producer()
+        task = asyncio.get_running_loop().create_task(
+            producer.publish(
+                topic, m.payload, data=m.data(), content_type=m.content_type, key=m.key,
+                headers=m.headers, dedup_id=m.dedup_id, priority=m.priority, not_before=m.not_before,
+                delay=m.delay_seconds,
+            )
+        )
+        self.pending += 1
+        self._idle.clear()
+        self._tasks.add(task)
+        task.add_done_callback(self._finished)
+        self.metrics.buffer_depth.set(self.pending)
+        return task
+
+    def _finished(self, task: asyncio.Task[PublishResult]) -> None:
+        self._tasks.discard(task)
+        self.pending -= 1
+        self.metrics.buffer_depth.set(self.pending)
+        if self.pending == 0:
+            self._idle.set()
+        if not task.cancelled():
+            task.exception()  # retrieved: a caller that timed out no longer awaits it
+
+    async def _bounded(self, task: asyncio.Task[PublishResult]) -> PublishResult:
+        """The task's result, or a timeout; the publish itself goes on (it may still land)."""
+        return await asyncio.wait_for(asyncio.shield(task), self.timeout)
+
+    async def wait_idle(self, timeout: float) -> bool:
+        """Wait until every accepted publish is durable or failed; False on timeout."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), max(0.0, timeout))
+        return self._idle.is_set()
+
+
+def _response(r: PublishResult) -> PublishResponse:
+    return PublishResponse(
+        id=r.id, topic=r.topic, partition=r.partition, seq=r.seq, index=r.index, offset=r.offset,
+        duplicate=r.duplicate,
+    )

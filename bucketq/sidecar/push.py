@@ -1,0 +1,240 @@
+"""Push delivery: POST messages to the app with bounded concurrency, keeping leases alive meanwhile.
+
+The app answers SUCCESS, RETRY or DROP: JSON ``{"status": ...}`` (or per message in batch mode
+``{"statuses": [{"id": ..., "status": ...}]}``), else by HTTP status: 2xx success, 404 drop,
+anything else retry. DROP dead-letters the message (when the topic has a dead-letter topic).
+A connection refused means the app is not listening yet: the same delivery is retried, the lease
+kept alive, and no delivery is counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+from pydantic import ValidationError
+
+from bucketq.core.consumer import Consumer
+from bucketq.core.message import Message
+from bucketq.errors import BucketqError, ClosedError, LeaseLost
+from bucketq.sidecar.delivery import Deliveries, to_wire
+from bucketq.sidecar.errors import ApiError
+from bucketq.sidecar.metrics import Metrics
+from bucketq.sidecar.models import PushBatch, PushReply, PushStatus
+from bucketq.sidecar.runtime import Runtime
+
+log = logging.getLogger("bucketq.sidecar.push")
+
+STATUSES: frozenset[str] = frozenset({"SUCCESS", "RETRY", "DROP"})
+
+
+def interpret(http_status: int, body: bytes, ids: Sequence[str]) -> dict[str, PushStatus]:
+    """Each message's fate from the app's answer."""
+    if http_status == 404:
+        return dict.fromkeys(ids, "DROP")
+    if not 200 <= http_status < 300:
+        return dict.fromkeys(ids, "RETRY")
+    try:
+        reply = PushReply.model_validate(json.loads(body)) if body.strip() else PushReply()
+    except (ValueError, ValidationError):
+        return dict.fromkeys(ids, "SUCCESS")  # a 2xx without a JSON status is a success
+    if reply.statuses is not None:
+        given = {s.id: _status(s.status) for s in reply.statuses}
+        return {i: given.get(i, "RETRY") for i in ids}
+    if reply.status is not None:
+        return dict.fromkeys(ids, _status(reply.status))
+    return dict.fromkeys(ids, "SUCCESS")
+
+
+def _status(text: str) -> PushStatus:
+    upper = text.upper()
+    if upper == "SUCCESS":
+        return "SUCCESS"
+    if upper == "DROP":
+        return "DROP"
+    if upper != "RETRY":
+        log.warning("app answered unknown status %r: retrying the message", text)
+    return "RETRY"
+
+
+class Pusher:
+    """Polls the consumer and POSTs to ``cfg.app_url``; at most ``push_concurrency`` requests open."""
+
+    def __init__(self, runtime: Runtime, deliveries: Deliveries, metrics: Metrics) -> None:
+        self.runtime = runtime
+        self.deliveries = deliveries
+        self.metrics = metrics
+        self.cfg = runtime.cfg
+        self._sem = asyncio.Semaphore(self.cfg.push_concurrency)
+        self._tasks: dict[asyncio.Task[None], list[Message]] = {}
+        self._session: aiohttp.ClientSession | None = None
+        self._stopping = False
+
+    @property
+    def in_flight(self) -> int:
+        return sum(len(m) for m in self._tasks.values())
+
+    # -- the dispatcher --------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Dispatch until cancelled (by :meth:`stop`)."""
+        await self.runtime.connected.wait()
+        consumer = self.runtime.consumer()
+        self._session = aiohttp.ClientSession(
+            timeout=aiohttp.ClientTimeout(total=self.cfg.push_timeout_s),
+            connector=aiohttp.TCPConnector(limit=self.cfg.push_concurrency),
+        )
+        await self._wait_for_app()
+        log.info("pushing to %s (concurrency %d)", self.cfg.app_url, self.cfg.push_concurrency)
+        while True:
+            await self._sem.acquire()
+            try:
+                messages = await consumer.poll(max_messages=self.cfg.push_batch_size, wait=1.0)
+            except ClosedError:
+                self._sem.release()
+                return
+            except BucketqError as exc:
+                self._sem.release()
+                log.warning("poll failed: %s", exc)
+                await asyncio.sleep(1.0)
+                continue
+            except BaseException:
+                self._sem.release()
+                raise
+            if not messages:
+                self._sem.release()
+                continue
+            self.deliveries.delivered(messages)
+            task = asyncio.get_running_loop().create_task(self._deliver(consumer, messages))
+            self._tasks[task] = messages
+            task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._tasks.pop(task, None)
+        self._sem.release()
+        if not task.cancelled() and task.exception() is not None:
+            log.error("push delivery failed", exc_info=task.exception())
+
+    async def _wait_for_app(self) -> None:
+        """Wait until the app's port accepts connections (the app may start after the sidecar)."""
+        last_log = 0.0
+        while True:
+            try:
+                _, writer = await asyncio.open_connection(self.cfg.app_host, self.cfg.app_port)
+            except OSError as exc:
+                if time.monotonic() - last_log > 10:
+                    log.info("waiting for the app at %s: %s", self.cfg.app_url, exc)
+                    last_log = time.monotonic()
+                await asyncio.sleep(0.2)
+                continue
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+            return
+
+    # -- one delivery ----------------------------------------------------------------------------
+
+    async def _deliver(self, consumer: Consumer, messages: list[Message]) -> None:
+        keeper = asyncio.get_running_loop().create_task(self._keep_alive(consumer, messages))
+        started = time.perf_counter()
+        try:
+            statuses = await self._post(messages)
+        except asyncio.CancelledError:
+            keeper.cancel()
+            await asyncio.shield(self._settle_all(messages, dict.fromkeys((m.id for m in messages), "RETRY")))
+            raise
+        finally:
+            keeper.cancel()
+        elapsed = time.perf_counter() - started
+        for m in messages:
+            self.metrics.push_seconds.labels(m.topic).observe(elapsed)
+        await self._settle_all(messages, statuses)
+
+    async def _post(self, messages: list[Message]) -> dict[str, PushStatus]:
+        assert self._session is not None
+        ids = [m.id for m in messages]
+        body: Any
+        if self.cfg.push_batch_size > 1:
+            body = PushBatch(messages=[to_wire(m, with_receipt=False) for m in messages]).model_dump(
+                mode="json", exclude_none=True
+            )
+        else:
+            body = to_wire(messages[0], with_receipt=False).model_dump(mode="json", exclude_none=True)
+        headers = {"bucketq-topic": messages[0].topic, "bucketq-consumer": self.runtime.consumer_name}
+        if len(messages) == 1:
+            headers.update({"bucketq-id": messages[0].id, "bucketq-deliveries": str(messages[0].deliveries)})
+        backoff = 0.1
+        while True:
+            try:
+                async with self._session.post(self.cfg.app_url, json=body, headers=headers) as resp:
+                    return interpret(resp.status, await resp.read(), ids)
+            except aiohttp.ClientConnectorError as exc:  # never reached the app: same delivery again
+                if self._stopping:
+                    return dict.fromkeys(ids, "RETRY")
+                log.warning("app not reachable at %s: %s", self.cfg.app_url, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                log.warning("push to %s failed (%s): the message will be retried", self.cfg.app_url, exc)
+                return dict.fromkeys(ids, "RETRY")
+
+    async def _settle_all(self, messages: list[Message], statuses: dict[str, PushStatus]) -> None:
+        await asyncio.gather(*(self._settle(m, statuses.get(m.id, "RETRY")) for m in messages))
+
+    async def _settle(self, msg: Message, status: PushStatus) -> None:
+        self.metrics.push_outcomes.labels(msg.topic, status.lower()).inc()
+        try:
+            if status == "SUCCESS":
+                await self.deliveries.ack(msg.receipt)
+            elif status == "DROP":
+                await self.deliveries.nack(msg.receipt, requeue=False, reason="dropped by the app")
+            else:
+                await self.deliveries.nack(msg.receipt, requeue=True, delay=self.cfg.push_retry_delay_s)
+        except ApiError as exc:
+            log.warning("could not settle %s (%s) after push: %s", msg.id, status, exc.message)
+
+    async def _keep_alive(self, consumer: Consumer, messages: list[Message]) -> None:
+        """Extend the leases while the app's request is open."""
+        vt = consumer.settings.visibility_timeout_s
+        live = list(messages)
+        while live:
+            nearest = min(m.lease_until for m in live)
+            await asyncio.sleep(max(0.05, nearest - time.time() - vt / 3))
+            results = await asyncio.gather(
+                *(consumer.extend(m.receipt, vt) for m in live), return_exceptions=True
+            )
+            kept = []
+            for m, res in zip(live, results, strict=True):
+                if isinstance(res, float):
+                    m.lease_until = res
+                    kept.append(m)
+                elif isinstance(res, LeaseLost):
+                    log.warning("lease on %s lost while the app handles it", m.id)
+                else:
+                    kept.append(m)  # the bucket did not answer: try again
+            live = kept
+
+    # -- shutdown --------------------------------------------------------------------------------
+
+    async def stop(self, dispatcher: asyncio.Task[None] | None, grace: float) -> None:
+        """Stop dispatching; let open requests finish for ``grace`` seconds, then requeue the rest."""
+        if dispatcher is not None:
+            dispatcher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await dispatcher
+        self._stopping = True
+        tasks = list(self._tasks)
+        if tasks:
+            log.info("waiting up to %.1fs for %d push requests", grace, len(tasks))
+            _, pending = await asyncio.wait(tasks, timeout=max(0.0, grace))
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        if self._session is not None:
+            await self._session.close()

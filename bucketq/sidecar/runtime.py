@@ -1,0 +1,183 @@
+"""The engine inside the sidecar: connect (with retries), readiness, and access to producer and consumer."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import Any, Literal
+
+from bucketq.core.app import Bucketq
+from bucketq.core.consumer import Consumer
+from bucketq.core.partition_worker import CycleResult
+from bucketq.core.producer import Producer
+from bucketq.errors import BucketqError, ConfigError, InvalidName, StorageError, TopicNotFound
+from bucketq.sidecar.config import SidecarConfig
+from bucketq.sidecar.errors import ApiError, unavailable
+from bucketq.sidecar.instrumented import InstrumentedStore
+from bucketq.sidecar.metrics import Metrics
+from bucketq.storage import build_store
+
+log = logging.getLogger("bucketq.sidecar")
+
+State = Literal["starting", "ready", "draining", "stopped"]
+
+
+class Runtime:
+    """Owns the :class:`Bucketq` connection, the producer and (optionally) the consumer."""
+
+    def __init__(self, config: SidecarConfig, metrics: Metrics) -> None:
+        self.config = config
+        self.cfg = config.sidecar
+        self.metrics = metrics
+        self.state: State = "starting"
+        self.reason = "connecting to the bucket"
+        self.bq: Bucketq | None = None
+        self.store: InstrumentedStore | None = None
+        self._producer: Producer | None = None
+        self._consumer: Consumer | None = None
+        self.strategy: str | None = None
+        self.connected = asyncio.Event()
+        self.started_at = time.time()
+        metrics.buffer_capacity.set(self.cfg.publish_buffer_size)
+
+    # -- state -----------------------------------------------------------------------------------
+
+    @property
+    def consumer_name(self) -> str:
+        return self.cfg.consumer or ""
+
+    @property
+    def draining(self) -> bool:
+        return self.state in ("draining", "stopped")
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """Ready when connected, the strategy is chosen, the bucket answers and we are not draining."""
+        info: dict[str, Any] = {"state": self.state, "strategy": self.strategy}
+        healthy = self.store is not None and self.store.healthy
+        if self.store is not None and not healthy:
+            info["reason"] = f"the bucket is not answering: {self.store.last_error}"
+        elif self.state != "ready":
+            info["reason"] = self.reason
+        ready = self.state == "ready" and healthy
+        info["ready"] = ready
+        self.metrics.ready.set(1 if ready else 0)
+        return ready, info
+
+    def producer(self) -> Producer:
+        """The producer, or a 503 while starting or draining."""
+        if self.draining:
+            raise unavailable("draining", "the sidecar is shutting down and accepts no new publishes")
+        if self._producer is None:
+            raise unavailable("not_ready", f"the sidecar is not ready yet: {self.reason}")
+        return self._producer
+
+    def consumer(self) -> Consumer:
+        """The consumer, or 400 when none is configured, 503 while starting."""
+        if not self.cfg.consumer:
+            raise ApiError(400, "no_consumer", "this sidecar has no consumer (set BUCKETQ_SIDECAR_CONSUMER)")
+        if self._consumer is None:
+            raise unavailable("not_ready", f"the sidecar is not ready yet: {self.reason}")
+        return self._consumer
+
+    @property
+    def current_consumer(self) -> Consumer | None:
+        return self._consumer
+
+    @property
+    def current_producer(self) -> Producer | None:
+        return self._producer
+
+    # -- connect ---------------------------------------------------------------------------------
+
+    async def connect(self) -> None:
+        """Open the bucket, register producer and consumer; retry S3 and missing-topic errors forever.
+
+        Raises :class:`ConfigError` for problems no retry can fix (bad names or settings).
+        """
+        delay = 0.2
+        while self.state == "starting":
+            try:
+                await self._connect_once()
+                return
+            except (ConfigError, InvalidName):
+                raise
+            except (StorageError, TopicNotFound, OSError) as exc:
+                self.reason = str(exc)
+            except BucketqError as exc:
+                self.reason = str(exc)
+            log.warning("not ready: %s (retrying in %.1fs)", self.reason, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, self.cfg.connect_retry_max_s)
+
+    async def _connect_once(self) -> None:
+        settings = self.config.engine
+        store = InstrumentedStore(build_store(settings), self.metrics.observe_s3)
+        bq = Bucketq(settings, store=store)
+        self.store = store
+        try:
+            await bq.open()
+            producer = await bq.register_producer(
+                self.cfg.producer_name, publish_timeout_s=self.cfg.publish_timeout_s
+            )
+            consumer = await self._register_consumer(bq) if self.cfg.consumer else None
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await bq.close()
+            with contextlib.suppress(Exception):
+                await store.close()
+            raise
+        if self.state != "starting":  # a shutdown began while we were connecting
+            await bq.close()
+            return
+        self.bq, self._producer, self._consumer = bq, producer, consumer
+        self.strategy = bq.strategy
+        self.state = "ready"
+        self.reason = "ready"
+        self.connected.set()
+        log.info("connected to bucket %s (strategy %s)", settings.s3_bucket or settings.backend, bq.strategy)
+
+    async def _register_consumer(self, bq: Bucketq) -> Consumer:
+        assert self.cfg.consumer is not None
+        overrides: dict[str, Any] = {}
+        if self.cfg.visibility_timeout_s is not None:
+            overrides["visibility_timeout_s"] = self.cfg.visibility_timeout_s
+        if self.cfg.max_in_flight is not None:
+            overrides["max_in_flight"] = self.cfg.max_in_flight
+        consumer = await bq.register_consumer(
+            self.cfg.consumer, self.cfg.topics, start_position=self.cfg.start_position, **overrides
+        )
+        name = self.cfg.consumer
+
+        def on_commit(topic: str, partition: int, result: CycleResult, seconds: float) -> None:
+            self.metrics.observe_commit(name, topic, result, seconds)
+
+        consumer.on_commit = on_commit
+        return consumer
+
+    # -- shutdown --------------------------------------------------------------------------------
+
+    def begin_drain(self) -> None:
+        """Refuse new publishes and pulls from now on; ask the consumer to stop claiming."""
+        if self.state == "starting":
+            self.reason = "shutting down"
+        self.state = "draining"
+        self.metrics.draining.set(1)
+        self.metrics.ready.set(0)
+        pause = getattr(self._consumer, "pause", None)  # the engine has no public pause yet
+        if callable(pause):
+            pause()
+
+    async def close(self, timeout: float) -> None:
+        """Close consumer (releasing prefetched messages uncounted) and producers (flushing)."""
+        bq = self.bq
+        self.state = "stopped"
+        if bq is None:
+            return
+        try:
+            await asyncio.wait_for(bq.close(), max(1.0, timeout))
+        except TimeoutError:
+            log.error("closing the engine took longer than %.1fs; exiting anyway", timeout)
+        except Exception as exc:
+            log.error("closing the engine failed: %s", exc)

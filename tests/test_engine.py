@@ -1,0 +1,327 @@
+"""The engine end to end on every backend: memory, filesystem, moto server and SeaweedFS."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+from engine_helpers import Backend, backend, drain, poll_one  # noqa: F401  (fixtures)
+
+from bucketq import LeaseLost, MessageTooLarge, TopicNotFound
+from bucketq.core.keys import Keys
+from bucketq.errors import BucketqError, InvalidMessage, InvalidName
+
+
+async def test_publish_consume_ack_and_stats(backend: Backend) -> None:
+    bq = await backend.connect()
+    assert bq.strategy == "conditional_write"  # the probe (auto) or the explicit choice
+    await bq.create_topic("orders", partitions=3)
+    producer = await bq.register_producer("shop")
+    results = await asyncio.gather(*(producer.publish("orders", {"n": i}) for i in range(300)))
+    assert len({r.id for r in results}) == 300
+    assert {r.partition for r in results} <= {0, 1, 2}
+    consumer = await bq.register_consumer("billing", ["orders"])
+    seen = await drain(consumer, 300)
+    assert set(seen) == {r.id for r in results}
+    assert all(v == 1 for v in seen.values())
+    await consumer.close()
+    [stats] = await bq.stats("orders", "billing")
+    assert (stats.messages, stats.acked, stats.backlog, stats.in_flight) == (300, 300, 0, 0)
+
+
+async def test_group_commit_batches_concurrent_publishes(backend: Backend) -> None:
+    bq = await backend.connect(producer={"linger_ms": 50})
+    await bq.create_topic("batched")
+    producer = await bq.register_producer("p")
+    before = bq.storage.stats.requests["PUT"]
+    results = await asyncio.gather(*(producer.publish("batched", i) for i in range(500)))
+    segment_puts = len({(r.partition, r.seq) for r in results})
+    assert segment_puts <= 3, f"500 concurrent publishes took {segment_puts} segments"
+    assert bq.storage.stats.requests["PUT"] - before <= 2 * segment_puts + 1  # segments + head hints
+
+
+async def test_message_fields_round_trip(backend: Backend) -> None:
+    bq = await backend.connect()
+    await bq.create_topic("fields")
+    p = await bq.register_producer("p")
+    r1 = await p.publish("fields", {"a": [1, 2, {"b": None}]}, key="k1", headers={"h": "v"}, priority=3)
+    r2 = await p.publish("fields", data=b"\x00\xffraw", content_type="image/png")
+    c = await bq.register_consumer("c", "fields")
+    got = {}
+    while len(got) < 2:
+        for m in await c.poll(10, 1.0):
+            got[m.id] = m
+            await m.ack()
+    m1, m2 = got[r1.id], got[r2.id]
+    assert (m1.payload, m1.key, dict(m1.headers), m1.priority, m1.deliveries) == (
+        {"a": [1, 2, {"b": None}]}, "k1", {"h": "v"}, 3, 1)
+    assert m1.producer_id == p.id and m1.topic == "fields" and m1.created_at <= time.time()
+    assert (m2.data, m2.content_type, m2.payload) == (b"\x00\xffraw", "image/png", None)
+
+
+async def test_fan_out_each_consumer_gets_every_message(backend: Backend) -> None:
+    bq = await backend.connect()
+    await bq.create_topic("events", partitions=2)
+    p = await bq.register_producer("p")
+    ids = {r.id for r in await asyncio.gather(*(p.publish("events", i) for i in range(100)))}
+    a = await bq.register_consumer("audit", "events")
+    b = await bq.register_consumer("search", "events")
+    assert set(await drain(a, 100)) == ids
+    assert set(await drain(b, 100)) == ids
+
+
+async def test_nack_requeue_redelivers_with_count(backend: Backend) -> None:
+    bq = await backend.connect()
+    await bq.create_topic("retry")
+    p = await bq.register_producer("p")
+    await p.publish("retry", "x")
+    c = await bq.register_consumer("c", "retry")
+    first = await poll_one(c)
+    await first.nack(requeue=True)
+    second = await poll_one(c)
+    assert second.id == first.id
+    assert second.deliveries == 2
+    await second.ack()
+    await second.ack()  # idempotent
+
+
+async def test_nack_with_delay_hides_message(backend: Backend) -> None:
+    bq = await backend.connect()
+    await bq.create_topic("later")
+    p = await bq.register_producer("p")
+    await p.publish("later", "x")
+    c = await bq.register_consumer("c", "later")
+    m = await poll_one(c)
+    t0 = time.time()
+    await m.nack(delay=1.0)
+    again = await poll_one(c, timeout=10)
+    assert time.time() - t0 >= 0.95
+    await again.ack()
+
+
+async def test_delayed_publish_is_not_delivered_early(backend: Backend) -> None:
+    bq = await backend.connect()
+    await bq.create_topic("delayed")
+    p = await bq.register_producer("p")
+    t0 = time.time()
+    await p.publish("delayed", "late", delay=1.0)
+    await p.publish("delayed", "now")
+    c = await bq.register_consumer("c", "delayed")
+    first = await poll_one(c)
+    assert first.payload == "now"
+    await first.ack()
+    late = await poll_one(c)
+    assert late.payload == "late" and time.time() - t0 >= 0.95
+
+
+async def test_priority_lower_first(backend: Backend) -> None:
+    bq = await backend.connect()
+    await bq.create_topic("prio")
+    p = await bq.register_producer("p")
+    await asyncio.gather(*(p.publish("prio", i, priority=10 - i) for i in range(10)))
+    c = await bq.register_consumer("c", "prio", max_in_flight=10)
+    got: list[int] = []
+    while len(got) < 10:
+        msgs = await c.poll(10, 1.0)
+        got += [m.priority for m in msgs]
+        await asyncio.gather(*(m.ack() for m in msgs))
+    assert got == sorted(got)
+
+
+async def test_keyed_messages_stay_in_order_on_one_partition(backend: Backend) -> None:
+    bq = await backend.connect()
+    await bq.create_topic("keyed", partitions=4)
+    p = await bq.register_producer("p")
+    results = [await p.publish("keyed", i, key="customer-7") for i in range(20)]
+    assert len({r.partition for r in results}) == 1
+    c = await bq.register_consumer("c", "keyed", ordered=True)
+    got: list[int] = []
+    while len(got) < 20:
+        msgs = await c.poll(20, 1.0)
+        assert len(msgs) <= 1, "ordered delivery hands out one message per key at a time"
+        for m in msgs:
+            got.append(m.payload)
+            await m.ack()
+    assert got == list(range(20))
+
+
+async def test_dedup_id_publishes_once_within_window(backend: Backend) -> None:
+    bq = await backend.connect()
+    await bq.create_topic("dedup")
+    p = await bq.register_producer("p")
+    first = await p.publish("dedup", {"order": 1}, dedup_id="order-1")
+    again = await p.publish("dedup", {"order": 1}, dedup_id="order-1")
+    other = await p.publish("dedup", {"order": 2}, dedup_id="order-2")
+    assert (again.id, again.duplicate, first.duplicate) == (first.id, True, False)
+    assert other.id != first.id
+    info = await bq.describe_topic("dedup")
+    assert info.messages == 2
+
+
+async def test_start_position_latest_skips_history(backend: Backend) -> None:
+    bq = await backend.connect()
+    await bq.create_topic("hist")
+    p = await bq.register_producer("p")
+    await p.publish("hist", "old")
+    c = await bq.register_consumer("newcomer", "hist", start_position="latest")
+    await p.publish("hist", "new")
+    m = await poll_one(c)
+    assert m.payload == "new"
+    await m.ack()
+    assert await c.poll(10, 0.3) == []
+
+
+async def test_stale_lease_token_is_rejected(backend: Backend) -> None:
+    bq = await backend.connect()
+    await bq.create_topic("leases")
+    p = await bq.register_producer("p")
+    await p.publish("leases", "x")
+    a = await bq.register_consumer("c", "leases", visibility_timeout_s=0.5, clock_skew_s=0.0, max_in_flight=1)
+    first = await poll_one(a)
+    await asyncio.sleep(0.7)  # the lease expires; the same member claims it again
+    second = await poll_one(a)
+    assert second.id == first.id and second.receipt != first.receipt and second.deliveries == 2
+    with pytest.raises(LeaseLost, match="lease lost"):
+        await first.ack()
+    with pytest.raises(LeaseLost):
+        await first.extend(10)
+    await second.ack()
+
+
+async def test_dead_letter_after_max_deliveries_exactly_as_published(backend: Backend) -> None:
+    bq = await backend.connect()
+    await bq.create_topic("jobs", dead_letter={"max_deliveries": 2})
+    p = await bq.register_producer("p")
+    sent = await p.publish("jobs", {"poison": True}, key="k", headers={"trace": "abc"})
+    c = await bq.register_consumer("worker", "jobs")
+    for attempt in (1, 2):
+        m = await poll_one(c)
+        assert m.deliveries == attempt
+        await m.nack()
+    dlq = await bq.register_consumer("inspect", "jobs.dlq")
+    dead = await poll_one(dlq, timeout=15)
+    assert (dead.id, dead.payload, dead.key, dead.created_at) == (sent.id, {"poison": True}, "k", dead.created_at)
+    assert dead.producer_id == p.id
+    assert dead.headers["trace"] == "abc"
+    assert dead.headers["bucketq-dlq-source-topic"] == "jobs"
+    assert dead.headers["bucketq-dlq-reason"] == "max_deliveries"
+    assert dead.headers["bucketq-dlq-deliveries"] == "2"
+    assert dead.headers["bucketq-dlq-consumer"] == "worker"
+    await dead.ack()
+    assert await c.poll(10, 0.3) == []
+    [stats] = await bq.stats("jobs", "worker")
+    assert stats.dead_lettered == 1 and stats.backlog == 0
+
+
+async def test_nack_without_requeue_dead_letters_now(backend: Backend) -> None:
+    bq = await backend.connect()
+    await bq.create_topic("bad")
+    p = await bq.register_producer("p")
+    await p.publish("bad", "reject me")
+    c = await bq.register_consumer("c", "bad")
+    m = await poll_one(c)
+    await m.nack(requeue=False)
+    dlq = await bq.register_consumer("d", "bad.dlq")
+    dead = await poll_one(dlq)
+    assert dead.id == m.id and dead.headers["bucketq-dlq-reason"] == "nack"
+
+
+async def test_checkpoint_and_a_fresh_process_resumes(backend: Backend) -> None:
+    bq = await backend.connect(consumer={"checkpoint_every": 4})
+    await bq.create_topic("resume")
+    p = await bq.register_producer("p")
+    for i in range(30):  # many small segments and deltas
+        await p.publish("resume", i)
+    c = await bq.register_consumer("c", "resume", max_in_flight=3)
+    first = await drain(c, 20)
+    await c.close()
+    keys = Keys(bq.settings.root)
+    ckpts = [i.key async for i in bq.storage.list(keys.checkpoints_prefix("resume", "c", 0))]
+    assert ckpts, "checkpoints were written every 4 deltas"
+    # a new connection (as a restarted process) resumes where the first stopped
+    bq2 = await backend.connect(consumer={"checkpoint_every": 4})
+    c2 = await bq2.register_consumer("c", "resume")
+    rest = await drain(c2, 30 - len(first))
+    assert len(rest) == 30 - len(first) and not set(rest) & set(first)
+    assert await c2.poll(10, 0.3) == []
+
+
+async def test_registry_ids_are_stable(backend: Backend) -> None:
+    bq = await backend.connect()
+    a = await bq.register_producer("shop")
+    b = await bq.register_producer("shop")
+    assert a.id == b.id
+    other = await bq.register_producer("other")
+    assert other.id != a.id
+    reg = await bq._registry.get("producer", "shop")
+    assert reg is not None and reg.last_seen >= reg.created_at
+
+
+async def test_topics_create_list_describe_delete(backend: Backend) -> None:
+    bq = await backend.connect()
+    first = await bq.create_topic("alpha", partitions=2)
+    again = await bq.create_topic("alpha", partitions=5)
+    assert again.config.partitions == 2 and again.created_at == first.created_at  # idempotent
+    await bq.create_topic("beta")
+    assert await bq.list_topics() == ["alpha", "beta"]
+    p = await bq.register_producer("p")
+    await p.publish("alpha", 1)
+    info = await bq.describe_topic("alpha")
+    assert info.messages == 1 and len(info.partitions) == 2
+    from bucketq import TopicConfig
+
+    await bq.update_topic("alpha", TopicConfig(partitions=4))
+    with pytest.raises(BucketqError, match="only grow"):
+        await bq.update_topic("alpha", TopicConfig(partitions=1))
+    deleted = await bq.delete_topic("alpha")
+    assert deleted >= 3
+    assert await bq.list_topics() == ["beta"]
+    with pytest.raises(TopicNotFound):
+        await p.publish("alpha", 2)
+    assert [i.key async for i in bq.storage.list(Keys(bq.settings.root).topic_prefix("alpha"))] == []
+
+
+async def test_bad_input_gives_clear_errors_and_changes_nothing(backend: Backend) -> None:
+    bq = await backend.connect()
+    with pytest.raises(InvalidName, match="DNS-1123"):
+        await bq.create_topic("Bad_Name")
+    with pytest.raises(TopicNotFound, match="unknown topic 'nope'"):
+        await bq.register_consumer("c", "nope")
+    await bq.create_topic("small", max_message_bytes=1024)
+    p = await bq.register_producer("p")
+    with pytest.raises(MessageTooLarge, match="1024 bytes"):
+        await p.publish("small", "x" * 5000)
+    with pytest.raises(InvalidMessage, match="not JSON-serialisable"):
+        await p.publish("small", {"when": object()})
+    with pytest.raises(TopicNotFound):
+        await p.publish("nope", 1)
+    ok = await p.publish("small", "fine")  # one bad message fails only its own call
+    info = await bq.describe_topic("small")
+    assert info.messages == 1 and ok.offset == 0
+
+
+async def test_one_bad_message_fails_only_its_caller_in_a_batch(backend: Backend) -> None:
+    bq = await backend.connect(producer={"linger_ms": 30})
+    await bq.create_topic("mixed", max_message_bytes=256)
+    p = await bq.register_producer("p")
+    calls = [p.publish("mixed", i) for i in range(20)] + [p.publish("mixed", "y" * 1000)]
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    assert isinstance(results[-1], MessageTooLarge)
+    assert all(not isinstance(r, BaseException) for r in results[:-1])
+    assert (await bq.describe_topic("mixed")).messages == 20
+
+
+async def test_segments_are_json_lines_as_specified(backend: Backend) -> None:
+    bq = await backend.connect()
+    await bq.create_topic("fmt")
+    p = await bq.register_producer("p")
+    r = await p.publish("fmt", {"x": 1}, key="k")
+    blob = await bq.storage.get(Keys(bq.settings.root).segment("fmt", r.partition, r.seq))
+    assert blob is not None
+    header, line = [json.loads(x) for x in blob.data.decode().strip().split("\n")]
+    assert {"v", "topic", "partition", "seq", "producer_id", "created_at", "count"} <= set(header)
+    assert header["v"] == 1 and header["count"] == 1
+    assert {"id", "key", "headers", "payload", "content_type", "created_at", "producer_id", "priority",
+            "not_before", "dedup_id"} <= set(line)
