@@ -244,7 +244,9 @@ async def test_csprng_verify_loses_when_its_claim_is_replaced() -> None:
 # -- several processes on one directory -------------------------------------------------------
 
 
-def _file_racer(root: str, writer: int, keys: int, start: multiprocessing.synchronize.Event, out: object) -> None:
+def _file_racer(
+    root: str, writer: int, keys: int, start: multiprocessing.synchronize.Event, out: object
+) -> None:
     async def main() -> list[int]:
         store = FileStore(root)
         won = []
@@ -264,7 +266,9 @@ def test_file_store_put_if_absent_across_processes(tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
     writers, keys = 4, 60
-    procs = [ctx.Process(target=_file_racer, args=(str(tmp_path), w, keys, start, out)) for w in range(writers)]
+    procs = [
+        ctx.Process(target=_file_racer, args=(str(tmp_path), w, keys, start, out)) for w in range(writers)
+    ]
     for p in procs:
         p.start()
     start.set()
@@ -437,7 +441,9 @@ async def test_silent_endpoint_times_out_instead_of_hanging() -> None:
 async def test_missing_bucket_is_named(server_name: str, request: pytest.FixtureRequest) -> None:
     server: S3Server = request.getfixturevalue(f"{server_name}_server")
     settings = server.settings().model_copy(update={"s3_bucket": "bq-no-such-bucket"})
-    with pytest.raises(StorageError, match=r"bucket 'bq-no-such-bucket' does not exist at http://127\.0\.0\.1"):
+    with pytest.raises(
+        StorageError, match=r"bucket 'bq-no-such-bucket' does not exist at http://127\.0\.0\.1"
+    ):
         await open_storage(settings)
     store = S3Store.from_settings(settings)
     with pytest.raises(StorageError, match="does not exist"):
@@ -532,7 +538,9 @@ def test_s3_store_pickles_without_its_client(moto_server: S3Server) -> None:
 
 def test_build_store_picks_the_adapter(tmp_path: Path) -> None:
     assert isinstance(build_store(memory_settings()), MemoryStore)
-    assert isinstance(build_store(Settings.from_dict({"backend": "file", "file_path": str(tmp_path)})), FileStore)
+    assert isinstance(
+        build_store(Settings.from_dict({"backend": "file", "file_path": str(tmp_path)})), FileStore
+    )
     s3 = build_store(Settings.from_dict({"backend": "s3", "s3_bucket": "b", "s3_endpoint_url": "http://x:1"}))
     assert isinstance(s3, S3Store) and s3.bucket == "b"
     store: ObjectStore = s3

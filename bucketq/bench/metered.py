@@ -69,7 +69,9 @@ class MeteredStore:
         self.calls[f"HEAD {key_kind(key)}" + (" miss" if info is None else "")] += 1
         return info
 
-    async def put(self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None) -> str:
+    async def put(
+        self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None
+    ) -> str:
         name = f"PUT {key_kind(key)}"
         try:
             etag = await self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -125,21 +126,24 @@ def _fmt(value: float | None, digits: int = 1) -> str:
 
 
 def results_table(results: list[RunResult]) -> Table:
-    table = Table(title="bucketq bench", header_style="bold")
-    for name in ("scenario", "backend", "msgs", "P/C/parts", "msgs/s", "req/msg", "requests", "MB moved",
-                 "p50 ms", "p99 ms", "dup", "lost", "seconds"):
-        table.add_column(name, justify="left" if name in ("scenario", "backend") else "right")
+    first = results[0] if results else None
+    title = "bucketq bench"
+    if first is not None:
+        title += (
+            f" on {first.backend}: {max(r.producers for r in results)} producers, "
+            f"{max(r.consumers for r in results)} consumers, {first.partitions} partitions, "
+            f"{first.payload_bytes} B payloads"
+        )
+    table = Table(title=title, header_style="bold", box=box.SIMPLE_HEAD)
+    for name in ("scenario", "msgs", "msgs/s", "req/msg", "p50 ms", "p99 ms", "dup", "lost", "s"):
+        table.add_column(name, justify="left" if name == "scenario" else "right", no_wrap=True)
     for r in results:
         bad = r.duplicates or r.lost or not r.completed
         table.add_row(
             r.scenario,
-            r.backend,
             f"{r.messages:,}",
-            f"{r.producers}/{r.consumers}/{r.partitions}",
             _fmt(r.msgs_per_s),
             f"{r.s3_requests_per_message:.4f}",
-            f"{r.s3_requests:,}",
-            f"{r.bytes_moved / 1e6:.2f}",
             _fmt(r.p50_ms),
             _fmt(r.p99_ms),
             f"[red]{r.duplicates}[/]" if r.duplicates else "0",
@@ -151,13 +155,15 @@ def results_table(results: list[RunResult]) -> Table:
 
 
 def requests_table(results: list[RunResult]) -> Table:
-    """Where the requests went: calls per operation and kind of object, per run."""
-    table = Table(title="store calls by operation and object", header_style="bold")
-    table.add_column("run")
+    """Where the requests went: totals, and calls per operation and kind of object, per run."""
+    table = Table(title="requests", header_style="bold", box=box.SIMPLE_HEAD)
+    table.add_column("scenario", no_wrap=True)
+    table.add_column("requests", justify="right", no_wrap=True)
+    table.add_column("MB moved", justify="right", no_wrap=True)
     table.add_column("calls (op object: count)")
     for r in results:
         parts = [f"{k}: {v:,}" for k, v in r.calls_by_key.items()]
-        table.add_row(f"{r.scenario}/{r.backend}", ", ".join(parts))
+        table.add_row(r.scenario, f"{r.s3_requests:,}", f"{r.bytes_moved / 1e6:.2f}", ", ".join(parts))
     return table
 
 

@@ -16,7 +16,11 @@ StartFn = Callable[[str], None]
 
 
 async def run_scenarios(
-    backend: Backend, params: BenchParams, *, on_start: StartFn | None = None, on_result: ResultFn | None = None
+    backend: Backend,
+    params: BenchParams,
+    *,
+    on_start: StartFn | None = None,
+    on_result: ResultFn | None = None,
 ) -> list[RunResult]:
     """Every scenario of ``params`` in order, on an already running backend."""
     results = []

@@ -8,78 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from bucketq import Bucketq, Consumer, Producer
-from bucketq.bench.backends import Backend, RunBucket
+from bucketq.bench.backends import Backend
+from bucketq.bench.fleet import GROUP, Fleet, open_fleet
 from bucketq.bench.params import BenchParams, ScenarioName
 from bucketq.bench.report import RunResult, build_result
 from bucketq.bench.tracker import Tracker, percentile
-from bucketq.bench.workers import consume, produce, produce_paced, wait_done
-
-GROUP = "bench"
-
-
-@dataclass
-class _Fleet:
-    """The connections and clients of one run."""
-
-    run: RunBucket
-    topic: str
-    admin: Bucketq
-    producers: list[Producer] = field(default_factory=list)
-    consumers: list[Consumer] = field(default_factory=list)
-    stop: asyncio.Event = field(default_factory=asyncio.Event)
-    loops: list[asyncio.Task[None]] = field(default_factory=list)
-
-    @property
-    def strategy(self) -> str:
-        return self.admin.strategy
-
-    async def add_producers(self, count: int) -> None:
-        for i in range(count):
-            bq = await self.run.connect()
-            self.producers.append(await bq.register_producer(f"bench-producer-{i}"))
-
-    async def add_consumers(self, count: int) -> None:
-        conns = [await self.run.connect() for _ in range(count)]
-        self.consumers = list(await asyncio.gather(*(bq.register_consumer(GROUP, [self.topic]) for bq in conns)))
-
-    def start_consuming(self, tracker: Tracker, batch: int) -> None:
-        self.loops = [asyncio.create_task(consume(c, tracker, self.stop, batch=batch)) for c in self.consumers]
-
-    async def wait(self, tracker: Tracker, idle_timeout_s: float) -> tuple[bool, list[str]]:
-        """Wait for every message to be acked; stop early if a consumer loop fails."""
-        waiter = asyncio.create_task(wait_done(tracker, idle_timeout_s))
-        await asyncio.wait([waiter, *self.loops], return_when=asyncio.FIRST_COMPLETED)
-        errors = [f"{type(t.exception()).__name__}: {t.exception()}" for t in self.loops if t.done() and t.exception()]
-        if not waiter.done():
-            waiter.cancel()
-            return False, errors
-        return waiter.result() and not errors, errors
-
-    async def finish(self, grace_s: float) -> None:
-        if self.loops:
-            await asyncio.sleep(grace_s)
-        self.stop.set()
-        await asyncio.gather(*self.loops, return_exceptions=True)
-
-    def engine_counters(self) -> dict[str, int]:
-        return {
-            "commits": sum(c.counters.commits for c in self.consumers),
-            "commit_conflicts": sum(c.counters.conflicts for c in self.consumers),
-            "lease_lost": sum(c.counters.lease_lost for c in self.consumers),
-        }
-
-
-async def _fleet(backend: Backend, scenario: ScenarioName, partitions: int) -> _Fleet:
-    run = backend.fresh()
-    admin = await run.connect(metered=False)
-    topic = f"bench-{scenario}"
-    await admin.create_topic(topic, partitions=partitions)
-    return _Fleet(run, topic, admin)
+from bucketq.bench.workers import produce, produce_paced
 
 
 def _ms(values: list[float], q: float) -> float | None:
@@ -104,7 +41,7 @@ def _spread(count: int, workers: int, index: int) -> range:
 
 async def run_publish(backend: Backend, p: BenchParams) -> RunResult:
     """Producers only, unthrottled. Losses are checked against the partitions' message counts."""
-    fleet = await _fleet(backend, "publish", p.partitions)
+    fleet = await open_fleet(backend, "bench-publish", p.partitions)
     try:
         await fleet.add_producers(p.producers)
         tracker = Tracker(expected=p.messages)
@@ -112,8 +49,14 @@ async def run_publish(backend: Backend, p: BenchParams) -> RunResult:
         cpu = time.process_time()
         await asyncio.gather(
             *(
-                produce(prod, fleet.topic, _spread(p.messages, p.producers, i), tracker,
-                        payload_bytes=p.payload_bytes, window=p.window)
+                produce(
+                    prod,
+                    fleet.topic,
+                    _spread(p.messages, p.producers, i),
+                    tracker,
+                    payload_bytes=p.payload_bytes,
+                    window=p.window,
+                )
                 for i, prod in enumerate(fleet.producers)
             )
         )
@@ -123,11 +66,24 @@ async def run_publish(backend: Backend, p: BenchParams) -> RunResult:
         published = len(tracker.published)
         seconds = (tracker.last_publish or 0.0) - (tracker.first_publish or 0.0)
         return build_result(
-            scenario="publish", backend=backend.name, messages=p.messages, producers=p.producers, consumers=0,
-            partitions=p.partitions, payload_bytes=p.payload_bytes, seconds=seconds, usage=usage, setup=setup,
-            latencies=tracker.publish_latencies, latency="publish call to durable", tracker=tracker,
-            duplicates=max(0, stored - published - tracker.publish_errors), lost=max(0, published - stored),
-            cpu_s=cpu, completed=published == p.messages, strategy=fleet.strategy,
+            scenario="publish",
+            backend=backend.name,
+            messages=p.messages,
+            producers=p.producers,
+            consumers=0,
+            partitions=p.partitions,
+            payload_bytes=p.payload_bytes,
+            seconds=seconds,
+            usage=usage,
+            setup=setup,
+            latencies=tracker.publish_latencies,
+            latency="publish call to durable",
+            tracker=tracker,
+            duplicates=max(0, stored - published - tracker.publish_errors),
+            lost=max(0, published - stored),
+            cpu_s=cpu,
+            completed=published == p.messages,
+            strategy=fleet.strategy,
             extra={"stored": stored, **_side_latencies(tracker)},
         )
     finally:
@@ -136,12 +92,18 @@ async def run_publish(backend: Backend, p: BenchParams) -> RunResult:
 
 async def run_consume(backend: Backend, p: BenchParams) -> RunResult:
     """A preloaded backlog (loaded by an unmetered connection), consumed by consumers only."""
-    fleet = await _fleet(backend, "consume", p.partitions)
+    fleet = await open_fleet(backend, "bench-consume", p.partitions)
     try:
         loaded = Tracker(expected=p.messages)
         loader = await fleet.admin.register_producer("bench-loader")
-        await produce(loader, fleet.topic, range(p.messages), loaded,
-                      payload_bytes=p.payload_bytes, window=p.window * p.producers)
+        await produce(
+            loader,
+            fleet.topic,
+            range(p.messages),
+            loaded,
+            payload_bytes=p.payload_bytes,
+            window=p.window * p.producers,
+        )
         await loader.flush()
         tracker = Tracker(expected=len(loaded.published), published=set(loaded.published))
         conns = [await fleet.run.connect() for _ in range(p.consumers)]
@@ -156,10 +118,23 @@ async def run_consume(backend: Backend, p: BenchParams) -> RunResult:
         seconds = (tracker.last_ack or time.perf_counter()) - started
         await fleet.finish(p.grace_s)
         return build_result(
-            scenario="consume", backend=backend.name, messages=p.messages, producers=0, consumers=p.consumers,
-            partitions=p.partitions, payload_bytes=p.payload_bytes, seconds=seconds, usage=usage, setup=setup,
-            latencies=tracker.ack_latencies, latency="ack call to durable", tracker=tracker,
-            duplicates=tracker.duplicates, lost=tracker.lost, cpu_s=cpu, completed=completed,
+            scenario="consume",
+            backend=backend.name,
+            messages=p.messages,
+            producers=0,
+            consumers=p.consumers,
+            partitions=p.partitions,
+            payload_bytes=p.payload_bytes,
+            seconds=seconds,
+            usage=usage,
+            setup=setup,
+            latencies=tracker.ack_latencies,
+            latency="ack call to durable",
+            tracker=tracker,
+            duplicates=tracker.duplicates,
+            lost=tracker.lost,
+            cpu_s=cpu,
+            completed=completed,
             strategy=fleet.strategy,
             extra={"errors": errors, **fleet.engine_counters(), **_side_latencies(tracker)},
         )
@@ -172,10 +147,10 @@ async def _produce_and_consume(
     p: BenchParams,
     scenario: ScenarioName,
     messages: int,
-    publish: Callable[[_Fleet, Tracker], Awaitable[None]],
+    publish: Callable[[Fleet, Tracker], Coroutine[Any, Any, None]],
     warmup_s: float,
 ) -> RunResult:
-    fleet = await _fleet(backend, scenario, p.partitions)
+    fleet = await open_fleet(backend, f"bench-{scenario}", p.partitions)
     try:
         await fleet.add_producers(p.producers)
         await fleet.add_consumers(p.consumers)
@@ -196,11 +171,25 @@ async def _produce_and_consume(
         if scenario == "latency":
             extra["rate"] = p.latency_rate
         return build_result(
-            scenario=scenario, backend=backend.name, messages=messages, producers=p.producers,
-            consumers=p.consumers, partitions=p.partitions, payload_bytes=p.payload_bytes, seconds=seconds,
-            usage=usage, setup=setup, latencies=tracker.receive_latencies, latency="publish to receive",
-            tracker=tracker, duplicates=tracker.duplicates, lost=tracker.lost, cpu_s=cpu,
-            completed=completed and tracker.publish_errors == 0, strategy=fleet.strategy, extra=extra,
+            scenario=scenario,
+            backend=backend.name,
+            messages=messages,
+            producers=p.producers,
+            consumers=p.consumers,
+            partitions=p.partitions,
+            payload_bytes=p.payload_bytes,
+            seconds=seconds,
+            usage=usage,
+            setup=setup,
+            latencies=tracker.receive_latencies,
+            latency="publish to receive",
+            tracker=tracker,
+            duplicates=tracker.duplicates,
+            lost=tracker.lost,
+            cpu_s=cpu,
+            completed=completed and tracker.publish_errors == 0,
+            strategy=fleet.strategy,
+            extra=extra,
         )
     finally:
         await fleet.run.close()
@@ -209,11 +198,17 @@ async def _produce_and_consume(
 async def run_e2e(backend: Backend, p: BenchParams) -> RunResult:
     """Producers and consumers at once, unthrottled: msgs/s is messages over first publish to last ack."""
 
-    async def publish(fleet: _Fleet, tracker: Tracker) -> None:
+    async def publish(fleet: Fleet, tracker: Tracker) -> None:
         await asyncio.gather(
             *(
-                produce(prod, fleet.topic, _spread(p.messages, p.producers, i), tracker,
-                        payload_bytes=p.payload_bytes, window=p.window)
+                produce(
+                    prod,
+                    fleet.topic,
+                    _spread(p.messages, p.producers, i),
+                    tracker,
+                    payload_bytes=p.payload_bytes,
+                    window=p.window,
+                )
                 for i, prod in enumerate(fleet.producers)
             )
         )
@@ -225,9 +220,10 @@ async def run_latency(backend: Backend, p: BenchParams) -> RunResult:
     """Paced publishing at a low rate; p50/p99 of publish (message created_at) to receive."""
     count = min(p.messages, p.latency_messages)
 
-    async def publish(fleet: _Fleet, tracker: Tracker) -> None:
-        await produce_paced(fleet.producers, fleet.topic, count, p.latency_rate, tracker,
-                            payload_bytes=p.payload_bytes)
+    async def publish(fleet: Fleet, tracker: Tracker) -> None:
+        await produce_paced(
+            fleet.producers, fleet.topic, count, p.latency_rate, tracker, payload_bytes=p.payload_bytes
+        )
 
     return await _produce_and_consume(backend, p, "latency", count, publish, warmup_s=1.0)
 

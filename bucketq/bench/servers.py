@@ -73,7 +73,9 @@ class S3Server:
         self.buckets.append(name)
         return name
 
-    def settings_dict(self, strategy: str = "auto", bucket: str | None = None, **overrides: Any) -> dict[str, Any]:
+    def settings_dict(
+        self, strategy: str = "auto", bucket: str | None = None, **overrides: Any
+    ) -> dict[str, Any]:
         """Settings fields for ``bucket`` (a fresh one by default) on this server."""
         data: dict[str, Any] = {
             "backend": "s3",

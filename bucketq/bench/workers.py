@@ -63,7 +63,13 @@ async def produce(
 
 
 async def produce_paced(
-    producers: Sequence[Producer], topic: str, count: int, rate: float, tracker: Tracker, *, payload_bytes: int
+    producers: Sequence[Producer],
+    topic: str,
+    count: int,
+    rate: float,
+    tracker: Tracker,
+    *,
+    payload_bytes: int,
 ) -> None:
     """Publish ``count`` messages at ``rate`` per second, round-robin over ``producers``, without waiting."""
     loop = asyncio.get_running_loop()
@@ -74,7 +80,9 @@ async def produce_paced(
         if delay > 0:
             await asyncio.sleep(delay)
         producer = producers[n % len(producers)]
-        tasks.append(asyncio.create_task(publish_one(producer, topic, make_payload(n, payload_bytes), tracker)))
+        tasks.append(
+            asyncio.create_task(publish_one(producer, topic, make_payload(n, payload_bytes), tracker))
+        )
     await asyncio.gather(*tasks)
 
 

@@ -114,7 +114,14 @@ class Consumer:
             for p in range(config.partitions):
                 sub.workers[p] = self._worker(sub, p)
             # every partition's cursor exists from the start, so the start position is fixed now
-            await asyncio.gather(*(w.ensure_loaded() for w in sub.workers.values()))
+            # (a partition that cannot be loaded yet is retried by the loop)
+            for outcome in await asyncio.gather(
+                *(w.ensure_loaded() for w in sub.workers.values()), return_exceptions=True
+            ):
+                if isinstance(outcome, StorageError):
+                    log.warning("consumer %s: cursor not loaded yet, will retry: %s", self.name, outcome)
+                elif isinstance(outcome, BaseException):
+                    raise outcome
         self._last_heartbeat = time.monotonic()
         # look at the member list again soon: members starting together then see each other
         self._last_refresh = time.monotonic() - self.settings.heartbeat_interval_s + 0.5

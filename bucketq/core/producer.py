@@ -275,14 +275,17 @@ class Producer:
         return app
 
     async def _choose_partition(self, topic: str, key: str | None, partitions: int) -> int:
+        """Keyed: ``hash(key) % partitions``. Unkeyed: sticky to one partition until its pending
+        batch holds ``max_batch_messages / partitions`` messages, then the next (so a burst still
+        makes large segments but spreads over partitions, and so over consumers)."""
         if key is not None:
             return partition_for_key(key, partitions)
         current = self._sticky.get(topic)
         if current is None or current >= partitions:
             current = random.randrange(partitions)
         app = self._appenders.get((topic, current))
-        if app is not None and app.buffered >= self.settings.max_batch_messages:
-            current = (current + 1) % partitions  # sticky until a batch is full, like Kafka
+        if app is not None and app.buffered >= max(1, self.settings.max_batch_messages // partitions):
+            current = (current + 1) % partitions
         self._sticky[topic] = current
         return current
 

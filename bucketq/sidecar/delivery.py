@@ -7,7 +7,7 @@ import base64
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
 from bucketq.core.consumer import Consumer
@@ -122,7 +122,7 @@ class Deliveries:
             )
         return topic
 
-    async def _once(self, kind: str, receipt: str, make: Callable[[], Awaitable[T]]) -> T:
+    async def _once(self, kind: str, receipt: str, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
         """Run ``make()`` once per (kind, receipt) at a time, bounded by the settle timeout.
 
         The operation itself is shielded: after a timeout it still completes in the background, and
@@ -150,7 +150,7 @@ class Deliveries:
         if not task.cancelled():
             task.exception()
 
-    async def _settle(self, kind: str, receipt: str, make: Callable[[], Awaitable[T]]) -> T:
+    async def _settle(self, kind: str, receipt: str, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
         topic = self._topic_of(receipt)
         self.runtime.consumer()
         try:

@@ -67,6 +67,19 @@ class Metrics:
         self.draining = Gauge("bucketq_sidecar_draining", "1 while the sidecar drains for shutdown.",
                               registry=r)
 
+    def prepare(self, consumer: str, topics: list[str], *, push: bool) -> None:
+        """Create the labelled series of a consumer up front, so that they read 0 before any traffic."""
+        self.leases_held.labels(consumer).set(0)
+        for topic in topics:
+            for metric in (self.delivered, self.redelivered, self.acked, self.nacked, self.lease_lost,
+                           self.expired, self.commit_conflicts, self.commit_rebases):
+                metric.labels(topic, consumer)
+            self.dead_lettered.labels(topic, consumer, "app")
+            if push:
+                self.push_seconds.labels(topic)
+                for outcome in ("success", "retry", "drop"):
+                    self.push_outcomes.labels(topic, outcome)
+
     def observe_s3(self, op: str, status: str, seconds: float) -> None:
         self.s3_requests.labels(op, status).inc()
         self.s3_seconds.labels(op).observe(seconds)

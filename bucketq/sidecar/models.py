@@ -9,7 +9,16 @@ import base64
 import binascii
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    StrictInt,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 PushStatus = Literal["SUCCESS", "RETRY", "DROP"]
 
@@ -132,6 +141,17 @@ class DeliveredMessage(_Strict):
 
     def data(self) -> bytes | None:
         return None if self.data_b64 is None else base64.b64decode(self.data_b64)
+
+    @model_serializer(mode="wrap")
+    def _compact(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Leave out absent receipt/lease/data, but keep ``payload`` (even null) for JSON messages."""
+        out: dict[str, Any] = handler(self)
+        for name in ("data_b64", "receipt", "lease_until"):
+            if out.get(name) is None:
+                out.pop(name, None)
+        if "data_b64" not in out:
+            out.setdefault("payload", None)
+        return out
 
 
 class PullResponse(_Strict):

@@ -154,6 +154,7 @@ class Runtime:
             self.metrics.observe_commit(name, topic, result, seconds)
 
         consumer.on_commit = on_commit
+        self.metrics.prepare(name, self.cfg.topics, push=self.cfg.delivery == "push")
         return consumer
 
     # -- shutdown --------------------------------------------------------------------------------

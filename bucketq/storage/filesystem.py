@@ -20,7 +20,6 @@ import asyncio
 import builtins
 import contextlib
 import errno
-import fcntl
 import hashlib
 import os
 import secrets
@@ -80,6 +79,8 @@ class FileStore:
 
     @contextlib.contextmanager
     def _locked(self, stripe: int) -> Iterator[None]:
+        import fcntl  # POSIX only: imported here so that importing bucketq works everywhere
+
         self._ensure_root()
         fd = os.open(self.root / _LOCK_DIR / f"{stripe}.lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:

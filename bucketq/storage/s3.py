@@ -32,9 +32,12 @@ from botocore.exceptions import (
     ClientError,
     ConnectTimeoutError,
     EndpointConnectionError,
+    HTTPClientError,
     NoCredentialsError,
     ProxyConnectionError,
+    ReadTimeoutError,
 )
+from botocore.exceptions import ConnectionError as BotoConnectionError
 
 from bucketq.errors import (
     AlreadyExists,
@@ -365,13 +368,13 @@ class S3Store:
                 f"cannot reach S3 endpoint {self.endpoint} (bucket {self.bucket!r}, {self._what(op, key)}): {exc}"
             )
             return error if trace.fail_fast else _Retry(error)
-        if isinstance(exc, BotoCoreError) and not isinstance(exc, (aiohttp.ClientError, OSError)):
-            name = type(exc).__name__
-            if "Timeout" not in name and "Connection" not in name and "HTTPClient" not in name:
-                return StorageError(f"{self._where(op, key)}: {exc}")
-        if "Timeout" in type(exc).__name__:
+        if isinstance(exc, (ReadTimeoutError, TimeoutError)):
             return _Retry(StorageTimeout(f"{self._where(op, key)}: timed out: {exc}"))
-        return _Retry(StorageError(f"{self._where(op, key)}: connection failed: {type(exc).__name__}: {exc}"))
+        if isinstance(exc, (HTTPClientError, BotoConnectionError, aiohttp.ClientError, OSError)):
+            return _Retry(
+                StorageError(f"{self._where(op, key)}: connection failed: {type(exc).__name__}: {exc}")
+            )
+        return StorageError(f"{self._where(op, key)}: {exc}")  # e.g. invalid parameters: not transient
 
     # -- ObjectStore --------------------------------------------------------------------------
 

@@ -1,0 +1,5 @@
+"""``python -m bucketq.cli``."""
+
+from bucketq.cli.app import main
+
+main()

@@ -1,0 +1,139 @@
+"""``bucketq bench``: run the benchmark scenarios on a backend it starts itself."""
+
+from __future__ import annotations
+
+import json
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from bucketq.cli.errors import EXIT_ERROR, CliError, run
+
+
+class BenchBackend(StrEnum):
+    moto = "moto"
+    seaweedfs = "seaweedfs"
+    file = "file"
+    memory = "memory"
+
+
+class Scenario(StrEnum):
+    publish = "publish"
+    consume = "consume"
+    e2e = "e2e"
+    latency = "latency"
+
+
+def parse_tuning(items: list[str]) -> dict[str, Any]:
+    """``["producer.linger_ms=5", "strategy=conditional_write"]`` as nested Settings fields."""
+    out: dict[str, Any] = {}
+    for item in items:
+        path, sep, text = item.partition("=")
+        if not sep or not path:
+            raise CliError(f"invalid --set {item!r}: use --set field=value, e.g. producer.linger_ms=5")
+        try:
+            value: Any = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        node = out
+        *parents, leaf = path.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
+def bench(
+    backend: BenchBackend = typer.Option(BenchBackend.memory, "--backend", "-b", help="Store to run on."),
+    scenario: list[Scenario] = typer.Option(
+        [], "--scenario", "-s", help="Scenario to run (repeatable; default all).", show_default=False
+    ),
+    messages: int = typer.Option(10_000, "--messages", "-n", min=1, help="Messages per run."),
+    consumers: int = typer.Option(4, "--consumers", min=1, help="Consumers (each its own connection)."),
+    producers: int = typer.Option(4, "--producers", min=1, help="Producers (each its own connection)."),
+    partitions: int = typer.Option(4, "--partitions", min=1, help="Partitions of the bench topic."),
+    payload_bytes: int = typer.Option(200, "--payload-bytes", min=0, help="Size of each JSON payload."),
+    latency_rate: float = typer.Option(
+        50.0, "--latency-rate", min=0.1, help="Publish rate of 'latency' (msg/s)."
+    ),
+    latency_messages: int = typer.Option(
+        500, "--latency-messages", min=1, help="Messages of 'latency' (at most)."
+    ),
+    idle_timeout: float = typer.Option(
+        60.0, "--timeout", min=1, help="Give up a run after this long idle (s)."
+    ),
+    tune: list[str] = typer.Option(
+        [], "--set", help="Engine setting for every connection, e.g. producer.linger_ms=5."
+    ),
+    json_file: Path | None = typer.Option(None, "--json", help="Write the runs as a JSON list to this file."),
+) -> None:
+    """Measure throughput, S3 requests per message, latency, duplicates and losses."""
+    run(
+        _bench(
+            backend.value,
+            [s.value for s in scenario],
+            messages,
+            consumers,
+            producers,
+            partitions,
+            payload_bytes,
+            latency_rate,
+            latency_messages,
+            idle_timeout,
+            tune,
+            json_file,
+        )
+    )
+
+
+async def _bench(
+    backend: str,
+    scenarios: list[str],
+    messages: int,
+    consumers: int,
+    producers: int,
+    partitions: int,
+    payload_bytes: int,
+    latency_rate: float,
+    latency_messages: int,
+    idle_timeout: float,
+    tune: list[str],
+    json_file: Path | None,
+) -> None:
+    from bucketq.bench.backends import open_backend
+    from bucketq.bench.params import SCENARIOS, BenchParams
+    from bucketq.bench.report import print_results, write_json
+    from bucketq.bench.runner import run_scenarios
+
+    params = BenchParams(
+        backend=backend,  # type: ignore[arg-type]  # checked by the enum
+        scenarios=list(dict.fromkeys(scenarios)) or list(SCENARIOS),  # type: ignore[arg-type]
+        messages=messages,
+        producers=producers,
+        consumers=consumers,
+        partitions=partitions,
+        payload_bytes=payload_bytes,
+        latency_rate=latency_rate,
+        latency_messages=latency_messages,
+        idle_timeout_s=idle_timeout,
+        tuning=parse_tuning(tune),
+    )
+    console = Console()
+    with (
+        console.status(f"starting {backend}…") as status,
+        open_backend(params.backend, params.tuning) as running,
+    ):
+        results = await run_scenarios(
+            running, params, on_start=lambda name: status.update(f"running {name} on {backend}…")
+        )
+    print_results(results, console)
+    if json_file is not None:
+        write_json(results, json_file)
+        console.print(f"wrote {len(results)} run(s) to {json_file}")
+    bad = [r for r in results if r.duplicates or r.lost or not r.completed]
+    if bad:
+        names = ", ".join(f"{r.scenario} ({r.duplicates} duplicates, {r.lost} lost)" for r in bad)
+        raise CliError(f"runs with problems: {names}", EXIT_ERROR)

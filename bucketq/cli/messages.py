@@ -1,0 +1,237 @@
+"""``bucketq publish`` and ``bucketq consume``."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+import typer
+from rich.markup import escape
+
+from bucketq.cli.connection import Connection, connection
+from bucketq.cli.errors import EXIT_ERROR, CliError, out, run, stderr, warn
+from bucketq.cli.formats import parse_headers, parse_payload
+
+if TYPE_CHECKING:
+    from bucketq import Message, Producer, PublishResult
+
+RAW_CONTENT_TYPE = "text/plain; charset=utf-8"
+CLI_PRODUCER = "cli"
+
+
+def publish(
+    ctx: typer.Context,
+    topic: str = typer.Argument(..., help="Topic to publish to."),
+    payloads: list[str] | None = typer.Argument(
+        None,
+        help="JSON payloads, one message each. Without any, one per line is read from stdin.",
+        show_default=False,
+    ),
+    key: str | None = typer.Option(
+        None, "--key", "-k", help="Message key (same key, same partition, in order)."
+    ),
+    header: list[str] = typer.Option([], "--header", "-H", help="Header name=value (repeatable)."),
+    raw: bool = typer.Option(False, "--raw", help="Send each payload as text data instead of parsing JSON."),
+    content_type: str | None = typer.Option(
+        None, "--content-type", help=f"With --raw (default {RAW_CONTENT_TYPE})."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON result per message."),
+) -> None:
+    """Publish messages; returns once every one is durable in the bucket."""
+    conn = connection(ctx)
+    run(_publish(conn, topic, payloads or [], key, header, raw, content_type, as_json), debug=conn.debug)
+
+
+def _read_stdin() -> list[tuple[str, str]]:
+    if sys.stdin is None or sys.stdin.isatty():
+        raise CliError("nothing to publish: pass payloads as arguments or pipe one per line on stdin")
+    lines = [(f"stdin line {n}", line.rstrip("\r\n")) for n, line in enumerate(sys.stdin, start=1)]
+    return [(where, text) for where, text in lines if text.strip()]
+
+
+def _bodies(texts: list[tuple[str, str]], raw: bool, content_type: str | None) -> list[dict[str, Any]]:
+    if raw:
+        ctype = content_type or RAW_CONTENT_TYPE
+        return [{"data": text.encode(), "content_type": ctype} for _, text in texts]
+    if content_type is not None:
+        raise CliError("--content-type needs --raw (JSON payloads are application/json)")
+    return [{"payload": parse_payload(text, where)} for where, text in texts]
+
+
+async def _publish(
+    conn: Connection,
+    topic: str,
+    payloads: list[str],
+    key: str | None,
+    header: list[str],
+    raw: bool,
+    content_type: str | None,
+    as_json: bool,
+) -> None:
+    from bucketq.core.keys import validate_name
+    from bucketq.core.segment import build_record, encode_record
+
+    validate_name(topic)
+    headers = parse_headers(header)
+    texts = [(f"argument {n}", p) for n, p in enumerate(payloads, start=1)] if payloads else _read_stdin()
+    if not texts:
+        raise CliError("nothing to publish: stdin had no lines")
+    bodies = _bodies(texts, raw, content_type)
+    async with conn.open() as bq:
+        limit = (await bq.catalog.config(topic)).max_message_bytes
+        producer = await bq.register_producer(CLI_PRODUCER)
+        for body in bodies:  # all or nothing: check every message before sending any
+            encode_record(build_record(key=key, headers=headers, producer_id=producer.id, **body), limit)
+        outcomes = await _send(producer, topic, bodies, key, headers)
+    _report_publish(topic, outcomes, as_json)
+
+
+async def _send(
+    producer: Producer, topic: str, bodies: list[dict[str, Any]], key: str | None, headers: dict[str, str]
+) -> list[PublishResult | BaseException]:
+    calls = [producer.publish(topic, key=key, headers=headers, **body) for body in bodies]
+    return list(await asyncio.gather(*calls, return_exceptions=True))
+
+
+def _report_publish(topic: str, outcomes: list[PublishResult | BaseException], as_json: bool) -> None:
+    done = [o for o in outcomes if not isinstance(o, BaseException)]
+    failed = [o for o in outcomes if isinstance(o, BaseException)]
+    if as_json:
+        for r in done:
+            typer.echo(
+                json.dumps(
+                    {
+                        "id": r.id,
+                        "topic": r.topic,
+                        "partition": r.partition,
+                        "offset": r.offset,
+                        "seq": r.seq,
+                        "index": r.index,
+                    }
+                )
+            )
+    elif len(done) == 1:
+        r = done[0]
+        out().print(
+            f"published message {r.id} to [bold]{escape(topic)}[/] (partition {r.partition}, "
+            f"offset {r.offset})"
+        )
+    elif done:
+        out().print(f"published {len(done)} messages to [bold]{escape(topic)}[/]")
+    if failed:
+        first = failed[0]
+        if not done:
+            raise first
+        raise CliError(
+            f"{len(failed)} of {len(outcomes)} messages not published; first error: {first}", EXIT_ERROR
+        )
+
+
+def consume(
+    ctx: typer.Context,
+    topic: str = typer.Argument(..., help="Topic to consume from."),
+    consumer: str = typer.Option(..., "--consumer", "-c", help="Consumer (group) name."),
+    max_messages: int = typer.Option(10, "--max", "-n", min=1, help="Stop after this many messages."),
+    wait: float = typer.Option(
+        5.0, "--wait", "-w", min=0, help="Stop after this many seconds without a message."
+    ),
+    no_ack: bool = typer.Option(
+        False, "--no-ack", help="Give the messages back (nack) instead of acking: they can be consumed again."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON object per message."),
+) -> None:
+    """Print messages and ack them (at-least-once: a message is acked only after it is printed)."""
+    conn = connection(ctx)
+    run(_consume(conn, topic, consumer, max_messages, wait, no_ack, as_json), debug=conn.debug)
+
+
+async def _consume(
+    conn: Connection, topic: str, group: str, max_messages: int, wait: float, no_ack: bool, as_json: bool
+) -> None:
+    from bucketq.core.keys import validate_name
+
+    validate_name(topic)
+    validate_name(group, "consumer")
+    got, lost = 0, 0
+    held: list[Message] = []  # with --no-ack, kept leased until the end so none is seen twice here
+    async with conn.open() as bq:
+        member = await bq.register_consumer(group, [topic], max_in_flight=max_messages)
+        while got < max_messages:
+            messages = await member.poll(max_messages=max_messages - got, wait=wait)
+            if not messages:
+                break
+            for msg in messages:
+                _print_message(msg, as_json, acked=not no_ack)
+            got += len(messages)
+            if no_ack:
+                held.extend(messages)
+            else:
+                lost += await _settle(messages, no_ack=False)
+        lost += await _settle(held, no_ack=True)
+        await member.close()
+    if not got:
+        stderr().print(f"[dim]no messages on {escape(topic)} for {escape(group)} within {wait:g}s[/]")
+    if lost:
+        raise CliError(
+            f"{lost} message(s) printed but their lease was lost: they may be delivered again", EXIT_ERROR
+        )
+
+
+async def _settle(messages: list[Message], *, no_ack: bool) -> int:
+    """Ack (or give back) a batch together; returns how many lost their lease."""
+    calls = [m.nack(requeue=True) if no_ack else m.ack() for m in messages]
+    outcomes = await asyncio.gather(*calls, return_exceptions=True)
+    failed = [o for o in outcomes if isinstance(o, BaseException)]
+    for exc in failed:
+        warn(str(exc))
+    return len(failed)
+
+
+def message_json(msg: Message, *, acked: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "id": msg.id,
+        "topic": msg.topic,
+        "partition": msg.partition,
+        "offset": msg.offset,
+        "key": msg.key,
+        "headers": dict(msg.headers),
+    }
+    if msg.data is not None:
+        out["data_b64"] = base64.b64encode(msg.data).decode()
+    else:
+        out["payload"] = msg.payload
+    out.update(
+        content_type=msg.content_type,
+        created_at=msg.created_at,
+        producer_id=msg.producer_id,
+        priority=msg.priority,
+        deliveries=msg.deliveries,
+        acked=acked,
+    )
+    return out
+
+
+def _body_text(msg: Message) -> str:
+    if msg.data is None:
+        return json.dumps(msg.payload, ensure_ascii=False)
+    if msg.content_type.startswith("text/"):
+        return msg.data.decode(errors="replace")
+    return f"<{len(msg.data)} bytes {msg.content_type}>"
+
+
+def _print_message(msg: Message, as_json: bool, *, acked: bool) -> None:
+    if as_json:
+        typer.echo(json.dumps(message_json(msg, acked=acked), ensure_ascii=False))
+        return
+    when = time.strftime("%H:%M:%S", time.localtime(msg.created_at))
+    meta = [f"p{msg.partition}@{msg.offset}", when, msg.id]
+    if msg.key is not None:
+        meta.append(f"key={msg.key}")
+    meta.extend(f"{k}={v}" for k, v in msg.headers.items())
+    if msg.deliveries > 1:
+        meta.append(f"delivery {msg.deliveries}")
+    out().print(f"[dim]{escape(' '.join(meta))}[/] {escape(_body_text(msg))}")

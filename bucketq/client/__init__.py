@@ -1,0 +1,62 @@
+"""Python clients of the sidecar's localhost API, so that a Python app never speaks HTTP by hand.
+
+Pull mode::
+
+    from bucketq.client import Client
+
+    with Client() as client:  # $BUCKETQ_SIDECAR_URL or http://127.0.0.1:3500
+        client.publish("orders", {"id": 1}, key="customer-7")
+        for msg in client.pull(max_messages=10, wait=5):
+            handle(msg.payload)
+            client.ack(msg.receipt)
+
+:class:`AsyncClient` is the asyncio twin; :func:`serve` runs a push-mode handler.
+"""
+
+from bucketq.client._common import message
+from bucketq.client.aio import AsyncClient
+from bucketq.client.errors import (
+    BadRequestError,
+    BusyError,
+    ConnectionFailedError,
+    LeaseLostError,
+    SidecarError,
+    TooLargeError,
+    TopicNotFoundError,
+    UnauthorizedError,
+    UnavailableError,
+)
+from bucketq.client.push import PushServer, serve, serve_async
+from bucketq.client.sync import Client
+from bucketq.sidecar.models import (
+    DeliveredMessage,
+    OutgoingMessage,
+    PublishBatchResponse,
+    PublishResponse,
+    SettleBatchResponse,
+    SettleResponse,
+)
+
+__all__ = [
+    "AsyncClient",
+    "BadRequestError",
+    "BusyError",
+    "Client",
+    "ConnectionFailedError",
+    "DeliveredMessage",
+    "LeaseLostError",
+    "OutgoingMessage",
+    "PublishBatchResponse",
+    "PublishResponse",
+    "PushServer",
+    "SettleBatchResponse",
+    "SettleResponse",
+    "SidecarError",
+    "TooLargeError",
+    "TopicNotFoundError",
+    "UnauthorizedError",
+    "UnavailableError",
+    "message",
+    "serve",
+    "serve_async",
+]

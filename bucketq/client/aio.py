@@ -1,0 +1,163 @@
+"""The asyncio client of the sidecar's localhost API (aiohttp)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import aiohttp
+from pydantic import BaseModel
+
+from bucketq.client._common import (
+    batch_body,
+    default_url,
+    extend_entries,
+    message,
+    nack_body,
+    nack_entries,
+    publish_path,
+    wire,
+)
+from bucketq.client.errors import ConnectionFailedError, SidecarError, error_for
+from bucketq.sidecar.models import (
+    DeliveredMessage,
+    ExtendRequest,
+    NackRequest,
+    OutgoingMessage,
+    PublishBatchResponse,
+    PublishResponse,
+    PullResponse,
+    SettleBatchResponse,
+    SettleResponse,
+)
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class AsyncClient:
+    """Talks to the sidecar at ``url`` (default ``$BUCKETQ_SIDECAR_URL`` or http://127.0.0.1:3500).
+
+    Use as ``async with AsyncClient() as client``. Errors raise :class:`~bucketq.client.SidecarError`
+    subclasses (``LeaseLostError`` for 409, ``BusyError`` for 429, ...).
+    """
+
+    def __init__(self, url: str | None = None, *, token: str | None = None, timeout: float = 30.0) -> None:
+        self.url = (url or default_url()).rstrip("/")
+        self.timeout = timeout
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(headers=self._headers)
+        return self._session
+
+    async def _call(self, method: str, path: str, body: Any = None, *, extra_timeout: float = 0.0) -> bytes:
+        timeout = aiohttp.ClientTimeout(total=self.timeout + extra_timeout)
+        try:
+            async with self._http().request(method, self.url + path, json=body, timeout=timeout) as resp:
+                data = await resp.read()
+                if resp.status >= 400:
+                    raise error_for(resp.status, data, resp.headers)
+                return data
+        except (aiohttp.ClientConnectionError, TimeoutError) as exc:
+            raise ConnectionFailedError(0, "connection_failed", f"{method} {self.url}{path}: {exc}") from exc
+
+    async def _model(self, model: type[M], method: str, path: str, body: Any = None, **kw: float) -> M:
+        return model.model_validate_json(await self._call(method, path, body, **kw))
+
+    # -- publish ---------------------------------------------------------------------------------
+
+    async def publish(
+        self,
+        topic: str,
+        payload: Any = None,
+        *,
+        data: bytes | None = None,
+        content_type: str | None = None,
+        key: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        dedup_id: str | None = None,
+        priority: int = 0,
+        delay: float | None = None,
+        not_before: float | None = None,
+    ) -> PublishResponse:
+        """Publish one message; returns once it is durable in the bucket."""
+        m = message(payload, data=data, content_type=content_type, key=key, headers=headers,
+                    dedup_id=dedup_id, priority=priority, delay=delay, not_before=not_before)
+        return await self._model(PublishResponse, "POST", publish_path(topic), wire(m))
+
+    async def publish_batch(
+        self, topic: str, messages: Iterable[OutgoingMessage | Mapping[str, Any]]
+    ) -> PublishBatchResponse:
+        """Publish many messages (build them with :func:`bucketq.client.message` or as dicts).
+
+        Check ``failed`` and each result's ``status``: entries fail one by one (e.g. 503).
+        """
+        return await self._model(PublishBatchResponse, "POST", publish_path(topic, batch=True),
+                                 batch_body(messages))
+
+    # -- consume ---------------------------------------------------------------------------------
+
+    async def pull(self, max_messages: int = 10, wait: float = 0.0) -> list[DeliveredMessage]:
+        """Up to ``max_messages`` leased messages, long-polling up to ``wait`` seconds for the first."""
+        body = {"max_messages": max_messages, "wait_seconds": wait}
+        return (await self._model(PullResponse, "POST", "/v1/pull", body, extra_timeout=wait)).messages
+
+    async def ack(self, receipt: str) -> SettleResponse:
+        """Mark done; raises LeaseLostError (409) if the lease expired and was taken elsewhere."""
+        return await self._model(SettleResponse, "POST", "/v1/ack", {"receipt": receipt})
+
+    async def nack(
+        self, receipt: str, *, requeue: bool = True, delay: float = 0.0, reason: str | None = None
+    ) -> SettleResponse:
+        """Give back for redelivery after ``delay`` seconds, or with ``requeue=False`` dead-letter."""
+        return await self._model(SettleResponse, "POST", "/v1/nack", nack_body(receipt, requeue, delay, reason))
+
+    async def extend(self, receipt: str, seconds: float) -> float:
+        """Keep the lease ``seconds`` more from now; returns the new deadline (unix time)."""
+        resp = await self._model(SettleResponse, "POST", "/v1/extend", {"receipt": receipt, "seconds": seconds})
+        assert resp.lease_until is not None
+        return resp.lease_until
+
+    async def ack_batch(self, receipts: Iterable[str]) -> SettleBatchResponse:
+        return await self._model(SettleBatchResponse, "POST", "/v1/ack/batch", {"receipts": list(receipts)})
+
+    async def nack_batch(self, entries: Iterable[NackRequest | Mapping[str, Any]]) -> SettleBatchResponse:
+        return await self._model(SettleBatchResponse, "POST", "/v1/nack/batch", nack_entries(entries))
+
+    async def extend_batch(self, entries: Iterable[ExtendRequest | Mapping[str, Any]]) -> SettleBatchResponse:
+        return await self._model(SettleBatchResponse, "POST", "/v1/extend/batch", extend_entries(entries))
+
+    # -- operations ------------------------------------------------------------------------------
+
+    async def ready(self) -> bool:
+        """True when the sidecar is connected and serving."""
+        try:
+            await self._call("GET", "/readyz")
+        except SidecarError:  # an error answer (503 while starting or draining) or no answer
+            return False
+        return True
+
+    async def status(self) -> dict[str, Any]:
+        result: dict[str, Any] = json.loads(await self._call("GET", "/v1/status"))
+        return result
+
+    async def metrics(self) -> str:
+        """The Prometheus exposition text."""
+        return (await self._call("GET", "/metrics")).decode()

@@ -1,0 +1,192 @@
+"""``bucketq demo``: a queue on an embedded S3 (moto server) or a local directory, end to end.
+
+Creates a topic, publishes a few thousand messages from concurrent producers while several
+consumers consume and ack them, and prints what it cost. Exits non-zero if any message is lost
+or delivered twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+import typer
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
+    from rich.table import Table
+
+    from bucketq.bench.backends import Backend, Usage
+    from bucketq.bench.tracker import Tracker
+    from bucketq.bench.workers import ProgressFn
+
+TOPIC = "demo"
+GROUP = "demo-workers"
+
+
+class DemoBackend(StrEnum):
+    moto = "moto"
+    file = "file"
+
+
+@dataclass
+class DemoOutcome:
+    messages: int
+    seconds: float
+    usage: Usage
+    tracker: Tracker
+    completed: bool
+    strategy: str
+
+    @property
+    def ok(self) -> bool:
+        return self.completed and not self.tracker.duplicates and not self.tracker.lost
+
+
+async def run_demo(
+    backend: Backend,
+    *,
+    messages: int,
+    producers: int,
+    consumers: int,
+    partitions: int,
+    progress: Progress | None = None,
+    idle_timeout_s: float = 30.0,
+) -> DemoOutcome:
+    """Publish ``messages`` from ``producers`` while ``consumers`` consume them; count everything."""
+    from bucketq.bench.fleet import open_fleet
+    from bucketq.bench.tracker import Tracker
+    from bucketq.bench.workers import produce
+
+    fleet = await open_fleet(backend, TOPIC, partitions, group=GROUP)
+    try:
+        await fleet.add_producers(producers)
+        await fleet.add_consumers(consumers)
+        tracker = Tracker(expected=messages)
+        published, acked = _progress_tasks(progress, messages)
+        fleet.start_consuming(tracker, 500, on_ack=acked)
+        sending = asyncio.gather(
+            *(
+                produce(
+                    p,
+                    TOPIC,
+                    range(i, messages, producers),
+                    tracker,
+                    payload_bytes=200,
+                    window=500,
+                    on_publish=published,
+                )
+                for i, p in enumerate(fleet.producers)
+            )
+        )
+        completed, _ = await fleet.wait(tracker, idle_timeout_s)
+        usage = fleet.run.usage()
+        await sending
+        seconds = (tracker.last_ack or time.perf_counter()) - (tracker.first_publish or 0.0)
+        await fleet.finish(0.3)
+        return DemoOutcome(messages, seconds, usage, tracker, completed, fleet.strategy)
+    finally:
+        await fleet.run.close()
+
+
+def _progress_tasks(progress: Progress | None, total: int) -> tuple[ProgressFn | None, ProgressFn | None]:
+    if progress is None:
+        return None, None
+    pub: TaskID = progress.add_task("published", total=total)
+    ack: TaskID = progress.add_task("consumed and acked", total=total)
+    return (lambda: progress.advance(pub)), (lambda: progress.advance(ack))
+
+
+def summary_table(
+    outcome: DemoOutcome, backend: str, producers: int, consumers: int, partitions: int
+) -> Table:
+    from rich.table import Table
+
+    t = outcome.tracker
+    rate = outcome.messages / outcome.seconds if outcome.seconds > 0 else 0.0
+    per_msg = outcome.usage.total / outcome.messages if outcome.messages else 0.0
+    table = Table(title="bucketq demo", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    rows = [
+        ("store", f"{backend} ({outcome.strategy})"),
+        ("producers / consumers / partitions", f"{producers} / {consumers} / {partitions}"),
+        ("messages", f"{outcome.messages:,}"),
+        ("acked", f"{t.acked:,}"),
+        ("msgs/s", f"{rate:,.0f}"),
+        ("S3 requests", f"{outcome.usage.total:,}"),
+        ("S3 requests per message", f"{per_msg:.4f}"),
+        ("bytes moved", f"{(outcome.usage.bytes_in + outcome.usage.bytes_out) / 1e6:.2f} MB"),
+        ("duplicates", _count(t.duplicates)),
+        ("lost", _count(t.lost)),
+    ]
+    for label, value in rows:
+        table.add_row(label, value)
+    return table
+
+
+def _count(n: int) -> str:
+    return f"[bold red]{n}[/]" if n else "[green]0[/]"
+
+
+def command(
+    backend: DemoBackend = typer.Option(
+        DemoBackend.moto,
+        "--backend",
+        "-b",
+        help="moto: an S3 server started for the demo; file: a temp directory.",
+    ),
+    messages: int = typer.Option(3000, "--messages", "-n", min=1, help="Messages to publish."),
+    producers: int = typer.Option(3, "--producers", min=1, help="Concurrent producers."),
+    consumers: int = typer.Option(3, "--consumers", min=1, help="Concurrent consumers (one consumer group)."),
+    partitions: int = typer.Option(4, "--partitions", min=1, help="Partitions of the demo topic."),
+) -> None:
+    """Run a queue end to end on an embedded S3 and show what it cost (exit 1 on loss or duplicates)."""
+    from bucketq.cli.errors import EXIT_ERROR, CliError, fail, run
+
+    outcome = run(_demo(backend.value, messages, producers, consumers, partitions))
+    if not outcome.ok:
+        t = outcome.tracker
+        fail(CliError(f"demo failed: {t.lost} lost, {t.duplicates} duplicates", EXIT_ERROR))
+
+
+async def _demo(backend: str, messages: int, producers: int, consumers: int, partitions: int) -> DemoOutcome:
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from bucketq.bench.backends import open_backend
+
+    console = Console()
+    with contextlib.ExitStack() as stack:
+        with console.status(
+            f"starting {'a moto S3 server' if backend == 'moto' else 'a local directory store'}…"
+        ):
+            running = stack.enter_context(open_backend("moto" if backend == "moto" else "file"))
+        console.print(f"store ready: {_where(running)}")
+        columns = (
+            TextColumn("{task.description:>20}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+        )
+        with Progress(*columns, console=console) as progress:
+            outcome = await run_demo(
+                running,
+                messages=messages,
+                producers=producers,
+                consumers=consumers,
+                partitions=partitions,
+                progress=progress,
+            )
+    console.print(summary_table(outcome, backend, producers, consumers, partitions))
+    return outcome
+
+
+def _where(backend: Backend) -> str:
+    if backend.server is not None:
+        return f"moto S3 server at {backend.server.endpoint_url}"
+    return f"directory {backend.workdir}"

@@ -1,0 +1,6 @@
+"""The sidecar: runs the engine next to an app and serves it a localhost HTTP API.
+
+Run it with ``bucketq sidecar`` or ``python -m bucketq.sidecar``; configure it with
+``BUCKETQ_SIDECAR_*`` (see :mod:`bucketq.sidecar.config`) and the engine's ``BUCKETQ_*``.
+The API is documented in ``docs/sidecar-api.md`` and ``openapi/sidecar.yaml``.
+"""

@@ -1,0 +1,64 @@
+"""``bucketq sidecar``: run the sidecar (a typer-compatible command; the CLI registers it lazily)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from bucketq.errors import ConfigError
+
+
+def command(
+    config: Annotated[
+        Path | None,
+        typer.Option("--config", "-c", help="YAML file (default: $BUCKETQ_SIDECAR_CONFIG).", show_default=False),
+    ] = None,
+    consumer: Annotated[str | None, typer.Option(help="Consumer (group) name.", show_default=False)] = None,
+    topics: Annotated[
+        str | None, typer.Option(help="Comma-separated topics to consume.", show_default=False)
+    ] = None,
+    delivery: Annotated[str | None, typer.Option(help="pull or push.", show_default=False)] = None,
+    app_port: Annotated[int | None, typer.Option(help="The app's port (push mode).", show_default=False)] = None,
+    app_path: Annotated[str | None, typer.Option(help="The app's push path.", show_default=False)] = None,
+    listen_host: Annotated[str | None, typer.Option(help="API address [127.0.0.1].", show_default=False)] = None,
+    listen_port: Annotated[int | None, typer.Option(help="API port [3500].", show_default=False)] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Metrics/probes port, 0 for none [9090].", show_default=False)
+    ] = None,
+    log_level: Annotated[str | None, typer.Option(help="DEBUG, INFO, WARNING...", show_default=False)] = None,
+) -> None:
+    """Run the sidecar: the localhost HTTP API in front of the bucket (publish, pull/push, ack).
+
+    Every option also comes from the environment (BUCKETQ_SIDECAR_*, engine settings BUCKETQ_*)
+    or the YAML file; options win over the environment, which wins over the file.
+    """
+    from bucketq.sidecar.config import load_config
+    from bucketq.sidecar.process import run
+
+    overrides = {
+        "consumer": consumer, "topics": topics, "delivery": delivery, "app_port": app_port,
+        "app_path": app_path, "listen_host": listen_host, "listen_port": listen_port,
+        "metrics_port": metrics_port, "log_level": log_level,
+    }
+    try:
+        cfg = load_config(config, overrides=overrides)
+    except ConfigError as exc:
+        typer.echo(f"bucketq sidecar: {exc}", err=True)
+        raise typer.Exit(2) from None
+    logging.basicConfig(
+        level=cfg.sidecar.log_level.upper(), stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    code = asyncio.run(run(cfg))
+    raise typer.Exit(code)
+
+
+def main() -> None:
+    """Entry point of ``python -m bucketq.sidecar``."""
+    typer.run(command)

@@ -1,0 +1,67 @@
+"""SIGTERM drain: refuse new work, finish what is in flight, release prefetched messages, exit 0."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+
+import pytest
+from sidecar_procs import SidecarFactory, aeventually, create_topics
+
+from bucketq.client import DeliveredMessage, UnavailableError, message
+from bucketq.config import Settings
+
+pytestmark = [pytest.mark.s3, pytest.mark.e2e]
+
+
+async def test_sigterm_drain_loses_nothing(moto_settings: Settings, sidecars: SidecarFactory) -> None:
+    await create_topics(moto_settings, "drain")
+    a = sidecars(
+        moto_settings, "a", consumer="d", topics="drain", max_in_flight=50, drain_grace_s=20,
+        BUCKETQ_PRODUCER__LINGER_MS=1500,  # keeps the last publish pending when SIGTERM arrives
+    )
+    async with a.aclient() as client:
+        first = await client.publish_batch("drain", [message({"n": i}) for i in range(60)])
+        published = {r.result.id for r in first.results if r.result is not None}
+        assert len(published) == 60
+
+        held: list[DeliveredMessage] = []
+        deadline = time.monotonic() + 20
+        while len(held) < 5:
+            assert time.monotonic() < deadline, f"pulled {len(held)} of 5 within 20s"
+            held += await client.pull(max_messages=5 - len(held), wait=1)
+        await aeventually(lambda: a.status()["leases_held"] >= 50, 20, "sidecar a to prefetch up to max_in_flight")
+
+        in_flight = asyncio.create_task(client.publish_batch("drain", [message({"late": i}) for i in range(10)]))
+        await aeventually(lambda: a.status()["publish_pending"] == 10, 10, "the late batch to be pending")
+        a.signal(signal.SIGTERM)
+        await aeventually(lambda: a.status()["state"] == "draining", 10, "sidecar a to start draining")
+
+        with pytest.raises(UnavailableError) as refused:
+            await client.publish("drain", {"too": "late"})
+        assert refused.value.code == "draining"
+        with pytest.raises(UnavailableError):
+            await client.pull(max_messages=1)
+
+        late = await in_flight  # accepted before SIGTERM: made durable, not dropped
+        assert late.failed == 0, late
+        published |= {r.result.id for r in late.results if r.result is not None}
+        acked = await client.ack_batch([m.receipt or "" for m in held])  # the app finishes its work
+        assert acked.failed == 0, acked
+    assert a.wait_exit(30) == 0, a.log()
+
+    b = sidecars(moto_settings, "b", consumer="d", topics="drain")
+    rest: dict[str, DeliveredMessage] = {}
+    async with b.aclient() as client:
+        deadline = time.monotonic() + 30
+        while len(rest) < len(published) - len(held):
+            assert time.monotonic() < deadline, f"b got {len(rest)} of {len(published) - len(held)} within 30s"
+            msgs = await client.pull(max_messages=100, wait=1)
+            rest.update({m.id: m for m in msgs})
+            if msgs:
+                await client.ack_batch([m.receipt or "" for m in msgs])
+    assert set(rest) | {m.id for m in held} == published
+    assert not set(rest) & {m.id for m in held}, "acked messages came back"
+    redelivered = {i: m.deliveries for i, m in rest.items() if m.deliveries != 1}
+    assert redelivered == {}, "prefetched messages were counted as deliveries"
