@@ -64,7 +64,7 @@ def connect(
     configure_logging(logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING)
 
 
-class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+class _StderrHandler(logging.StreamHandler):
     """Writes to whatever ``sys.stderr`` is when a record arrives (test runners swap it)."""
 
     def emit(self, record: logging.LogRecord) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import typer
 from rich.console import Console
@@ -103,14 +103,14 @@ async def _bench(
     tune: list[str],
     json_file: Path | None,
 ) -> None:
-    from bucketq.bench.backends import open_backend
-    from bucketq.bench.params import SCENARIOS, BenchParams
+    from bucketq.bench.backends import BackendName, open_backend
+    from bucketq.bench.params import SCENARIOS, BenchParams, ScenarioName
     from bucketq.bench.report import print_results, write_json
     from bucketq.bench.runner import run_scenarios
 
     params = BenchParams(
-        backend=backend,  # type: ignore[arg-type]  # checked by the enum
-        scenarios=list(dict.fromkeys(scenarios)) or list(SCENARIOS),  # type: ignore[arg-type]
+        backend=cast("BackendName", backend),
+        scenarios=cast("list[ScenarioName]", list(dict.fromkeys(scenarios))) or list(SCENARIOS),
         messages=messages,
         producers=producers,
         consumers=consumers,
