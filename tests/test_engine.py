@@ -255,7 +255,7 @@ async def test_registry_ids_are_stable(backend: Backend) -> None:
     assert a.id == b.id
     other = await bq.register_producer("other")
     assert other.id != a.id
-    reg = await bq._registry.get("producer", "shop")
+    reg = await bq.registry.get("producer", "shop")
     assert reg is not None and reg.last_seen >= reg.created_at
 
 

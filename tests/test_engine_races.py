@@ -50,7 +50,7 @@ async def test_members_of_one_consumer_share_work_without_duplicates(race_backen
     setup = await race_backend.connect()
     await setup.create_topic("work", partitions=4)
     p = await setup.register_producer("p")
-    ids = {r.id for r in await asyncio.gather(*(p.publish("work", i) for i in range(800)))}
+    ids = {r.id for r in await asyncio.gather(*(p.publish("work", i, key=f"k{i}") for i in range(800)))}
     members = [await (await race_backend.connect()).register_consumer("workers", "work", max_in_flight=50)
                for _ in range(3)]
     seen: dict[str, int] = {}
@@ -69,6 +69,30 @@ async def test_members_of_one_consumer_share_work_without_duplicates(race_backen
     assert set(seen) == ids
     assert max(seen.values()) == 1, "a message was delivered to two members"
     assert sum(1 for n in per_member if n > 0) >= 2, f"work was not shared: {per_member}"
+
+
+async def test_idle_members_steal_aged_work_from_a_busy_partition(race_backend: Backend) -> None:
+    setup = await race_backend.connect()
+    await setup.create_topic("hot", partitions=1)
+    p = await setup.register_producer("p")
+    ids = {r.id for r in await asyncio.gather(*(p.publish("hot", i) for i in range(120)))}
+    opts = {"max_in_flight": 5, "steal_after_s": 0.3, "foreign_poll_ms": 100}
+    members = [await (await race_backend.connect()).register_consumer("slow", "hot", **opts) for _ in range(3)]
+    seen: dict[str, int] = {}
+    per_member = [0, 0, 0]
+
+    async def work(i: int) -> None:
+        deadline = time.monotonic() + 90
+        while len(seen) < 120 and time.monotonic() < deadline:
+            for m in await members[i].poll(5, 0.2):
+                seen[m.id] = seen.get(m.id, 0) + 1
+                per_member[i] += 1
+                await asyncio.sleep(0.05)  # a slow handler
+                await m.ack()
+
+    await asyncio.gather(*(work(i) for i in range(3)))
+    assert set(seen) == ids and max(seen.values()) == 1
+    assert sum(1 for n in per_member if n > 0) >= 2, f"nobody helped the partition's owner: {per_member}"
 
 
 async def test_member_that_stops_without_acking_is_redelivered(race_backend: Backend) -> None:

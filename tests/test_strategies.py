@@ -209,6 +209,7 @@ async def test_csprng_verify_refuses_existing_keys_and_live_claims() -> None:
         await storage.create("other", b"x")
     assert await store.head("other") is None
     assert etag
+    assert [i.key async for i in storage.list("")] == ["k"]  # claims are never listed
 
 
 async def test_csprng_verify_clears_an_abandoned_claim() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import tempfile
 import uuid
 from collections import Counter
@@ -29,6 +30,12 @@ class Backend:
     workdir: Path | None = None
     tuning: dict[str, Any] = field(default_factory=dict)
 
+    def server_cpu_s(self) -> float | None:
+        """CPU seconds the server process has used so far (Linux), or None."""
+        if self.server is None:
+            return None
+        return process_cpu_s(self.server.process.pid)
+
     def fresh(self) -> RunBucket:
         """A new empty bucket (S3 bucket, directory, or in-memory store) for one run."""
         data: dict[str, Any]
@@ -43,6 +50,16 @@ class Backend:
             shared = MemoryStore()
         data.update(self.tuning)
         return RunBucket(Settings.from_dict(data), shared)
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User plus system CPU seconds of process ``pid`` from ``/proc`` (None where unavailable)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / ticks
 
 
 @contextlib.contextmanager

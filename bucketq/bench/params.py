@@ -27,6 +27,7 @@ class BenchParams:
     latency_rate: float = 50.0  # msgs/s of the latency scenario
     latency_messages: int = 500  # at most this many messages in the latency scenario
     idle_timeout_s: float = 60.0  # give up (and count losses) after this long without progress
+    warmup_s: float = 1.0  # consumers poll an empty topic this long before the latency run starts
     grace_s: float = 0.5  # keep consuming after the last ack, to catch late duplicates
     tuning: dict[str, Any] = field(default_factory=dict)  # Settings fields, e.g. {"producer": {...}}
 

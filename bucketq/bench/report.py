@@ -134,7 +134,7 @@ def results_table(results: list[RunResult]) -> Table:
             f"{max(r.consumers for r in results)} consumers, {first.partitions} partitions, "
             f"{first.payload_bytes} B payloads"
         )
-    table = Table(title=title, header_style="bold", box=box.SIMPLE_HEAD)
+    table = Table(title=title, header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
     for name in ("scenario", "msgs", "msgs/s", "req/msg", "p50 ms", "p99 ms", "dup", "lost", "s"):
         table.add_column(name, justify="left" if name == "scenario" else "right", no_wrap=True)
     for r in results:

@@ -35,6 +35,22 @@ def _side_latencies(tracker: Tracker) -> dict[str, Any]:
     }
 
 
+class _CpuMeter:
+    """CPU seconds of this process and of the backend's server process over a window."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.own = time.process_time()
+        self.server = backend.server_cpu_s()
+
+    def stop(self) -> tuple[float, dict[str, Any]]:
+        own = time.process_time() - self.own
+        server_now = self.backend.server_cpu_s()
+        if self.server is None or server_now is None:
+            return own, {}
+        return own, {"server_cpu_s": round(server_now - self.server, 2)}
+
+
 def _spread(count: int, workers: int, index: int) -> range:
     return range(index, count, workers)
 
@@ -46,7 +62,7 @@ async def run_publish(backend: Backend, p: BenchParams) -> RunResult:
         await fleet.add_producers(p.producers)
         tracker = Tracker(expected=p.messages)
         setup = fleet.run.usage()
-        cpu = time.process_time()
+        meter = _CpuMeter(backend)
         await asyncio.gather(
             *(
                 produce(
@@ -60,7 +76,7 @@ async def run_publish(backend: Backend, p: BenchParams) -> RunResult:
                 for i, prod in enumerate(fleet.producers)
             )
         )
-        cpu = time.process_time() - cpu
+        cpu, server_cpu = meter.stop()
         usage = fleet.run.usage()
         stored = (await fleet.admin.describe_topic(fleet.topic)).messages
         published = len(tracker.published)
@@ -84,7 +100,7 @@ async def run_publish(backend: Backend, p: BenchParams) -> RunResult:
             cpu_s=cpu,
             completed=published == p.messages,
             strategy=fleet.strategy,
-            extra={"stored": stored, **_side_latencies(tracker)},
+            extra={"stored": stored, **server_cpu, **_side_latencies(tracker)},
         )
     finally:
         await fleet.run.close()
@@ -108,13 +124,13 @@ async def run_consume(backend: Backend, p: BenchParams) -> RunResult:
         tracker = Tracker(expected=len(loaded.published), published=set(loaded.published))
         conns = [await fleet.run.connect() for _ in range(p.consumers)]
         setup = fleet.run.usage()
-        cpu, started = time.process_time(), time.perf_counter()
+        meter, started = _CpuMeter(backend), time.perf_counter()
         fleet.consumers = list(
             await asyncio.gather(*(bq.register_consumer(GROUP, [fleet.topic]) for bq in conns))
         )
         fleet.start_consuming(tracker, p.poll_batch)
         completed, errors = await fleet.wait(tracker, p.idle_timeout_s)
-        usage, cpu = fleet.run.usage(), time.process_time() - cpu
+        usage, (cpu, server_cpu) = fleet.run.usage(), meter.stop()
         seconds = (tracker.last_ack or time.perf_counter()) - started
         await fleet.finish(p.grace_s)
         return build_result(
@@ -136,7 +152,7 @@ async def run_consume(backend: Backend, p: BenchParams) -> RunResult:
             cpu_s=cpu,
             completed=completed,
             strategy=fleet.strategy,
-            extra={"errors": errors, **fleet.engine_counters(), **_side_latencies(tracker)},
+            extra={"errors": errors, **server_cpu, **fleet.engine_counters(), **_side_latencies(tracker)},
         )
     finally:
         await fleet.run.close()
@@ -158,16 +174,21 @@ async def _produce_and_consume(
         fleet.start_consuming(tracker, p.poll_batch)
         await asyncio.sleep(warmup_s)
         setup = fleet.run.usage()
-        cpu = time.process_time()
+        meter = _CpuMeter(backend)
         publishing = asyncio.create_task(publish(fleet, tracker))
         publishing.add_done_callback(lambda _: tracker.expect(len(tracker.published)))
         completed, errors = await fleet.wait(tracker, p.idle_timeout_s)
-        usage, cpu = fleet.run.usage(), time.process_time() - cpu
+        usage, (cpu, server_cpu) = fleet.run.usage(), meter.stop()
         await publishing
         first = tracker.first_publish or 0.0
         seconds = (tracker.last_ack or time.perf_counter()) - first
         await fleet.finish(p.grace_s)
-        extra: dict[str, Any] = {"errors": errors, **fleet.engine_counters(), **_side_latencies(tracker)}
+        extra: dict[str, Any] = {
+            "errors": errors,
+            **server_cpu,
+            **fleet.engine_counters(),
+            **_side_latencies(tracker),
+        }
         if scenario == "latency":
             extra["rate"] = p.latency_rate
         return build_result(
@@ -225,7 +246,7 @@ async def run_latency(backend: Backend, p: BenchParams) -> RunResult:
             fleet.producers, fleet.topic, count, p.latency_rate, tracker, payload_bytes=p.payload_bytes
         )
 
-    return await _produce_and_consume(backend, p, "latency", count, publish, warmup_s=1.0)
+    return await _produce_and_consume(backend, p, "latency", count, publish, warmup_s=p.warmup_s)
 
 
 SCENARIO_RUNNERS: dict[ScenarioName, Callable[[Backend, BenchParams], Awaitable[RunResult]]] = {

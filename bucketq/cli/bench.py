@@ -62,6 +62,9 @@ def bench(
     latency_messages: int = typer.Option(
         500, "--latency-messages", min=1, help="Messages of 'latency' (at most)."
     ),
+    warmup: float = typer.Option(
+        1.0, "--warmup", min=0, help="Seconds consumers idle before 'latency' starts (membership settles)."
+    ),
     idle_timeout: float = typer.Option(
         60.0, "--timeout", min=1, help="Give up a run after this long idle (s)."
     ),
@@ -82,6 +85,7 @@ def bench(
             payload_bytes,
             latency_rate,
             latency_messages,
+            warmup,
             idle_timeout,
             tune,
             json_file,
@@ -99,6 +103,7 @@ async def _bench(
     payload_bytes: int,
     latency_rate: float,
     latency_messages: int,
+    warmup: float,
     idle_timeout: float,
     tune: list[str],
     json_file: Path | None,
@@ -118,6 +123,7 @@ async def _bench(
         payload_bytes=payload_bytes,
         latency_rate=latency_rate,
         latency_messages=latency_messages,
+        warmup_s=warmup,
         idle_timeout_s=idle_timeout,
         tuning=parse_tuning(tune),
     )

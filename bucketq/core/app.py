@@ -66,7 +66,15 @@ class Bucketq:
 
     @property
     def catalog(self) -> TopicCatalog:
+        """Topic markers and configs."""
+        self.storage  # noqa: B018  (raises when not open)
         return self._catalog
+
+    @property
+    def registry(self) -> Registry:
+        """Named producers and consumers with stable ids."""
+        self.storage  # noqa: B018
+        return self._registry
 
     async def open(self) -> Self:
         """Connect, choose the concurrency strategy, and check the bucket's format marker."""

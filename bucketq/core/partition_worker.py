@@ -155,8 +155,8 @@ class PartitionWorker:
         now = time.monotonic()
         if demand > 0 and (foreign or self.discovery_due(now)):
             result.discovered = await self.discover()
-            if result.discovered:
-                self.discovery_backoff = self.settings.poll_min_ms / 1000
+            if result.discovered:  # converge on the arrival interval: halve on a find, double on a miss
+                self.discovery_backoff = max(self.settings.poll_min_ms / 1000, self.discovery_backoff / 2)
             else:
                 self.discovery_backoff = min(self.discovery_backoff * 2, self.settings.poll_max_ms / 1000)
             self.next_discovery = now + self.discovery_backoff

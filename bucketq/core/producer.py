@@ -8,7 +8,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -36,6 +36,8 @@ from bucketq.errors import (
 from bucketq.storage import Storage
 
 log = logging.getLogger("bucketq.producer")
+
+HEAD_HINT_INTERVAL_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,6 +97,8 @@ class PartitionAppender:
         self._task: asyncio.Task[None] | None = None
         self._head_task: asyncio.Task[None] | None = None
         self._head_dirty = False
+        self._head_written_at = 0.0
+        self.on_conflict: Callable[[], None] | None = None
 
     @property
     def buffered(self) -> int:
@@ -193,6 +197,8 @@ class PartitionAppender:
                 if blob is not None and decode_header(blob.data).batch == batch_id:
                     break  # our own write landed; its response was lost
                 self.conflicts += 1
+                if self.on_conflict is not None:
+                    self.on_conflict()
                 if blob is not None:
                     header_there = decode_header(blob.data)
                     self.next_seq, self.next_offset = seq + 1, header_there.base + header_there.count
@@ -226,8 +232,13 @@ class PartitionAppender:
             self._head_task = asyncio.get_running_loop().create_task(self._write_head())
 
     async def _write_head(self) -> None:
+        """Overwrite the advisory head hint, at most once per HEAD_HINT_INTERVAL_S per partition."""
         while self._head_dirty:
+            wait = self._head_written_at + HEAD_HINT_INTERVAL_S - time.monotonic()
+            if wait > 0 and not self._closing:
+                await asyncio.sleep(wait)
             self._head_dirty = False
+            self._head_written_at = time.monotonic()
             assert self.next_seq is not None
             body = json.dumps(
                 {"seq": self.next_seq - 1, "next_offset": self.next_offset, "at": time.time()}
@@ -271,20 +282,28 @@ class Producer:
         app = self._appenders.get(key)
         if app is None:
             app = PartitionAppender(self.storage, self.keys, topic, partition, self.id, self.settings)
+            app.on_conflict = lambda: self._move_on(topic, partition)
             self._appenders[key] = app
         return app
 
+    def _move_on(self, topic: str, partition: int) -> None:
+        """Another producer appends to this partition too: stick to the next one (least contended)."""
+        if self._sticky.get(topic) == partition:
+            self._sticky[topic] = random.randrange(1 << 30)  # wrapped by _choose_partition
+
     async def _choose_partition(self, topic: str, key: str | None, partitions: int) -> int:
-        """Keyed: ``hash(key) % partitions``. Unkeyed: sticky to one partition until its pending
-        batch holds ``max_batch_messages / partitions`` messages, then the next (so a burst still
-        makes large segments but spreads over partitions, and so over consumers)."""
+        """Keyed: ``hash(key) % partitions``. Unkeyed: sticky to one partition until a full batch
+        waits there, then the next (large segments, like Kafka's sticky partitioner); a producer
+        that loses a race for a partition's next segment moves to another (least contended)."""
         if key is not None:
             return partition_for_key(key, partitions)
         current = self._sticky.get(topic)
-        if current is None or current >= partitions:
-            current = random.randrange(partitions)
+        if current is not None and current >= partitions:
+            current %= partitions
+        if current is None:
+            current = partition_for_key(self.id + "/" + self.name, partitions)  # producers spread out
         app = self._appenders.get((topic, current))
-        if app is not None and app.buffered >= max(1, self.settings.max_batch_messages // partitions):
+        if app is not None and app.buffered >= self.settings.max_batch_messages:
             current = (current + 1) % partitions
         self._sticky[topic] = current
         return current

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass, field
@@ -84,12 +85,33 @@ class TopicCatalog:
         self.storage = storage
         self.keys = keys
         self._cache: dict[str, tuple[float, TopicMarker]] = {}
+        self._loading: dict[str, asyncio.Future[TopicMarker]] = {}
 
     async def marker(self, topic: str, *, fresh: bool = False) -> TopicMarker:
+        """The topic's marker, cached for a few seconds; concurrent misses share one GET."""
         validate_name(topic)
         cached = self._cache.get(topic)
         if cached is not None and not fresh and time.monotonic() - cached[0] < CONFIG_TTL_S:
             return cached[1]
+        loading = self._loading.get(topic)
+        if loading is not None and not fresh:
+            return await asyncio.shield(loading)
+        future: asyncio.Future[TopicMarker] = asyncio.get_running_loop().create_future()
+        self._loading[topic] = future
+        try:
+            marker = await self._load(topic)
+        except BaseException as exc:
+            future.set_exception(exc)
+            future.exception()  # retrieved: waiters get it re-raised
+            raise
+        else:
+            future.set_result(marker)
+            return marker
+        finally:
+            if self._loading.get(topic) is future:
+                del self._loading[topic]
+
+    async def _load(self, topic: str) -> TopicMarker:
         blob = await self.storage.get(self.keys.topic_marker(topic))
         if blob is None:
             self._cache.pop(topic, None)

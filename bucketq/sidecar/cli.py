@@ -50,11 +50,12 @@ def command(
     except ConfigError as exc:
         typer.echo(f"bucketq sidecar: {exc}", err=True)
         raise typer.Exit(2) from None
+    level = logging.getLevelNamesMapping()[cfg.sidecar.log_level]
     logging.basicConfig(
-        level=cfg.sidecar.log_level.upper(), stream=sys.stderr,
+        level=max(logging.INFO, level), stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+    logging.getLogger("bucketq").setLevel(level)  # DEBUG is ours, not botocore's
     code = asyncio.run(run(cfg))
     raise typer.Exit(code)
 

@@ -33,6 +33,7 @@ SIDECAR_PREFIX = "BUCKETQ_SIDECAR_"
 ENGINE_PREFIX = "BUCKETQ_"
 
 Delivery = Literal["pull", "push"]
+LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
 
 class SidecarSettings(BaseSettings):
@@ -74,11 +75,12 @@ class SidecarSettings(BaseSettings):
     publish_buffer_size: int = Field(10_000, ge=1)
     publish_timeout_s: float = Field(10.0, gt=0)
     settle_timeout_s: float = Field(10.0, gt=0)
+    s3_stall_s: float = Field(10.0, gt=0)  # not ready while an S3 request waits longer than this
 
     # lifecycle
     drain_grace_s: float = Field(25.0, ge=0)
     connect_retry_max_s: float = Field(10.0, gt=0)
-    log_level: str = "INFO"
+    log_level: LogLevel = "INFO"
 
     @field_validator("topics", mode="before")
     @classmethod
@@ -86,6 +88,11 @@ class SidecarSettings(BaseSettings):
         if isinstance(value, str):
             return [t.strip() for t in value.split(",") if t.strip()]
         return value
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
 
     @field_validator("app_path")
     @classmethod

@@ -212,15 +212,12 @@ class Deliveries:
     # -- expired leases and shutdown -------------------------------------------------------------
 
     async def reap_forever(self) -> None:
-        """Give back messages whose lease the app let expire, so they stop counting against max_in_flight."""
+        """Forget messages whose lease the app let expire (the engine redelivers them) and count them."""
         while True:
             await asyncio.sleep(REAP_EVERY_S)
-            consumer = self.runtime.current_consumer
-            if consumer is None:
-                continue
             for receipt, topic in self.ledger.expired(time.time() - REAP_MARGIN_S):
+                self.ledger.forget(receipt)
                 self.metrics.expired.labels(topic, self.runtime.consumer_name).inc()
-                await self._give_back(consumer, receipt)
 
     async def wait_settled(self, timeout: float) -> bool:
         """Wait until the app settled everything it pulled (or the leases expired); False on timeout."""

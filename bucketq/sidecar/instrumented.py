@@ -1,14 +1,16 @@
-"""An :class:`~bucketq.storage.ObjectStore` wrapper that times every request and remembers S3 health."""
+"""An :class:`~bucketq.storage.ObjectStore` wrapper that times every request and judges S3 health."""
 
 from __future__ import annotations
 
 import builtins
 import time
-from collections.abc import AsyncIterator, Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 from bucketq.errors import PreconditionFailed, StorageError, StorageTimeout
 from bucketq.storage import Blob, ObjectInfo, ObjectStore, RequestStats
+
+T = TypeVar("T")
 
 # observe(op, status, seconds): status is "200", "404", "412", "timeout" or "error"
 Observer = Callable[[str, str, float], None]
@@ -16,118 +18,135 @@ Observer = Callable[[str, str, float], None]
 UNHEALTHY_AFTER = 3  # consecutive failed requests
 
 
-class InstrumentedStore:
-    """Delegates to ``inner``; reports each request's outcome and latency to ``observe``."""
+def _ok(_: object) -> str:
+    return "200"
 
-    def __init__(self, inner: ObjectStore, observe: Observer) -> None:
+
+def _found(result: object) -> str:
+    return "404" if result is None else "200"
+
+
+class InstrumentedStore:
+    """Delegates to ``inner``; reports each request's outcome and latency to ``observe``.
+
+    The store is unhealthy after :data:`UNHEALTHY_AFTER` consecutive failures, or while a request
+    has waited longer than ``stall_s`` for its answer (a black-holed endpoint fails slowly).
+    """
+
+    def __init__(self, inner: ObjectStore, observe: Observer, *, stall_s: float = 10.0) -> None:
         self.inner = inner
         self.observe = observe
+        self.stall_s = stall_s
         self.stats: RequestStats = inner.stats
-        self.failures = 0  # consecutive requests that got no answer
+        self.failures = 0  # consecutive requests that failed
         self.last_error: str | None = None
-        self.last_ok = 0.0
+        self._outstanding: dict[int, float] = {}  # request number -> start (perf_counter)
+        self._counter = 0
+
+    # -- health ----------------------------------------------------------------------------------
+
+    def stalled_for(self) -> float:
+        """Seconds the oldest outstanding request has been waiting."""
+        if not self._outstanding:
+            return 0.0
+        return time.perf_counter() - min(self._outstanding.values())
+
+    @property
+    def problem(self) -> str | None:
+        """Why the bucket looks unreachable, in words; None when healthy."""
+        stalled = self.stalled_for()
+        if stalled >= self.stall_s:
+            return f"a request has had no answer for {stalled:.0f}s"
+        if self.failures >= UNHEALTHY_AFTER:
+            return f"{self.failures} requests failed in a row, last: {self.last_error}"
+        return None
 
     @property
     def healthy(self) -> bool:
-        """False after several consecutive requests failed (the bucket is unreachable)."""
-        return self.failures < UNHEALTHY_AFTER
+        return self.problem is None
 
-    def _done(self, op: str, status: str, started: float) -> None:
+    # -- timing ----------------------------------------------------------------------------------
+
+    def _begin(self) -> tuple[int, float]:
+        self._counter += 1
+        started = time.perf_counter()
+        self._outstanding[self._counter] = started
+        return self._counter, started
+
+    def _end(self, n: int, op: str, started: float, status: str, error: BaseException | None = None) -> None:
+        self._outstanding.pop(n, None)
         self.observe(op, status, time.perf_counter() - started)
         if status in ("timeout", "error"):
             self.failures += 1
+            self.last_error = str(error)
         else:
             self.failures = 0
             self.last_error = None
-            self.last_ok = time.time()
 
-    def _failed(self, op: str, exc: BaseException, started: float) -> None:
+    def _failed(self, n: int, op: str, started: float, exc: BaseException) -> None:
         if isinstance(exc, PreconditionFailed):
-            self._done(op, "412", started)
-            return
-        self.last_error = str(exc)
-        self._done(op, "timeout" if isinstance(exc, StorageTimeout | TimeoutError) else "error", started)
+            self._end(n, op, started, "412")
+        elif isinstance(exc, StorageTimeout | TimeoutError):
+            self._end(n, op, started, "timeout", exc)
+        elif isinstance(exc, StorageError):
+            self._end(n, op, started, "error", exc)
+        else:  # cancelled or a bug: not an answer from the store
+            self._outstanding.pop(n, None)
+
+    async def _call(self, op: str, fn: Callable[[], Awaitable[T]], status: Callable[[T], str] = _ok) -> T:
+        n, started = self._begin()
+        try:
+            result = await fn()
+        except BaseException as exc:
+            self._failed(n, op, started, exc)
+            raise
+        self._end(n, op, started, status(result))
+        return result
+
+    # -- the ObjectStore port --------------------------------------------------------------------
 
     async def check(self) -> None:
-        check = getattr(self.inner, "check", None)
-        if check is None:
-            return
-        started = time.perf_counter()
-        try:
-            await check()
-        except StorageError as exc:
-            self._failed("HEAD", exc, started)
-            raise
-        self._done("HEAD", "200", started)
+        check: Any = getattr(self.inner, "check", None)
+        if check is not None:
+            await self._call("HEAD", check)
 
     async def get(self, key: str) -> Blob | None:
-        started = time.perf_counter()
-        try:
-            blob = await self.inner.get(key)
-        except StorageError as exc:
-            self._failed("GET", exc, started)
-            raise
-        self._done("GET", "404" if blob is None else "200", started)
-        return blob
+        return await self._call("GET", lambda: self.inner.get(key), _found)
 
     async def head(self, key: str) -> ObjectInfo | None:
-        started = time.perf_counter()
-        try:
-            info = await self.inner.head(key)
-        except StorageError as exc:
-            self._failed("HEAD", exc, started)
-            raise
-        self._done("HEAD", "404" if info is None else "200", started)
-        return info
+        return await self._call("HEAD", lambda: self.inner.head(key), _found)
 
     async def put(
         self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None
     ) -> str:
-        started = time.perf_counter()
-        try:
-            etag = await self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
-        except StorageError as exc:
-            self._failed("PUT", exc, started)
-            raise
-        self._done("PUT", "200", started)
-        return etag
+        return await self._call(
+            "PUT", lambda: self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
+        )
 
     async def delete(self, keys: builtins.list[str]) -> None:
-        started = time.perf_counter()
-        try:
-            await self.inner.delete(keys)
-        except StorageError as exc:
-            self._failed("DELETE", exc, started)
-            raise
-        self._done("DELETE", "200", started)
+        await self._call("DELETE", lambda: self.inner.delete(keys))
 
     async def list(self, prefix: str, *, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
-        started = time.perf_counter()
+        n, started = self._begin()
         try:
             async for info in self.inner.list(prefix, start_after=start_after):
                 yield info
-        except StorageError as exc:
-            self._failed("LIST", exc, started)
+        except BaseException as exc:
+            self._failed(n, "LIST", started, exc)
             raise
-        self._done("LIST", "200", started)
+        self._end(n, "LIST", started, "200")
 
     async def list_prefixes(self, prefix: str, delimiter: str = "/") -> builtins.list[str]:
         native: Any = getattr(self.inner, "list_prefixes", None)
-        if native is None:
-            found: set[str] = set()
-            async for info in self.list(prefix):
-                rest = info.key[len(prefix) :]
-                if delimiter in rest:
-                    found.add(prefix + rest.split(delimiter, 1)[0] + delimiter)
-            return sorted(found)
-        started = time.perf_counter()
-        try:
-            result: builtins.list[str] = await native(prefix, delimiter)
-        except StorageError as exc:
-            self._failed("LIST", exc, started)
-            raise
-        self._done("LIST", "200", started)
-        return result
+        if native is not None:
+            result: builtins.list[str] = await self._call("LIST", lambda: native(prefix, delimiter))
+            return result
+        found: set[str] = set()
+        async for info in self.list(prefix):
+            rest = info.key[len(prefix) :]
+            if delimiter in rest:
+                found.add(prefix + rest.split(delimiter, 1)[0] + delimiter)
+        return sorted(found)
 
     async def close(self) -> None:
         await self.inner.close()

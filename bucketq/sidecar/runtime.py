@@ -55,9 +55,10 @@ class Runtime:
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """Ready when connected, the strategy is chosen, the bucket answers and we are not draining."""
         info: dict[str, Any] = {"state": self.state, "strategy": self.strategy}
-        healthy = self.store is not None and self.store.healthy
-        if self.store is not None and not healthy:
-            info["reason"] = f"the bucket is not answering: {self.store.last_error}"
+        problem = self.store.problem if self.store is not None else None
+        healthy = self.store is not None and problem is None
+        if problem is not None:
+            info["reason"] = f"the bucket is not answering: {problem}"
         elif self.state != "ready":
             info["reason"] = self.reason
         ready = self.state == "ready" and healthy
@@ -113,7 +114,7 @@ class Runtime:
 
     async def _connect_once(self) -> None:
         settings = self.config.engine
-        store = InstrumentedStore(build_store(settings), self.metrics.observe_s3)
+        store = InstrumentedStore(build_store(settings), self.metrics.observe_s3, stall_s=self.cfg.s3_stall_s)
         bq = Bucketq(settings, store=store)
         self.store = store
         try:

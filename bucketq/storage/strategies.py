@@ -138,9 +138,14 @@ class Storage:
     async def head(self, key: str) -> ObjectInfo | None:
         return await self.store.head(key)
 
-    def list(self, prefix: str, *, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
-        """Objects under ``prefix`` in lexicographic key order, after ``start_after``."""
-        return self.store.list(prefix, start_after=start_after)
+    async def list(self, prefix: str, *, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
+        """Objects under ``prefix`` in the store's key order, after ``start_after``.
+
+        csprng_verify claim objects (``{key}.claim``) are internal and never listed.
+        """
+        async for info in self.store.list(prefix, start_after=start_after):
+            if not info.key.endswith(CLAIM_SUFFIX):
+                yield info
 
     async def list_prefixes(self, prefix: str, delimiter: str = "/") -> builtins.list[str]:
         """The sorted common prefixes one level below ``prefix``, each ending with ``delimiter``

@@ -1,0 +1,163 @@
+"""Bad input gets a 4xx JSON error naming the problem, and changes nothing."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sidecar_procs import SidecarFactory, SidecarProc, create_topics, eventually
+
+from bucketq.client import (
+    BadRequestError,
+    BusyError,
+    DeliveredMessage,
+    LeaseLostError,
+    PublishBatchResponse,
+    TooLargeError,
+    TopicNotFoundError,
+    UnauthorizedError,
+    message,
+)
+from bucketq.config import Settings
+
+pytestmark = [pytest.mark.s3, pytest.mark.e2e]
+
+
+def raw(sc: SidecarProc, path: str, body: bytes | None, content_type: str = "application/json",
+        headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any], dict[str, str]]:
+    """POST raw bytes; returns (status, JSON body, headers)."""
+    req = urllib.request.Request(sc.url + path, data=body, method="POST",
+                                 headers={"Content-Type": content_type, **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, json.loads(resp.read()), dict(resp.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read()), dict(exc.headers)
+
+
+def pull_n(sc: SidecarProc, n: int, timeout: float = 20) -> list[DeliveredMessage]:
+    got: list[DeliveredMessage] = []
+    deadline = time.monotonic() + timeout
+    with sc.client() as client:
+        while len(got) < n:
+            assert time.monotonic() < deadline, f"pulled {len(got)} of {n} within {timeout:g}s"
+            got += client.pull(max_messages=n - len(got), wait=1)
+    return got
+
+
+async def test_bad_requests_are_4xx_and_change_nothing(moto_settings: Settings, sidecars: SidecarFactory) -> None:
+    await create_topics(moto_settings, "small", max_message_bytes=1024)
+    sc = sidecars(moto_settings, "errors", consumer="c", topics="small", max_body_bytes=65536,
+                  visibility_timeout_s=1.5)
+
+    cases = [
+        ("/v1/publish/small", b'{"payload": ', "application/json", 400, "malformed_json"),
+        ("/v1/publish/small", b"[1, 2]", "application/json", 400, "invalid_request"),
+        ("/v1/publish/small", b'{"key": "k"}', "application/json", 400, "invalid_request"),
+        ("/v1/publish/small", b'{"payload": 1, "colour": "red"}', "application/json", 400, "invalid_request"),
+        ("/v1/publish/small", b'{"data_b64": "@@@"}', "application/json", 400, "invalid_request"),
+        ("/v1/publish/small", b'{"payload": 1, "priority": "high"}', "application/json", 400, "invalid_request"),
+        ("/v1/publish/small", b'{"payload": 1}', "text/plain", 415, "unsupported_media_type"),
+        ("/v1/publish/Not_A_Topic", b'{"payload": 1}', "application/json", 400, "invalid_name"),
+        ("/v1/publish/ghost", b'{"payload": 1}', "application/json", 404, "topic_not_found"),
+        ("/v1/publish/small", json.dumps({"payload": "x" * 2000}).encode(), "application/json", 413,
+         "message_too_large"),
+        ("/v1/publish/small", json.dumps({"payload": "x" * 100_000}).encode(), "application/json", 413,
+         "body_too_large"),
+        ("/v1/publish/small/batch", b'{"messages": []}', "application/json", 400, "invalid_request"),
+        ("/v1/publish/small/batch", json.dumps({"messages": [{"payload": 1}, {"payload": "x" * 2000}]}).encode(),
+         "application/json", 413, "message_too_large"),
+        ("/v1/pull", b'{"max_messages": 0}', "application/json", 400, "invalid_request"),
+        ("/v1/pull", b'{"max_messages": 100000}', "application/json", 400, "invalid_request"),
+        ("/v1/ack", b"{}", "application/json", 400, "invalid_request"),
+        ("/v1/ack", b'{"receipt": "garbage"}', "application/json", 400, "invalid_receipt"),
+        ("/v1/ack", b'{"receipt": "other:0:0:0:abc"}', "application/json", 400, "invalid_receipt"),
+        ("/v1/extend", b'{"receipt": "small:0:0:0:abc", "seconds": -1}', "application/json", 400,
+         "invalid_request"),
+        ("/v1/nothing", b"{}", "application/json", 404, "not_found"),
+    ]
+    for path, body, ctype, status, code in cases:
+        got_status, got_body, _ = raw(sc, path, body, ctype)
+        assert (got_status, got_body.get("error")) == (status, code), (path, body[:60], got_body)
+        assert got_body["message"], got_body
+
+    with sc.client() as client:
+        with pytest.raises(TopicNotFoundError):
+            client.publish("ghost", 1)
+        with pytest.raises(TooLargeError):
+            client.publish("small", "x" * 2000)
+        with pytest.raises(BadRequestError):
+            client.ack("garbage")
+        # nothing above was published: the only message is this one
+        ok = client.publish("small", {"fine": True})
+        (msg,) = pull_n(sc, 1)
+        assert msg.id == ok.id
+        assert client.pull(max_messages=10, wait=0.5) == []
+
+        # 409: a receipt that was settled differently, and one whose lease expired and moved on
+        client.ack(msg.receipt or "")
+        client.ack(msg.receipt or "")  # the same settlement again is fine
+        with pytest.raises(LeaseLostError) as stale:
+            client.nack(msg.receipt or "")
+        assert stale.value.status == 409 and "lease" in stale.value.message
+
+        client.publish("small", {"n": 2})
+        (first,) = pull_n(sc, 1)
+        (second,) = pull_n(sc, 1, timeout=30)  # not settled: redelivered after the lease expired
+        assert (second.id, second.deliveries) == (first.id, 2)
+        with pytest.raises(LeaseLostError):
+            client.ack(first.receipt or "")
+        batch = client.ack_batch([first.receipt or "", second.receipt or ""])
+        assert [(r.status, r.error) for r in batch.results] == [(409, "lease_lost"), (200, None)]
+        assert batch.failed == 1
+
+
+async def test_full_publish_buffer_answers_429(moto_settings: Settings, sidecars: SidecarFactory) -> None:
+    await create_topics(moto_settings, "busy")
+    sc = sidecars(moto_settings, "busy", publish_buffer_size=5, BUCKETQ_PRODUCER__LINGER_MS=2000)
+    results: list[PublishBatchResponse] = []
+
+    def fill() -> None:
+        with sc.client() as client:
+            results.append(client.publish_batch("busy", [message(i) for i in range(5)]))
+
+    filler = threading.Thread(target=fill)
+    filler.start()
+    try:
+        eventually(lambda: sc.status()["publish_pending"] == 5, 10, "5 publishes pending in the buffer")
+        status, body, headers = raw(sc, "/v1/publish/busy", b'{"payload": "one too many"}')
+        assert (status, body["error"]) == (429, "buffer_full"), body
+        assert headers.get("Retry-After") == "1"
+        with sc.client() as client, pytest.raises(BusyError) as busy:
+            client.publish("busy", "again")
+        assert busy.value.retry_after == 1.0
+        status, body, _ = raw(sc, "/v1/publish/busy/batch",
+                              json.dumps({"messages": [{"payload": i} for i in range(6)]}).encode())
+        assert (status, body["error"]) == (413, "batch_too_large"), body
+    finally:
+        filler.join(timeout=30)
+    assert results and results[0].failed == 0, results
+    with sc.client() as client:  # the buffer drained: publishing works again
+        client.publish("busy", "after")
+
+
+async def test_bearer_token(moto_settings: Settings, sidecars: SidecarFactory, tmp_path: Path) -> None:
+    await create_topics(moto_settings, "secure")
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cr3t\n")
+    sc = sidecars(moto_settings, "secure", token_file=str(token_file))
+    with sc.client() as client, pytest.raises(UnauthorizedError):
+        client.publish("secure", 1)
+    with sc.client(token="wrong") as client, pytest.raises(UnauthorizedError):
+        client.publish("secure", 1)
+    with sc.client(token="s3cr3t") as client:
+        assert client.publish("secure", 1).topic == "secure"
+        assert client.ready()  # probes stay open
+    with urllib.request.urlopen(sc.url + "/readyz", timeout=5) as resp:
+        assert resp.status == 200

@@ -1,0 +1,115 @@
+"""Push mode: the sidecar POSTs to an app (running in this test process) that answers SUCCESS/RETRY/DROP."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import defaultdict
+from typing import Any
+
+import pytest
+from aiohttp import web
+from sidecar_procs import SidecarFactory, aeventually, create_topics
+
+from bucketq import Bucketq
+from bucketq.client import DeliveredMessage, PushServer, message
+from bucketq.config import Settings
+from bucketq.sidecar.push import interpret
+
+pytestmark = [pytest.mark.s3, pytest.mark.e2e]
+
+
+def test_interpret_answers() -> None:
+    ids = ["a", "b"]
+    assert interpret(204, b"", ids) == {"a": "SUCCESS", "b": "SUCCESS"}
+    assert interpret(200, b"not json", ids) == {"a": "SUCCESS", "b": "SUCCESS"}
+    assert interpret(200, b'{"status": "drop"}', ids) == {"a": "DROP", "b": "DROP"}
+    assert interpret(200, b'{"status": "bogus"}', ids) == {"a": "RETRY", "b": "RETRY"}
+    assert interpret(404, b"", ids) == {"a": "DROP", "b": "DROP"}
+    assert interpret(500, b'{"status": "SUCCESS"}', ids) == {"a": "RETRY", "b": "RETRY"}
+    assert interpret(200, b'{"statuses": [{"id": "a", "status": "SUCCESS"}]}', ids) == {
+        "a": "SUCCESS", "b": "RETRY",
+    }
+
+
+async def test_push_success_retry_drop_and_lease_extension(
+    moto_settings: Settings, sidecars: SidecarFactory
+) -> None:
+    await create_topics(moto_settings, "mail")
+    seen: dict[str, list[int]] = defaultdict(list)
+
+    async def handle(msg: DeliveredMessage) -> str:
+        kind = msg.payload["kind"]
+        seen[kind].append(msg.deliveries)
+        if kind == "slow":
+            await asyncio.sleep(3.5)  # longer than the visibility timeout: the sidecar must extend
+        if kind == "retry-once" and msg.deliveries == 1:
+            return "RETRY"
+        if kind == "boom" and msg.deliveries == 1:
+            raise RuntimeError("handler crashed")  # an exception is a retry
+        return "DROP" if kind == "drop" else "SUCCESS"
+
+    async with PushServer(handle, port=0) as app:
+        sc = sidecars(
+            moto_settings, "push", consumer="mailer", topics="mail", delivery="push", app_port=app.port,
+            push_concurrency=4, push_retry_delay_s=0, visibility_timeout_s=1.5,
+        )
+        async with sc.aclient() as client:
+            kinds = ["ok", "ok", "ok", "retry-once", "boom", "drop", "slow"]
+            ids = {k: (await client.publish("mail", {"kind": k})).id for k in kinds[2:]}
+            await client.publish_batch("mail", [message({"kind": "ok"}) for _ in range(2)])
+
+        def done() -> bool:
+            status = sc.status()["counters"]
+            return status["acked"] >= 6 and status["dead_lettered"] >= 1
+
+        await aeventually(done, 30, "6 acks and 1 dead letter through push")
+        await asyncio.sleep(2)  # a lost lease or a stray retry would show up now
+    assert sorted(seen["ok"]) == [1, 1, 1]
+    assert seen["retry-once"] == [1, 2]
+    assert seen["boom"] == [1, 2]
+    assert seen["drop"] == [1]
+    assert seen["slow"] == [1], "the lease of a slow request expired and the message was redelivered"
+
+    async with Bucketq(moto_settings) as bq:
+        dlq = await bq.register_consumer("inspect", ["mail.dlq"])
+        dead = await dlq.poll(max_messages=5, wait=10)
+        assert [m.id for m in dead] == [ids["drop"]]
+        assert dead[0].headers["bucketq-dlq-reason"] == "dropped by the app"
+        await dlq.close()
+
+
+async def test_batch_push_with_per_message_statuses(moto_settings: Settings, sidecars: SidecarFactory) -> None:
+    await create_topics(moto_settings, "bulk")
+    batches: list[int] = []
+    deliveries: dict[int, list[int]] = defaultdict(list)
+
+    async def receive(request: web.Request) -> web.Response:
+        body: dict[str, Any] = await request.json()
+        batches.append(len(body["messages"]))
+        statuses = []
+        for m in body["messages"]:
+            n = m["payload"]["n"]
+            deliveries[n].append(m["deliveries"])
+            statuses.append({"id": m["id"], "status": "RETRY" if n % 5 == 0 and m["deliveries"] == 1 else "SUCCESS"})
+        return web.json_response({"statuses": statuses})
+
+    app = web.Application()
+    app.router.add_post("/events", receive)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        sc = sidecars(
+            moto_settings, "bulk", consumer="bulk", topics="bulk", delivery="push", app_port=port,
+            app_path="events", push_batch_size=10, push_concurrency=2, push_retry_delay_s=0,
+        )
+        async with sc.aclient() as client:
+            await client.publish_batch("bulk", [message({"n": i}) for i in range(40)])
+        await aeventually(lambda: sc.status()["counters"]["acked"] >= 40, 30, "40 acks through batch push")
+    finally:
+        await runner.cleanup()
+    assert sorted(deliveries) == list(range(40))
+    assert {n: d for n, d in deliveries.items() if d != ([1, 2] if n % 5 == 0 else [1])} == {}
+    assert max(batches) > 1, f"messages were not batched: {batches}"
