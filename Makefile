@@ -11,7 +11,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv demo test lint bench clean
+.PHONY: help venv demo test lint bench clean tools
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -33,7 +33,13 @@ lint: $(STAMP) ## Ruff and mypy
 	$(BIN)/ruff check .
 	$(BIN)/mypy bucketq
 
-test: lint ## Lint, type-check, then run the whole test suite
+tools: ## Install system tools the tests use: promtool (Debian package prometheus)
+	@command -v promtool >/dev/null 2>&1 || { \
+		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$SUDO apt-get update -qq && \
+		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
+
+test: lint tools ## Lint, type-check, then run the whole test suite
 	$(BIN)/pytest -q
 
 bench: $(STAMP) ## Benchmark against a moto server, results in bench.json

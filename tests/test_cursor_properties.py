@@ -17,13 +17,13 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from bucketq.config import Settings
 from bucketq.core.cursor import CursorState, Delta, Op, apply_delta
 from bucketq.core.cursor_log import CursorLog
 from bucketq.core.ids import token
 from bucketq.core.keys import Keys
 from bucketq.storage import open_storage
 from bucketq.storage.memory import MemoryStore
-from bucketq.config import Settings
 
 MEMBERS = 3
 VISIBILITY = 10.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 import signal
@@ -30,7 +31,8 @@ async def test_racing_producers_on_one_partition_lose_nothing(race_backend: Back
             out += [r.id for r in rs]
         return out
 
-    published = sum(await asyncio.gather(*(burst(p, i * 1000) for i, p in enumerate(producers))), [])
+    bursts = await asyncio.gather(*(burst(p, i * 1000) for i, p in enumerate(producers)))
+    published = [msg_id for ids in bursts for msg_id in ids]
     bq = conns[0]
     keys = Keys(bq.settings.root)
     stored, seqs, offsets = [], [], []
@@ -43,7 +45,7 @@ async def test_racing_producers_on_one_partition_lose_nothing(race_backend: Back
         stored += [r.id for r in seg.records]
     assert sorted(stored) == sorted(published), "each acknowledged publish stored exactly once"
     assert seqs == list(range(len(seqs))), "segment sequence numbers have no gaps"
-    assert all(b == prev_b + prev_c for (prev_b, prev_c), (b, _) in zip(offsets, offsets[1:], strict=False))
+    assert all(b == prev_b + prev_c for (prev_b, prev_c), (b, _) in itertools.pairwise(offsets))
 
 
 async def test_members_of_one_consumer_share_work_without_duplicates(race_backend: Backend) -> None:

@@ -33,7 +33,7 @@ class Fleet:
     async def add_producers(self, count: int) -> None:
         for i in range(count):
             bq = await self.run.connect()
-            self.producers.append(await bq.register_producer(f"{self.group}-producer-{i}"))
+            self.producers.append(await bq.register_producer(f"{self.topic}-producer-{i}"))
 
     async def add_consumers(self, count: int) -> None:
         """``count`` members of the consumer group, joining at the same time."""

@@ -120,7 +120,7 @@ async def run_consume(backend: Backend, p: BenchParams) -> RunResult:
             payload_bytes=p.payload_bytes,
             window=p.window * p.producers,
         )
-        await loader.flush()
+        await loader.close()
         tracker = Tracker(expected=len(loaded.published), published=set(loaded.published))
         conns = [await fleet.run.connect() for _ in range(p.consumers)]
         setup = fleet.run.usage()

@@ -31,7 +31,7 @@ from bucketq.sidecar.models import DeliveredMessage, PushBatch
 log = logging.getLogger("bucketq.client.push")
 
 Status = Literal["SUCCESS", "RETRY", "DROP"]
-HandlerResult = Status | bool | None
+HandlerResult = str | bool | None  # "SUCCESS" / "RETRY" / "DROP" (any case), True, False or None
 Handler = Callable[[DeliveredMessage], Awaitable[HandlerResult] | HandlerResult]
 
 

@@ -1,0 +1,72 @@
+"""Operator configuration from the environment (``BUCKETQ_OPERATOR_*``).
+
+The S3 connection is the engine's own :class:`~bucketq.config.Settings` (``BUCKETQ_*``, credentials
+typically from a Secret mounted as environment variables); it is never read from a custom resource.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+DEFAULT_SIDECAR_IMAGE = "ghcr.io/bucketq/bucketq:0.1.0"
+
+
+class OperatorSettings(BaseSettings):
+    """What the operator watches, how often it works, and how it injects sidecars."""
+
+    model_config = SettingsConfigDict(env_prefix="BUCKETQ_OPERATOR_", extra="forbid", validate_default=True)
+
+    # scope: empty = every namespace
+    namespaces: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
+    # periodic work
+    status_interval_s: float = Field(30.0, gt=0, description="Refresh of status figures and metrics.")
+    gc_interval_s: float = Field(300.0, gt=0, description="Retention and garbage collection per topic.")
+    member_ttl_s: float = Field(300.0, gt=0, description="Member heartbeats older than this are deleted.")
+    dedup_window_s: float = Field(3600.0, gt=0, description="Dedup markers older than this are deleted.")
+    retry_min_s: float = Field(2.0, gt=0, description="First retry delay after a failed reconcile.")
+    retry_max_s: float = Field(300.0, gt=0, description="Longest retry delay (exponential backoff).")
+
+    # kopf
+    peering: str | None = Field(None, description="kopf peering name; None runs standalone (one replica).")
+    liveness_port: int = Field(8080, ge=0, le=65535, description="kopf's /healthz port; 0 disables it.")
+    metrics_host: str = "0.0.0.0"
+    metrics_port: int = Field(9090, ge=0, le=65535, description="/metrics port; 0 disables it.")
+
+    # admission webhook
+    webhook: bool = True
+    webhook_addr: str = "0.0.0.0"
+    webhook_port: int = Field(9443, ge=1, le=65535)
+    webhook_host: str | None = Field(None, description="Host name the apiserver uses (the Service's DNS name).")
+    webhook_cert_file: str | None = Field(None, description="TLS certificate (else a self-signed one is made).")
+    webhook_key_file: str | None = None
+    webhook_ca_file: str | None = Field(None, description="CA bundle for the webhook configuration.")
+    webhook_insecure: bool = Field(False, description="Plain HTTP (tests and local runs only).")
+    webhook_managed: bool = Field(True, description="Let the operator maintain its MutatingWebhookConfiguration.")
+    missing_consumer: Literal["reject", "warn"] = "reject"
+
+    # the injected sidecar
+    sidecar_image: str = DEFAULT_SIDECAR_IMAGE
+    sidecar_image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
+    sidecar_native: bool = Field(True, description="Init container with restartPolicy Always (Kubernetes 1.29+).")
+    sidecar_api_port: int = Field(3500, ge=1, le=65535)
+    sidecar_metrics_port: int = Field(9090, ge=1, le=65535)
+    sidecar_secret: str = Field("bucketq-s3", description="Default Secret with the pods' S3 credentials.")
+    sidecar_secret_access_key_id_key: str = "accessKeyId"
+    sidecar_secret_secret_access_key_key: str = "secretAccessKey"
+    sidecar_s3_endpoint_url: str | None = Field(None, description="S3 endpoint as seen from pods (default: ours).")
+    sidecar_cpu_request: str = "50m"
+    sidecar_memory_request: str = "64Mi"
+    sidecar_cpu_limit: str | None = None
+    sidecar_memory_limit: str | None = "256Mi"
+    sidecar_run_as_user: int = Field(65532, ge=1)
+
+    @field_validator("namespaces", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [n.strip() for n in value.split(",") if n.strip()]
+        return value
