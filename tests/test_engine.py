@@ -325,3 +325,43 @@ async def test_segments_are_json_lines_as_specified(backend: Backend) -> None:
     assert header["v"] == 1 and header["count"] == 1
     assert {"id", "key", "headers", "payload", "content_type", "created_at", "producer_id", "priority",
             "not_before", "dedup_id"} <= set(line)
+
+
+async def test_listen_auto_extends_acks_on_return_and_nacks_on_error(backend: Backend) -> None:
+    bq = await backend.connect()
+    await bq.create_topic("listen")
+    p = await bq.register_producer("p")
+    await p.publish("listen", "slow")
+    await p.publish("listen", "fails-once")
+    c = await bq.register_consumer("c", "listen", visibility_timeout_s=1.0, clock_skew_s=0.0)
+    calls: list[tuple[str, int]] = []
+    stop = asyncio.Event()
+
+    async def handler(msg) -> None:  # type: ignore[no-untyped-def]
+        calls.append((msg.payload, msg.deliveries))
+        if msg.payload == "slow":
+            await asyncio.sleep(2.5)  # longer than the visibility timeout: the lease is extended
+        elif msg.deliveries == 1:
+            raise RuntimeError("transient")
+        if len(calls) >= 3:
+            stop.set()
+
+    await asyncio.wait_for(c.listen(handler, concurrency=2, stop=stop), 30)
+    assert sorted(calls) == [("fails-once", 1), ("fails-once", 2), ("slow", 1)]
+    await asyncio.sleep(1.5)
+    assert await c.poll(10, 0.5) == []  # both were acked
+    [stats] = await bq.stats("listen", "c")
+    assert stats.acked == 2 and stats.redelivered == 1
+
+
+async def test_nack_is_idempotent_and_settling_twice_differently_is_refused(backend: Backend) -> None:
+    bq = await backend.connect()
+    await bq.create_topic("idem")
+    p = await bq.register_producer("p")
+    await p.publish("idem", 1)
+    c = await bq.register_consumer("c", "idem")
+    m = await poll_one(c)
+    await m.nack(delay=5)
+    await m.nack(delay=5)
+    with pytest.raises(LeaseLost, match="already nacked"):
+        await m.ack()

@@ -1,0 +1,67 @@
+"""One engine connection per namespace, rooted at ``{root}/{namespace}``; secrets kept out of messages."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from bucketq.config import Settings
+from bucketq.core.app import Bucketq
+
+log = logging.getLogger("bucketq.operator")
+
+
+def namespace_root(base: str, namespace: str) -> str:
+    """The storage root of a namespace: ``{base}/{namespace}`` (or the namespace alone)."""
+    base = base.strip("/")
+    return f"{base}/{namespace}" if base else namespace
+
+
+class Buckets:
+    """Opens a :class:`Bucketq` per namespace on first use; a failed open is retried on next use."""
+
+    def __init__(self, engine: Settings) -> None:
+        self.engine = engine
+        self._open: dict[str, Bucketq] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    def settings_for(self, namespace: str) -> Settings:
+        return self.engine.model_copy(update={"root": namespace_root(self.engine.root, namespace)})
+
+    async def get(self, namespace: str) -> Bucketq:
+        """The open connection of ``namespace`` (raises StorageError while S3 is unreachable)."""
+        bq = self._open.get(namespace)
+        if bq is not None:
+            return bq
+        lock = self._locks.setdefault(namespace, asyncio.Lock())
+        async with lock:
+            bq = self._open.get(namespace)
+            if bq is None:
+                bq = Bucketq(self.settings_for(namespace))
+                try:
+                    await bq.open()
+                except BaseException:
+                    await bq.close()
+                    raise
+                log.info("namespace %s: storage root %r (strategy %s)", namespace, bq.settings.root, bq.strategy)
+                self._open[namespace] = bq
+            return bq
+
+    async def close(self) -> None:
+        for bq in self._open.values():
+            await bq.close()
+        self._open.clear()
+
+    def secrets(self) -> list[str]:
+        """Secret values that must never appear in a log line, an event or a status."""
+        out = []
+        for secret in (self.engine.s3_access_key_id, self.engine.s3_secret_access_key):
+            if secret is not None and secret.get_secret_value():
+                out.append(secret.get_secret_value())
+        return out
+
+    def redact(self, text: str) -> str:
+        """``text`` with every secret value masked."""
+        for secret in self.secrets():
+            text = text.replace(secret, "***")
+        return text

@@ -1,0 +1,95 @@
+"""Consumer reconciliation against the bucket (no Kubernetes here): registry, cursors, figures."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from bucketq.core.app import Bucketq
+from bucketq.core.registry import Registration
+from bucketq.core.stats import SubscriptionStats
+from bucketq.errors import TopicNotFound
+from bucketq.operator.models import ConsumerSpec
+
+
+class MissingTopics(Exception):
+    """Some of the consumer's topics do not exist in the bucket (yet)."""
+
+    def __init__(self, topics: list[str]) -> None:
+        super().__init__(f"waiting for topic(s) {', '.join(topics)}: create the Topic resource(s)")
+        self.topics = topics
+
+
+def registry_meta(spec: ConsumerSpec) -> dict[str, Any]:
+    """What the registry records about a consumer (its id is derived from the name alone)."""
+    return {
+        "topics": list(spec.topics),
+        "start_position": spec.start_position,
+        "visibility_timeout_s": spec.visibility_timeout_seconds,
+        "max_in_flight": spec.max_in_flight,
+        "ordered": spec.ordered,
+        "delivery": spec.delivery.mode,
+        "dead_letter_policy": spec.dead_letter_policy,
+    }
+
+
+async def apply_consumer(bq: Bucketq, name: str, spec: ConsumerSpec) -> Registration:
+    """Register the consumer and start its cursors on every partition of every topic (idempotent)."""
+    missing = []
+    for topic in spec.topics:
+        try:
+            await bq.catalog.marker(topic, fresh=True)
+        except TopicNotFound:
+            missing.append(topic)
+    if missing:
+        raise MissingTopics(missing)
+    meta = registry_meta(spec)
+    reg = await bq.registry.get("consumer", name)
+    if reg is None or reg.meta != meta:
+        reg = await bq.registry.register("consumer", name, **meta)
+    for topic in spec.topics:
+        await bq.init_subscription(topic, name, spec.start_position)
+    return reg
+
+
+async def delete_consumer(bq: Bucketq, name: str, topics: list[str]) -> int:
+    """Remove the consumer's cursors on ``topics`` and its registration; returns objects deleted."""
+    keys: list[str] = []
+    for topic in topics:
+        try:
+            partitions = (await bq.catalog.marker(topic, fresh=True)).config.partitions
+        except TopicNotFound:
+            continue
+        for partition in range(partitions):
+            keys += [info.key async for info in bq.storage.list(bq.keys.sub_partition_prefix(topic, name, partition))]
+    reg = await bq.registry.get("consumer", name)
+    if reg is not None:
+        keys.append(bq.keys.consumer(reg.id))
+    for start in range(0, len(keys), 1000):
+        await bq.storage.delete(keys[start : start + 1000])
+    return len(keys)
+
+
+@dataclass(frozen=True, slots=True)
+class ConsumerFigures:
+    subscriptions: list[SubscriptionStats]
+
+    def status(self) -> dict[str, Any]:
+        ages = [s.oldest_age_s for s in self.subscriptions if s.oldest_age_s is not None]
+        out: dict[str, Any] = {
+            "backlog": sum(s.backlog for s in self.subscriptions),
+            "inFlight": sum(s.in_flight for s in self.subscriptions),
+            "deadLettered": sum(s.dead_lettered for s in self.subscriptions),
+            "oldestAgeSeconds": round(max(ages), 3) if ages else 0,
+        }
+        return out
+
+
+async def consumer_figures(bq: Bucketq, name: str, topics: list[str]) -> ConsumerFigures:
+    subs: list[SubscriptionStats] = []
+    for topic in topics:
+        try:
+            subs += await bq.stats(topic, name)
+        except TopicNotFound:
+            continue
+    return ConsumerFigures(subs)

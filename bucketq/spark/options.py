@@ -1,0 +1,257 @@
+"""Options of the ``bucketq`` data source: connection settings, read filters and write tuning.
+
+Spark hands options over as a case-insensitive string mapping. Connection settings are resolved
+once, on the driver, into a plain dict (:func:`resolve_settings`) that travels to the executors
+with the reader or writer, so every task sees the same bucket whatever its environment.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from pydantic import SecretStr
+
+from bucketq.config import Settings
+from bucketq.core.keys import validate_name
+from bucketq.errors import ConfigError
+
+# option name (lower case) -> Settings field
+CONNECTION_OPTIONS: dict[str, str] = {
+    "endpoint": "s3_endpoint_url",
+    "endpointurl": "s3_endpoint_url",
+    "bucket": "s3_bucket",
+    "accesskeyid": "s3_access_key_id",
+    "secretaccesskey": "s3_secret_access_key",
+    "region": "s3_region",
+    "root": "root",
+    "strategy": "strategy",
+    "backend": "backend",
+    "filepath": "file_path",
+}
+
+DEFAULT_SPLIT_BYTES = 32 * 1024 * 1024
+DEFAULT_MIN_PARTITIONS = 4
+DEFAULT_BATCH_MESSAGES = 5000
+DEFAULT_BATCH_BYTES = 4 * 1024 * 1024
+
+
+def lower(options: Mapping[str, str]) -> dict[str, str]:
+    """The options with lower-case names (Spark's option names are case-insensitive)."""
+    return {str(k).lower(): str(v) for k, v in options.items() if v is not None}
+
+
+def resolve_settings(options: Mapping[str, str]) -> dict[str, Any]:
+    """Engine settings from the options, then ``config`` (a YAML file), then ``BUCKETQ_*``.
+
+    Returns a JSON-able dict with secrets revealed, for :meth:`Settings.from_dict` on executors.
+    """
+    opts = lower(options)
+    given = {fld: opts[name] for name, fld in CONNECTION_OPTIONS.items() if opts.get(name)}
+    config = opts.get("config")
+    if config:
+        data = Settings.from_yaml(config).model_dump()
+        data.update(given)
+        settings = Settings.from_dict(_plain(data))
+    else:
+        settings = Settings.load(**given)
+    return _plain(settings.model_dump())
+
+
+def _plain(data: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if isinstance(value, SecretStr):
+            out[key] = value.get_secret_value()
+        elif isinstance(value, Path):
+            out[key] = str(value)
+        elif isinstance(value, dict):
+            out[key] = _plain(value)
+        else:
+            out[key] = value
+    return out
+
+
+def settings_options(settings: Settings) -> dict[str, str]:
+    """Data source options that reproduce ``settings``' connection (for pipelines and tests)."""
+    out: dict[str, str] = {"backend": settings.backend, "strategy": settings.strategy, "region": settings.s3_region}
+    if settings.root:
+        out["root"] = settings.root
+    if settings.s3_endpoint_url:
+        out["endpoint"] = settings.s3_endpoint_url
+    if settings.s3_bucket:
+        out["bucket"] = settings.s3_bucket
+    if settings.s3_access_key_id is not None:
+        out["accessKeyId"] = settings.s3_access_key_id.get_secret_value()
+    if settings.s3_secret_access_key is not None:
+        out["secretAccessKey"] = settings.s3_secret_access_key.get_secret_value()
+    if settings.file_path is not None:
+        out["filePath"] = str(settings.file_path)
+    return out
+
+
+def parse_time(text: str, what: str) -> float:
+    """A unix timestamp from ``text``: seconds since the epoch, or ISO-8601 (UTC when no zone)."""
+    try:
+        value = float(text)
+    except ValueError:
+        try:
+            parsed = datetime.fromisoformat(text.strip().replace("Z", "+00:00"))
+        except ValueError:
+            raise ConfigError(f"option {what}={text!r}: use ISO-8601 or unix seconds") from None
+        if parsed.tzinfo is None:
+            parsed = parsed.replace(tzinfo=UTC)
+        return parsed.timestamp()
+    if not math.isfinite(value):
+        raise ConfigError(f"option {what}={text!r} is not a finite time")
+    return value
+
+
+def _int(opts: dict[str, str], name: str, default: int | None, minimum: int = 0) -> int | None:
+    text = opts.get(name.lower())
+    if text is None or text == "":
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"option {name}={text!r} must be an integer") from None
+    if value < minimum:
+        raise ConfigError(f"option {name}={value} must be at least {minimum}")
+    return value
+
+
+def _bool(opts: dict[str, str], name: str, default: bool) -> bool:
+    text = opts.get(name.lower())
+    if text is None or text == "":
+        return default
+    if text.lower() in ("true", "1", "yes"):
+        return True
+    if text.lower() in ("false", "0", "no"):
+        return False
+    raise ConfigError(f"option {name}={text!r} must be true or false")
+
+
+def _topic(opts: dict[str, str]) -> str:
+    topic = opts.get("topic")
+    if not topic:
+        raise ConfigError("the bucketq data source needs option('topic', ...)")
+    return validate_name(topic)
+
+
+@dataclass
+class ReadConfig:
+    """What to read: the topic, an optional consumer, and the filters (all picklable)."""
+
+    settings: dict[str, Any]
+    topic: str
+    consumer: str | None = None
+    partitions: frozenset[int] | None = None  # None: every partition
+    start_seq: int = 0  # inclusive
+    end_seq: int | None = None  # exclusive
+    since: float | None = None  # created_at >= since (or > with since_exclusive)
+    until: float | None = None  # created_at < until (or <= with until_inclusive)
+    since_exclusive: bool = False
+    until_inclusive: bool = False
+    split_bytes: int = DEFAULT_SPLIT_BYTES
+    min_partitions: int = DEFAULT_MIN_PARTITIONS
+    dead_letters: bool = True
+    starting_offsets: str = "earliest"
+    max_segments_per_trigger: int | None = None
+    empty: bool = False  # a pushed filter matches nothing
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> ReadConfig:
+        opts = lower(options)
+        consumer = opts.get("consumer") or None
+        if consumer is not None:
+            validate_name(consumer, "consumer")
+        partitions = None
+        if opts.get("partitions"):
+            try:
+                partitions = frozenset(int(p) for p in opts["partitions"].split(",") if p.strip())
+            except ValueError:
+                raise ConfigError(f"option partitions={opts['partitions']!r}: use e.g. '0,2,3'") from None
+        return cls(
+            settings=resolve_settings(options),
+            topic=_topic(opts),
+            consumer=consumer,
+            partitions=partitions,
+            start_seq=_int(opts, "startSeq", 0) or 0,
+            end_seq=_int(opts, "endSeq", None),
+            since=parse_time(opts["since"], "since") if opts.get("since") else None,
+            until=parse_time(opts["until"], "until") if opts.get("until") else None,
+            split_bytes=_int(opts, "splitBytes", DEFAULT_SPLIT_BYTES, 1) or DEFAULT_SPLIT_BYTES,
+            min_partitions=_int(opts, "minPartitions", DEFAULT_MIN_PARTITIONS, 1) or 1,
+            dead_letters=_bool(opts, "deadLetters", True),
+            starting_offsets=opts.get("startingoffsets", "earliest"),
+            max_segments_per_trigger=_int(opts, "maxSegmentsPerTrigger", None, 1),
+        )
+
+    def wants_time(self, created_at: float) -> bool:
+        """Whether a message created at ``created_at`` passes the since/until filter."""
+        if self.since is not None and (
+            created_at <= self.since if self.since_exclusive else created_at < self.since
+        ):
+            return False
+        return not (
+            self.until is not None
+            and (created_at > self.until if self.until_inclusive else created_at >= self.until)
+        )
+
+
+@dataclass
+class WriteConfig:
+    """How a DataFrame is written into a topic (picklable; resolved on the driver)."""
+
+    settings: dict[str, Any]
+    topic: str
+    job: str
+    batch_messages: int = DEFAULT_BATCH_MESSAGES
+    batch_bytes: int = DEFAULT_BATCH_BYTES
+    payload_format: str = "json"  # json: a string payload column holds JSON text; string: a JSON string
+    keep_ids: bool = True
+    partitions: int = 1  # the topic's, read on the driver
+    max_message_bytes: int = 256 * 1024
+    producer_id: str = ""
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> WriteConfig:
+        opts = lower(options)
+        fmt = opts.get("payloadformat", "json").lower()
+        if fmt not in ("json", "string"):
+            raise ConfigError(f"option payloadFormat={fmt!r}: use json or string")
+        job = opts.get("jobid") or uuid.uuid4().hex
+        if not job.replace("-", "").isalnum():
+            raise ConfigError(f"option jobId={job!r}: use letters, digits and '-'")
+        return cls(
+            settings=resolve_settings(options),
+            topic=_topic(opts),
+            job=job,
+            batch_messages=_int(opts, "batchMessages", DEFAULT_BATCH_MESSAGES, 1) or 1,
+            batch_bytes=_int(opts, "batchBytes", DEFAULT_BATCH_BYTES, 1024) or DEFAULT_BATCH_BYTES,
+            payload_format=fmt,
+            keep_ids=_bool(opts, "keepIds", True),
+        )
+
+
+def offsets_json(topic: str, offsets: Mapping[int, int]) -> dict[str, Any]:
+    """A streaming offset: ``{topic: {"partition": next segment seq}}`` (Kafka-style JSON)."""
+    return {topic: {str(p): int(s) for p, s in sorted(offsets.items())}}
+
+
+def parse_offsets(topic: str, offset: Mapping[str, Any] | str) -> dict[int, int]:
+    """The per-partition next seqs of a streaming offset (dict or JSON text)."""
+    obj = json.loads(offset) if isinstance(offset, str) else offset
+    if not isinstance(obj, Mapping) or topic not in obj or not isinstance(obj[topic], Mapping):
+        raise ConfigError(f"offset {obj!r} is not a bucketq offset of topic {topic!r}")
+    try:
+        return {int(p): int(s) for p, s in obj[topic].items()}
+    except (TypeError, ValueError):
+        raise ConfigError(f"offset {obj!r}: partitions and seqs must be integers") from None

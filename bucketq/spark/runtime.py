@@ -1,0 +1,54 @@
+"""Opening the engine's storage inside a Spark process (driver planner, executor task, job commit).
+
+Nothing here is ever pickled: every process builds its own store and event loop from the plain
+settings dict that travels with the reader or writer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from bucketq.config import Settings
+from bucketq.core.keys import Keys
+from bucketq.storage import Storage, open_storage
+
+# reads never create objects, so they skip the strategy probe
+READ_STRATEGY = "conditional_write"
+
+
+def settings_of(data: dict[str, Any], *, strategy: str | None = None) -> Settings:
+    """Settings from a :func:`~bucketq.spark.options.resolve_settings` dict."""
+    if strategy is not None:
+        data = {**data, "strategy": strategy}
+    return Settings.from_dict(data)
+
+
+@asynccontextmanager
+async def storage_for(data: dict[str, Any], *, strategy: str | None = None) -> AsyncIterator[Storage]:
+    """An opened :class:`Storage` for the settings dict, closed on exit."""
+    storage = await open_storage(settings_of(data, strategy=strategy))
+    try:
+        yield storage
+    finally:
+        await storage.close()
+
+
+def keys_of(data: dict[str, Any]) -> Keys:
+    return Keys(str(data.get("root") or "").strip("/"))
+
+
+def join_root(root: str, *parts: str) -> str:
+    """A key prefix under the root ``R`` (no leading or trailing slash)."""
+    return "/".join(p.strip("/") for p in (root, *parts) if p.strip("/"))
+
+
+def staging_root(root: str, job: str, attempt: str | None = None) -> str:
+    """``R/_spark/staging/{job}[/{attempt}]``: where write tasks stage their segments."""
+    return join_root(root, "_spark/staging", job, *([attempt] if attempt else []))
+
+
+def job_report_key(root: str, job: str) -> str:
+    """``R/_spark/jobs/{job}.json``: the counts a write job's commit reports."""
+    return join_root(root, "_spark/jobs", f"{job}.json")
