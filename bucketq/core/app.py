@@ -13,6 +13,7 @@ from bucketq.core.gc import GcReport, collect_garbage
 from bucketq.core.keys import Keys, validate_name
 from bucketq.core.models import DeadLetterConfig, TopicConfig, TopicMarker
 from bucketq.core.producer import Producer, PublishResult
+from bucketq.core.producer_peers import ProducerPeers
 from bucketq.core.registry import Registry
 from bucketq.core.stats import SubscriptionStats, subscription_stats
 from bucketq.core.subscriptions import init_subscription
@@ -168,7 +169,11 @@ class Bucketq:
         reg = await self._registry.register("producer", name)
         settings = self.settings.producer.model_copy(update=overrides) if overrides else self.settings.producer
         ProducerSettings.model_validate(settings.model_dump())
-        producer = Producer(self.storage, self.keys, self.catalog, settings, producer_id=reg.id, name=name)
+        peers = ProducerPeers(self.storage, self.keys, self.registry, reg)
+        await peers.refresh(heartbeat=False)  # register() just wrote the registration
+        producer = Producer(
+            self.storage, self.keys, self.catalog, settings, producer_id=reg.id, name=name, peers=peers
+        )
         self._producers.append(producer)
         return producer
 

@@ -138,7 +138,8 @@ class Consumer:
         )
 
     async def close(self, *, drain: bool = True) -> None:
-        """Stop claiming; give back prefetched messages uncounted; flush pending settlements; leave."""
+        """Stop claiming; give back prefetched messages uncounted and delivered-but-unsettled ones
+        counted (visible again at once); flush pending settlements; leave the group."""
         if self._closed:
             return
         self._claiming = False
@@ -146,6 +147,10 @@ class Consumer:
             for msg in list(self._buffer):
                 self._intent(Receipt.decode(msg.receipt), "release", counted=False)
             self._buffer.clear()
+            for receipt in list(self._held):
+                self._intent(Receipt.decode(receipt), "release")
+                self._settled[receipt] = "released at close"
+            self._held.clear()
             deadline = time.monotonic() + 10
             while any(w.has_work() for s in self._subs.values() for w in s.workers.values()):
                 if time.monotonic() > deadline or self._task is None or self._task.done():
@@ -209,7 +214,7 @@ class Consumer:
             self._last_heartbeat = now
             for sub in self._subs.values():
                 with contextlib.suppress(StorageError):
-                    await sub.membership.heartbeat()
+                    await sub.membership.heartbeat(self._help_wanted(sub))
         if now - self._last_refresh >= self.settings.heartbeat_interval_s:
             self._last_refresh = now
             for sub in self._subs.values():
@@ -233,6 +238,14 @@ class Consumer:
             if msg.lease_until < now:
                 del self._held[receipt]
 
+    def _help_wanted(self, sub: _TopicSub) -> list[int]:
+        """Owned partitions with claimable messages this member has no room for."""
+        free = self.settings.max_in_flight - len(self._buffer) - len(self._held)
+        if free > 0 or not self._claiming:
+            return []
+        mine = owned_partitions(self.member, sub.membership.members, sub.partitions)
+        return [p for p in mine if sub.workers[p].window_has_more]
+
     def _extend_prefetched(self) -> None:
         """Keep leases of prefetched (not yet delivered) messages alive."""
         now = time.time()
@@ -255,8 +268,8 @@ class Consumer:
                         jobs.append((worker, demand, False))
                 elif worker.has_work():
                     jobs.append((worker, 0, True))
-                elif demand > 0 and now >= worker.next_foreign_poll:
-                    jobs.append((worker, demand, True))
+                elif demand > 0 and p in sub.membership.help_wanted and now >= worker.next_foreign_poll:
+                    jobs.append((worker, demand, True))  # work stealing: its owner asked for help
         if not jobs:
             return False
         claiming = sum(1 for _, d, _ in jobs if d > 0)
@@ -270,7 +283,7 @@ class Consumer:
                 if res.messages:
                     worker.foreign_backoff = self.settings.foreign_poll_ms / 1000
                 else:
-                    worker.foreign_backoff = min(worker.foreign_backoff * 2, 15.0)
+                    worker.foreign_backoff = min(worker.foreign_backoff * 2, self.settings.foreign_poll_max_s)
                 worker.next_foreign_poll = time.monotonic() + worker.foreign_backoff
             if res.messages or res.discovered:
                 progressed = True

@@ -83,11 +83,26 @@ class CursorLog:
         await self._tail()
         return self.state
 
-    async def catch_up(self) -> int:
+    async def catch_up(self, *, via_checkpoint: bool = False) -> int:
         """Apply deltas after the local tip until a 404; return how many were applied.
 
-        A replica that lost touch with the log for long reloads from the newest checkpoint instead.
+        A replica that lost touch with the log for long reloads from the newest checkpoint instead;
+        with ``via_checkpoint`` (a replica that only looks in now and then) a newer checkpoint, if
+        any, is loaded first, so catching up costs at most one checkpoint interval of GETs.
         """
+        if via_checkpoint and self.state.n:
+            newer: str | None = None
+            async for info in self.storage.list(
+                self.keys.checkpoints_prefix(self.topic, self.consumer, self.partition),
+                start_after=self.keys.checkpoint(self.topic, self.consumer, self.partition, self.state.n),
+            ):
+                newer = info.key
+            if newer is not None:
+                blob = await self.storage.get(newer)
+                if blob is not None:
+                    before = self.state.n
+                    self.state = CursorState.from_json(json.loads(blob.data))
+                    return self.state.n - before + await self._tail()
         if time.monotonic() - self.synced_at > RELOAD_AFTER_S:
             before = self.state.n
             await self.load()

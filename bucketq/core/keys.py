@@ -62,6 +62,9 @@ class Keys:
         return self._k(f"_probe/{token}.probe")
 
     # registry
+    def producers_prefix(self) -> str:
+        return self._k("_registry/producers/")
+
     def producer(self, producer_id: str) -> str:
         return self._k(f"_registry/producers/{producer_id}.json")
 

@@ -36,26 +36,42 @@ class Membership:
         self.member = member
         self.ttl_s = ttl_s
         self.members: list[str] = [member]
+        self.help_wanted: set[int] = set()  # partitions whose owner has more work than it can take
+        self._etags: dict[str, str] = {}
+        self._help_by_member: dict[str, list[int]] = {}
 
-    async def heartbeat(self) -> None:
-        body = json.dumps(
-            {"member": self.member, "at": time.time(), "host": socket.gethostname(), "pid": os.getpid()}
-        ).encode()
+    async def heartbeat(self, help_wanted: list[int] | None = None) -> None:
+        """Overwrite this member's heartbeat; ``help_wanted`` lists owned partitions it cannot keep up with."""
+        body = json.dumps({
+            "member": self.member, "at": time.time(), "host": socket.gethostname(), "pid": os.getpid(),
+            "help": sorted(help_wanted or []),
+        }).encode()
         await self.storage.overwrite(self.keys.member(self.topic, self.consumer, self.member), body)
 
     async def refresh(self) -> list[str]:
-        """Re-read the live members (heartbeat younger than the TTL); keeps the old list on errors."""
+        """Re-read the live members (heartbeat younger than the TTL) and the partitions they ask help
+        for (a body is only fetched when its ETag changed); keeps the old view on errors."""
         prefix = self.keys.members_prefix(self.topic, self.consumer)
         now = time.time()
         try:
-            live = [
-                info.key[len(prefix) : -len(".json")]
-                async for info in self.storage.list(prefix)
-                if now - info.last_modified <= self.ttl_s
-            ]
-        except StorageError:
+            infos = [i async for i in self.storage.list(prefix) if now - i.last_modified <= self.ttl_s]
+            help_by_member: dict[str, list[int]] = {}
+            for info in infos:
+                member = info.key[len(prefix) : -len(".json")]
+                if member == self.member:
+                    continue
+                if self._etags.get(member) == info.etag:
+                    help_by_member[member] = self._help_by_member.get(member, [])
+                    continue
+                blob = await self.storage.get(info.key)
+                if blob is not None:
+                    help_by_member[member] = [int(p) for p in json.loads(blob.data).get("help", [])]
+                    self._etags[member] = info.etag
+        except (StorageError, ValueError):
             return self.members
-        self.members = sorted(set(live) | {self.member})
+        self._help_by_member = help_by_member
+        self.help_wanted = {p for parts in help_by_member.values() for p in parts}
+        self.members = sorted({info.key[len(prefix) : -len(".json")] for info in infos} | {self.member})
         return self.members
 
     async def leave(self) -> None:

@@ -151,12 +151,12 @@ class PartitionWorker:
         result = CycleResult()
         await self.ensure_loaded()
         if foreign:
-            await self.log.catch_up()
+            await self.log.catch_up(via_checkpoint=True)
         now = time.monotonic()
         if demand > 0 and (foreign or self.discovery_due(now)):
             result.discovered = await self.discover()
-            if result.discovered:  # converge on the arrival interval: halve on a find, double on a miss
-                self.discovery_backoff = max(self.settings.poll_min_ms / 1000, self.discovery_backoff / 2)
+            if result.discovered:  # track the arrival interval: quarter on a find, double on a miss
+                self.discovery_backoff = max(self.settings.poll_min_ms / 1000, self.discovery_backoff / 4)
             else:
                 self.discovery_backoff = min(self.discovery_backoff * 2, self.settings.poll_max_ms / 1000)
             self.next_discovery = now + self.discovery_backoff
@@ -228,13 +228,12 @@ class PartitionWorker:
 
         ``min_age`` restricts claims to messages created at least that many seconds ago.
         """
-        if demand <= 0:
-            return [], False
+        want = max(demand, 0)
         now = time.time()
         newest = now - min_age if min_age is not None else None
         skew = self.settings.clock_skew_s
         limit = self.max_deliveries()
-        scan_limit = max(4 * demand, 256)
+        scan_limit = max(4 * want, 256) if want else 1  # with no demand: is anything claimable?
         ordered = self.settings.ordered
         blocked_keys: set[str] = set()
         candidates: list[tuple[int, Pos, Record]] = []
@@ -280,9 +279,9 @@ class PartitionWorker:
         until = now + self.settings.visibility_timeout_s
         claims = [
             Op("claim", pos[0], pos[1], token=token(), member=self.member, until=until, ref="claim")
-            for _, pos, _ in candidates[:demand]
+            for _, pos, _ in candidates[:want]
         ]
-        return claims, len(candidates) > demand
+        return claims, len(candidates) > want
 
     def dead_letter_candidates(self) -> list[tuple[Pos, int]]:
         """Positions whose deliveries reached the limit and whose lease is gone: the janitor's work."""

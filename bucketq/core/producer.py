@@ -15,6 +15,7 @@ from typing import Any
 from bucketq.config import ProducerSettings
 from bucketq.core.ids import token
 from bucketq.core.keys import Keys
+from bucketq.core.producer_peers import ProducerPeers
 from bucketq.core.segment import (
     Record,
     SegmentHeader,
@@ -261,6 +262,7 @@ class Producer:
         *,
         producer_id: str,
         name: str,
+        peers: ProducerPeers | None = None,
     ) -> None:
         self.storage = storage
         self.keys = keys
@@ -271,6 +273,7 @@ class Producer:
         self._appenders: dict[tuple[str, int], PartitionAppender] = {}
         self._sticky: dict[str, int] = {}
         self._closed = False
+        self.peers = peers
 
     @property
     def buffered(self) -> int:
@@ -287,24 +290,35 @@ class Producer:
         return app
 
     def _move_on(self, topic: str, partition: int) -> None:
-        """Another producer appends to this partition too: stick to the next one (least contended)."""
+        """Another producer appended to this partition: look at the live producers again; a
+        producer that knows of no peers (unregistered writers) moves to a random partition."""
+        if self.peers is not None:
+            self.peers.tick(soon=True)
+            if len(self.peers.ids) > 1:
+                return
         if self._sticky.get(topic) == partition:
-            self._sticky[topic] = random.randrange(1 << 30)  # wrapped by _choose_partition
+            self._sticky[topic] = random.randrange(1 << 30)
 
     async def _choose_partition(self, topic: str, key: str | None, partitions: int) -> int:
-        """Keyed: ``hash(key) % partitions``. Unkeyed: sticky to one partition until a full batch
-        waits there, then the next (large segments, like Kafka's sticky partitioner); a producer
-        that loses a race for a partition's next segment moves to another (least contended)."""
+        """Keyed: ``hash(key) % partitions``. Unkeyed: this producer's share of the partitions
+        (split between live producers), sticky to one until a full batch waits there, then the
+        next (large segments, like Kafka's sticky partitioner)."""
         if key is not None:
             return partition_for_key(key, partitions)
+        if self.peers is not None:
+            self.peers.tick()
+            share = self.peers.partitions_for(partitions)
+        else:
+            share = list(range(partitions))
         current = self._sticky.get(topic)
-        if current is not None and current >= partitions:
-            current %= partitions
         if current is None:
-            current = partition_for_key(self.id + "/" + self.name, partitions)  # producers spread out
+            current = partition_for_key(self.id + "/" + self.name, partitions)
+        current %= partitions
+        if current not in share:
+            current = share[current % len(share)]
         app = self._appenders.get((topic, current))
         if app is not None and app.buffered >= self.settings.max_batch_messages:
-            current = (current + 1) % partitions
+            current = share[(share.index(current) + 1) % len(share)]
         self._sticky[topic] = current
         return current
 
@@ -442,3 +456,5 @@ class Producer:
         """Flush and stop accepting publishes."""
         self._closed = True
         await asyncio.gather(*(a.close() for a in self._appenders.values()))
+        if self.peers is not None:
+            await self.peers.close()

@@ -53,8 +53,13 @@ class Registry:
         await self.storage.overwrite(key, json.dumps(body).encode())
         return Registration(kind, name, ident, created, now, meta)
 
-    async def heartbeat(self, kind: Kind, name: str, **meta: Any) -> Registration:
-        return await self.register(kind, name, **meta)
+    async def heartbeat(self, reg: Registration) -> Registration:
+        """Refresh ``last_seen`` of a registration made earlier (one overwrite)."""
+        now = time.time()
+        body = {"kind": reg.kind, "name": reg.name, "id": reg.id, "created_at": reg.created_at,
+                "last_seen": now, "meta": reg.meta}
+        await self.storage.overwrite(self._key(reg.kind, reg.id), json.dumps(body).encode())
+        return Registration(reg.kind, reg.name, reg.id, reg.created_at, now, reg.meta)
 
     async def get(self, kind: Kind, name: str) -> Registration | None:
         blob = await self.storage.get(self._key(kind, stable_id(kind, name)))

@@ -1,1 +1,6 @@
-"""tmp"""
+"""The operator (kopf): reconciles Topic, Consumer and DeadLetterPolicy resources into the bucket,
+injects the sidecar with a mutating webhook, collects garbage and exports queue metrics.
+
+Run it with ``bucketq operator``; generate the CRDs with ``bucketq crds``. The engine never
+imports this package.
+"""

@@ -7,6 +7,7 @@ import logging
 
 from bucketq.config import Settings
 from bucketq.core.app import Bucketq
+from bucketq.errors import BucketqError
 
 log = logging.getLogger("bucketq.operator")
 
@@ -24,6 +25,7 @@ class Buckets:
         self.engine = engine
         self._open: dict[str, Bucketq] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._closed = False
 
     def settings_for(self, namespace: str) -> Settings:
         return self.engine.model_copy(update={"root": namespace_root(self.engine.root, namespace)})
@@ -33,6 +35,8 @@ class Buckets:
         bq = self._open.get(namespace)
         if bq is not None:
             return bq
+        if self._closed:
+            raise BucketqError("the operator is stopping: no new storage connections")
         lock = self._locks.setdefault(namespace, asyncio.Lock())
         async with lock:
             bq = self._open.get(namespace)
@@ -48,6 +52,7 @@ class Buckets:
             return bq
 
     async def close(self) -> None:
+        self._closed = True
         for bq in self._open.values():
             await bq.close()
         self._open.clear()

@@ -44,15 +44,19 @@ class ErrorBody(_Strict):
 class OutgoingMessage(_Strict):
     """One message to publish: a JSON ``payload`` or base64 ``data_b64`` (exactly one)."""
 
-    payload: Any = None
-    data_b64: str | None = None
-    content_type: str | None = None
-    key: str | None = None
+    payload: Any = Field(None, description="Any JSON value (give this or data_b64).")
+    data_b64: str | None = Field(None, description="Raw bytes, base64 (give this or payload).")
+    content_type: str | None = Field(
+        None, description="Default application/json for payload, application/octet-stream for data."
+    )
+    key: str | None = Field(None, description="Partition key: messages with one key keep their order.")
     headers: dict[str, str] = Field(default_factory=dict)
-    dedup_id: str | None = Field(None, min_length=1)
-    priority: StrictInt = 0
-    delay_seconds: float | None = Field(None, ge=0, le=366 * 24 * 3600)
-    not_before: float | None = None
+    dedup_id: str | None = Field(
+        None, min_length=1, description="Idempotent publish: a repeat within the window is not stored again."
+    )
+    priority: StrictInt = Field(0, description="Lower is delivered first among visible messages.")
+    delay_seconds: float | None = Field(None, ge=0, le=366 * 24 * 3600, description="Invisible until then.")
+    not_before: float | None = Field(None, description="Invisible until this unix time.")
 
     @field_validator("data_b64")
     @classmethod
@@ -114,8 +118,8 @@ class PublishBatchResponse(_Strict):
 
 
 class PullRequest(_Strict):
-    max_messages: StrictInt = Field(10, ge=1)
-    wait_seconds: float = Field(0.0, ge=0)
+    max_messages: StrictInt = Field(10, ge=1, description="At most this many (limit: max_batch, 1000).")
+    wait_seconds: float = Field(0.0, ge=0, description="Long poll: wait up to this long for the first message.")
 
 
 class DeliveredMessage(_Strict):
@@ -135,9 +139,9 @@ class DeliveredMessage(_Strict):
     created_at: float
     producer_id: str | None = None
     priority: int = 0
-    deliveries: int
-    receipt: str | None = None
-    lease_until: float | None = None
+    deliveries: int = Field(description="1 on the first delivery; more when redelivered.")
+    receipt: str | None = Field(None, description="Opaque lease token for ack/nack/extend (pull only).")
+    lease_until: float | None = Field(None, description="Unix time the lease ends unless extended (pull only).")
 
     def data(self) -> bytes | None:
         return None if self.data_b64 is None else base64.b64decode(self.data_b64)

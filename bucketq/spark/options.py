@@ -11,7 +11,7 @@ import json
 import math
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -194,15 +194,17 @@ class ReadConfig:
         )
 
     def wants_time(self, created_at: float) -> bool:
-        """Whether a message created at ``created_at`` passes the since/until filter."""
-        if self.since is not None and (
-            created_at <= self.since if self.since_exclusive else created_at < self.since
-        ):
-            return False
-        return not (
-            self.until is not None
-            and (created_at > self.until if self.until_inclusive else created_at >= self.until)
-        )
+        """Whether a message created at ``created_at`` passes the since/until filter (to the microsecond)."""
+        t = round(created_at * 1_000_000)
+        if self.since is not None:
+            lo = round(self.since * 1_000_000)
+            if t < lo or (self.since_exclusive and t == lo):
+                return False
+        if self.until is not None:
+            hi = round(self.until * 1_000_000)
+            if t > hi or (not self.until_inclusive and t == hi):
+                return False
+        return True
 
 
 @dataclass
@@ -219,7 +221,6 @@ class WriteConfig:
     partitions: int = 1  # the topic's, read on the driver
     max_message_bytes: int = 256 * 1024
     producer_id: str = ""
-    extra: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> WriteConfig:

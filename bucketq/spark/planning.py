@@ -25,7 +25,7 @@ class SegmentRef:
     size: int
 
 
-class SegmentSplit(InputPartition):  # type: ignore[misc]
+class SegmentSplit(InputPartition):
     """One Spark input partition: consecutive segments, and the dead-lettered positions among them."""
 
     def __init__(self, index: int, segments: list[tuple[int, int]], dead: dict[int, list[Pos]] | None = None):

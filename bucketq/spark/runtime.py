@@ -49,6 +49,11 @@ def staging_root(root: str, job: str, attempt: str | None = None) -> str:
     return join_root(root, "_spark/staging", job, *([attempt] if attempt else []))
 
 
+def aborted_key(root: str, job: str) -> str:
+    """``R/_spark/aborted/{job}``: written by an aborted job so late tasks clean up after themselves."""
+    return join_root(root, "_spark/aborted", job)
+
+
 def job_report_key(root: str, job: str) -> str:
     """``R/_spark/jobs/{job}.json``: the counts a write job's commit reports."""
     return join_root(root, "_spark/jobs", f"{job}.json")

@@ -31,4 +31,5 @@ def sidecars(tmp_path: Path) -> Iterator[SidecarFactory]:
 @pytest.fixture
 def moto_settings(moto_server: S3Server) -> Settings:
     """A fresh bucket on the shared moto server."""
-    return moto_server.settings()
+    settings: Settings = moto_server.settings()
+    return settings

@@ -16,11 +16,12 @@ pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 
 
 async def _publish(sc: SidecarProc, topic: str, count: int, start: int = 0) -> set[str]:
+    """Keyed messages, so that they spread over all partitions."""
     ids: set[str] = set()
     async with sc.aclient() as client:
         for first in range(start, start + count, 100):
             batch = await client.publish_batch(
-                topic, [message({"n": i}) for i in range(first, min(first + 100, start + count))]
+                topic, [message({"n": i}, key=f"k{i}") for i in range(first, min(first + 100, start + count))]
             )
             assert batch.failed == 0, batch
             ids |= {r.result.id for r in batch.results if r.result is not None}
@@ -33,7 +34,7 @@ async def _work(sc: SidecarProc, got: list[str], stop: asyncio.Event, deadline: 
         while not stop.is_set() and time.monotonic() < deadline:
             msgs = await client.pull(max_messages=10, wait=0.5)
             if msgs:
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0.02)
                 result = await client.ack_batch([m.receipt or "" for m in msgs])
                 assert result.failed == 0, result
                 got.extend(m.id for m in msgs)
@@ -42,8 +43,10 @@ async def _work(sc: SidecarProc, got: list[str], stop: asyncio.Event, deadline: 
 async def test_two_sidecars_share_the_work_without_duplicates(
     moto_settings: Settings, sidecars: SidecarFactory
 ) -> None:
-    await create_topics(moto_settings, "events", partitions=4)
-    opts = {"consumer": "proc", "topics": "events", "max_in_flight": 20}
+    await create_topics(moto_settings, "events", partitions=8)
+    # a member takes over another's waiting messages after steal_after_s: even if rendezvous hashing
+    # gave one member every partition, both get work
+    opts = {"consumer": "proc", "topics": "events", "max_in_flight": 20, "BUCKETQ_CONSUMER__STEAL_AFTER_S": 0.2}
     a = sidecars(moto_settings, "a", **opts)
     b = sidecars(moto_settings, "b", **opts)
     published = await _publish(a, "events", 200) | await _publish(b, "events", 200, start=200)

@@ -34,7 +34,8 @@ async def test_metrics_parse_and_pass_promtool(moto_settings: Settings, sidecars
     def scrape() -> str:
         with urllib.request.urlopen(sc.metrics_url, timeout=5) as resp:
             assert resp.headers["Content-Type"].startswith("text/plain")
-            return resp.read().decode()
+            body: bytes = resp.read()
+            return body.decode()
 
     def committed() -> str | None:
         text = scrape()

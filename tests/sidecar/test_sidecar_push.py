@@ -59,8 +59,8 @@ async def test_push_success_retry_drop_and_lease_extension(
             await client.publish_batch("mail", [message({"kind": "ok"}) for _ in range(2)])
 
         def done() -> bool:
-            status = sc.status()["counters"]
-            return status["acked"] >= 6 and status["dead_lettered"] >= 1
+            counters = sc.status()["counters"]
+            return bool(counters["acked"] >= 6 and counters["dead_lettered"] >= 1)
 
         await aeventually(done, 30, "6 acks and 1 dead letter through push")
         await asyncio.sleep(2)  # a lost lease or a stray retry would show up now

@@ -1,0 +1,307 @@
+"""The kopf handlers: Topic, Consumer and DeadLetterPolicy reconciliation, timers, and the webhook.
+
+Everything is registered on an explicit :class:`kopf.OperatorRegistry` by :meth:`Operator.register`,
+so that several operators (tests, restarts) can live in one process.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import kopf
+from aiohttp import web
+from pydantic import ValidationError
+
+from bucketq.config import Settings
+from bucketq.core.keys import validate_name
+from bucketq.errors import BucketqError, InvalidName, StorageError
+from bucketq.operator.buckets import Buckets
+from bucketq.operator.config import OperatorSettings
+from bucketq.operator.consumers import MissingTopics, apply_consumer, consumer_figures, delete_consumer
+from bucketq.operator.metrics import QueueMetrics
+from bucketq.operator.models import (
+    GROUP,
+    VERSION,
+    ConsumerSpec,
+    CrdModel,
+    DeadLetterPolicySpec,
+    DeletionPolicy,
+    Phase,
+    TopicSpec,
+)
+from bucketq.operator.outcome import InvalidSpec, Reconciler, Waiting
+from bucketq.operator.status import DEAD_LETTER_POLICY, Cond, now_iso
+from bucketq.operator.topics import apply_topic, current_config, delete_topic, topic_config, topic_figures
+from bucketq.operator.webhook import SidecarInjector
+
+log = logging.getLogger("bucketq.operator")
+
+M = TypeVar("M", bound=CrdModel)
+Index = Mapping[Any, Any]
+
+
+def _fn(handler: Callable[..., Any]) -> Any:
+    """A handler as kopf takes it (kopf's protocols list every keyword; ours take what they use)."""
+    return handler
+
+
+def _parse(model: type[M], spec: Mapping[str, Any], kind: str) -> M:
+    try:
+        return model.model_validate(dict(spec))
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        raise InvalidSpec(f"invalid {kind} spec: {problems}") from None
+
+
+def _name(name: str, what: str) -> None:
+    try:
+        validate_name(name, what)
+    except InvalidName as exc:
+        raise InvalidSpec(str(exc)) from None
+
+
+def _lookup(index: Index, namespace: str, name: str) -> dict[str, Any] | None:
+    store = index.get((namespace, name))
+    for value in store or ():
+        return dict(value)
+    return None
+
+
+class Operator:
+    """The bucketq operator: state (connections, metrics) plus every kopf handler as a method."""
+
+    def __init__(self, engine: Settings, settings: OperatorSettings | None = None) -> None:
+        self.engine = engine
+        self.settings = settings or OperatorSettings()
+        self.buckets = Buckets(engine)
+        self.metrics = QueueMetrics()
+        self.reconciler = Reconciler(self.buckets, self.metrics, self.settings.retry_min_s, self.settings.retry_max_s)
+        self.injector = SidecarInjector(engine, self.settings)
+        self._metrics_runner: web.AppRunner | None = None
+
+    # -- registration ----------------------------------------------------------------------------
+
+    def register(self, registry: kopf.OperatorRegistry) -> kopf.OperatorRegistry:
+        """Register every handler of this operator on ``registry``."""
+        s, reg = self.settings, registry
+        kopf.on.startup(id="startup", registry=reg)(_fn(self.startup))
+        kopf.on.cleanup(id="cleanup", registry=reg)(_fn(self.cleanup))
+        for plural, index_id in (("topics", "topic_index"), ("consumers", "consumer_index"),
+                                 ("deadletterpolicies", "dlp_index")):
+            kopf.index(GROUP, VERSION, plural, id=index_id, registry=reg)(_fn(self.index_spec))
+        for plural, reconcile, finalize in (
+            ("topics", self.reconcile_topic, self.finalize_topic),
+            ("consumers", self.reconcile_consumer, self.finalize_consumer),
+            ("deadletterpolicies", self.reconcile_policy, None),
+        ):
+            for on in (kopf.on.create, kopf.on.update, kopf.on.resume):
+                on(GROUP, VERSION, plural, id="reconcile", registry=reg)(_fn(reconcile))
+            kopf.timer(GROUP, VERSION, plural, id="refresh", interval=s.status_interval_s, registry=reg)(
+                _fn(self.refresh))
+            if finalize is not None:
+                kopf.on.delete(GROUP, VERSION, plural, id="finalize", registry=reg)(_fn(finalize))
+        kopf.timer(GROUP, VERSION, "topics", id="gc", interval=s.gc_interval_s, registry=reg)(
+            _fn(self.collect_garbage))
+        if s.webhook:
+            kopf.on.mutate("v1", "pods", id="inject-sidecar", operations=["CREATE"], ignore_failures=True,
+                           side_effects=False, registry=reg)(_fn(self.injector.mutate))
+        return registry
+
+    async def startup(self, **_: Any) -> None:
+        if self.settings.metrics_port:
+            self._metrics_runner = await self.metrics.serve(self.settings.metrics_host, self.settings.metrics_port)
+            log.info("queue metrics on http://%s:%d/metrics", self.settings.metrics_host, self.settings.metrics_port)
+
+    async def cleanup(self, **_: Any) -> None:
+        if self._metrics_runner is not None:
+            await self._metrics_runner.cleanup()
+            self._metrics_runner = None
+        await self.buckets.close()
+
+    def index_spec(self, namespace: str, name: str, spec: Mapping[str, Any], **_: Any) -> dict[Any, Any]:
+        return {(namespace, name): dict(spec)}
+
+    # -- topics ----------------------------------------------------------------------------------
+
+    def _policy(self, dlp_index: Index, namespace: str, name: str | None) -> DeadLetterPolicySpec | None:
+        if name is None:
+            return None
+        found = _lookup(dlp_index, namespace, name)
+        if found is None:
+            raise Waiting("DeadLetterPolicyNotFound",
+                          f"DeadLetterPolicy {name!r} does not exist in namespace {namespace!r}")
+        return _parse(DeadLetterPolicySpec, found, "DeadLetterPolicy")
+
+    async def _topic(self, name: str, namespace: str, spec: Mapping[str, Any], dlp_index: Index,
+                     with_figures: bool) -> dict[str, Any]:
+        topic = _parse(TopicSpec, spec, "Topic")
+        _name(name, "topic")
+        config = topic_config(topic, self._policy(dlp_index, namespace, topic.dead_letter_policy))
+        bq = await self.buckets.get(namespace)
+        try:
+            await apply_topic(bq, name, config)
+        except StorageError:
+            raise
+        except BucketqError as exc:
+            raise InvalidSpec(str(exc)) from None
+        fields: dict[str, Any] = {"partitions": config.partitions, "deadLetterTopic": config.dead_letter_topic(name)}
+        if with_figures:
+            figures = await topic_figures(bq, name)
+            self.metrics.set_topic(namespace, name, figures)
+            fields.update(figures.status())
+        return fields
+
+    async def reconcile_topic(self, name: str, namespace: str, spec: Mapping[str, Any], body: Mapping[str, Any],
+                              patch: kopf.Patch, retry: int, dlp_index: Index, **_: Any) -> None:
+        async with self.reconciler.reconciling("Topic", namespace, body, patch, retry=retry) as out:
+            out.set(**await self._topic(name, namespace, spec, dlp_index, with_figures=False))
+
+    async def finalize_topic(self, name: str, namespace: str, spec: Mapping[str, Any], body: Mapping[str, Any],
+                             patch: kopf.Patch, retry: int, logger: Any, **_: Any) -> None:
+        self.metrics.forget_topic(namespace, name)
+        policy = spec.get("deletionPolicy", DeletionPolicy.RETAIN)
+        if policy != DeletionPolicy.DELETE:
+            logger.info(f"deletionPolicy {policy}: topic {name!r} is left in the bucket")
+            return
+        try:
+            bq = await self.buckets.get(namespace)
+            deleted = await delete_topic(bq, name, await current_config(bq, name))
+        except StorageError as exc:
+            message = self.buckets.redact(str(exc))
+            patch.status["phase"] = str(Phase.DELETING)
+            self.metrics.reconcile_errors.labels("Topic", "StorageUnavailable").inc()
+            raise kopf.TemporaryError(f"cannot purge topic {name!r}: {message}",
+                                      delay=self.reconciler.backoff(retry)) from None
+        logger.info(f"deletionPolicy Delete: purged topic {name!r} ({deleted} objects)")
+
+    async def collect_garbage(self, name: str, namespace: str, spec: Mapping[str, Any], body: Mapping[str, Any],
+                              patch: kopf.Patch, logger: Any, **_: Any) -> None:
+        """Retention and garbage collection of one topic and its default dead-letter topic (DESIGN 2.5)."""
+        try:
+            bq = await self.buckets.get(namespace)
+            config = await current_config(bq, name)
+            if config is None:
+                return
+            topics = [name]
+            if config.dead_letter.enabled and config.dead_letter.topic is None:
+                topics.append(f"{name}.dlq")
+            report = await bq.collect_garbage(
+                topics=topics, member_ttl_s=self.settings.member_ttl_s, dedup_window_s=self.settings.dedup_window_s,
+            )
+        except StorageError as exc:
+            self.metrics.storage_reachable.labels(namespace).set(0)
+            logger.warning(f"garbage collection of {name!r} failed: {self.buckets.redact(str(exc))}")
+            return
+        for kind in ("segments", "deltas", "checkpoints", "members", "dedup_markers", "probes", "claims"):
+            count = getattr(report, kind)
+            if count:
+                self.metrics.gc_deleted.labels(namespace, name, kind).inc(count)
+        patch.status["lastGarbageCollection"] = now_iso()
+        patch.status["garbageCollectedObjects"] = report.total
+        if report.total:
+            logger.info(f"garbage collection of {name!r}: deleted {report.total} objects")
+
+    # -- consumers -------------------------------------------------------------------------------
+
+    async def _consumer(self, name: str, namespace: str, spec: Mapping[str, Any], indexes: Mapping[str, Index],
+                        out_conditions: list[Cond], with_figures: bool) -> dict[str, Any]:
+        consumer = _parse(ConsumerSpec, spec, "Consumer")
+        _name(name, "consumer")
+        self._policy(indexes["dlp_index"], namespace, consumer.dead_letter_policy)
+        bq = await self.buckets.get(namespace)
+        try:
+            reg = await apply_consumer(bq, name, consumer)
+        except MissingTopics as exc:
+            raise Waiting("TopicNotFound", str(exc)) from None
+        out_conditions.append(self._policy_match(consumer, namespace, indexes["topic_index"]))
+        fields: dict[str, Any] = {"consumerId": reg.id}
+        if with_figures:
+            fields.update((await consumer_figures(bq, name, list(consumer.topics))).status())
+        return fields
+
+    @staticmethod
+    def _policy_match(consumer: ConsumerSpec, namespace: str, topic_index: Index) -> Cond:
+        """Dead-letter settings live on topics: a consumer's policy must be its topics' policy."""
+        if consumer.dead_letter_policy is None:
+            return Cond(DEAD_LETTER_POLICY, True, "TopicPolicies", "dead-lettering follows each topic's policy")
+        other = []
+        for topic in consumer.topics:
+            found = _lookup(topic_index, namespace, topic)
+            if found is not None and found.get("deadLetterPolicy") != consumer.dead_letter_policy:
+                other.append(f"{topic} uses {found.get('deadLetterPolicy') or 'the default policy'}")
+        if other:
+            return Cond(DEAD_LETTER_POLICY, False, "PolicyMismatch",
+                        "dead-letter settings apply per topic; set the policy on the Topic: " + ", ".join(other))
+        return Cond(DEAD_LETTER_POLICY, True, "Applied", f"DeadLetterPolicy {consumer.dead_letter_policy!r}")
+
+    async def reconcile_consumer(self, name: str, namespace: str, spec: Mapping[str, Any], body: Mapping[str, Any],
+                                 patch: kopf.Patch, retry: int, dlp_index: Index, topic_index: Index,
+                                 **_: Any) -> None:
+        async with self.reconciler.reconciling("Consumer", namespace, body, patch, retry=retry) as out:
+            indexes = {"dlp_index": dlp_index, "topic_index": topic_index}
+            out.set(**await self._consumer(name, namespace, spec, indexes, out.conditions, with_figures=False))
+
+    async def finalize_consumer(self, name: str, namespace: str, spec: Mapping[str, Any], patch: kopf.Patch,
+                                retry: int, logger: Any, **_: Any) -> None:
+        if spec.get("deletionPolicy", DeletionPolicy.RETAIN) != DeletionPolicy.DELETE:
+            logger.info(f"deletionPolicy Retain: the cursors of consumer {name!r} are kept")
+            return
+        try:
+            bq = await self.buckets.get(namespace)
+            deleted = await delete_consumer(bq, name, list(spec.get("topics") or []))
+        except StorageError as exc:
+            patch.status["phase"] = str(Phase.DELETING)
+            self.metrics.reconcile_errors.labels("Consumer", "StorageUnavailable").inc()
+            raise kopf.TemporaryError(f"cannot remove consumer {name!r}: {self.buckets.redact(str(exc))}",
+                                      delay=self.reconciler.backoff(retry)) from None
+        logger.info(f"deletionPolicy Delete: removed consumer {name!r} ({deleted} objects)")
+
+    # -- dead-letter policies --------------------------------------------------------------------
+
+    async def _apply_policy(self, name: str, namespace: str, spec: Mapping[str, Any], topic_index: Index,
+                            out_conditions: list[Cond]) -> dict[str, Any]:
+        policy = _parse(DeadLetterPolicySpec, spec, "DeadLetterPolicy")
+        bq = await self.buckets.get(namespace)
+        applied, failed = [], []
+        for (ns, topic), store in list(topic_index.items()):
+            for raw in store or ():
+                if ns != namespace or dict(raw).get("deadLetterPolicy") != name:
+                    continue
+                try:
+                    await apply_topic(bq, topic, topic_config(_parse(TopicSpec, raw, "Topic"), policy))
+                    applied.append(topic)
+                except StorageError:
+                    raise
+                except (BucketqError, InvalidSpec) as exc:
+                    failed.append(f"{topic}: {exc}")
+        if failed:
+            out_conditions.append(Cond("Applied", False, "TopicRejected", "; ".join(failed)))
+        else:
+            out_conditions.append(Cond("Applied", True, "Applied", f"applied to {len(applied)} topic(s)"))
+        return {"appliedTo": sorted(applied)}
+
+    async def reconcile_policy(self, name: str, namespace: str, spec: Mapping[str, Any], body: Mapping[str, Any],
+                               patch: kopf.Patch, retry: int, topic_index: Index, **_: Any) -> None:
+        async with self.reconciler.reconciling("DeadLetterPolicy", namespace, body, patch, retry=retry) as out:
+            out.set(**await self._apply_policy(name, namespace, spec, topic_index, out.conditions))
+
+    # -- periodic refresh ------------------------------------------------------------------------
+
+    async def refresh(self, name: str, namespace: str, spec: Mapping[str, Any], body: Mapping[str, Any],
+                      patch: kopf.Patch, resource: Any, dlp_index: Index, topic_index: Index,
+                      **_: Any) -> None:
+        """Re-apply the spec (drift after restarts or outages) and refresh the status figures."""
+        kind = str(body.get("kind") or resource.kind)
+        if (body.get("status") or {}).get("phase") == Phase.FAILED and \
+                (body.get("status") or {}).get("observedGeneration") == body["metadata"].get("generation"):
+            return  # an invalid spec stays failed until it changes
+        async with self.reconciler.reconciling(kind, namespace, body, patch, raise_errors=False) as out:
+            if kind == "Topic":
+                out.set(**await self._topic(name, namespace, spec, dlp_index, with_figures=True))
+            elif kind == "Consumer":
+                indexes = {"dlp_index": dlp_index, "topic_index": topic_index}
+                out.set(**await self._consumer(name, namespace, spec, indexes, out.conditions, with_figures=True))
+            else:
+                out.set(**await self._apply_policy(name, namespace, spec, topic_index, out.conditions))

@@ -1,0 +1,106 @@
+"""The mutating admission webhook: kopf's server, and the handler that injects the sidecar."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import kopf
+
+from bucketq.config import Settings
+from bucketq.operator.certs import self_signed
+from bucketq.operator.config import OperatorSettings
+from bucketq.operator.injection import (
+    TOPICS,
+    InjectionError,
+    already_injected,
+    annotations_of,
+    consumer_name,
+    plan,
+    wants_injection,
+)
+from bucketq.operator.models import ConsumerSpec
+
+
+class NamespacedWebhookServer(kopf.WebhookServer):
+    """kopf's webhook server, with the object's namespace filled in from the AdmissionReview.
+
+    The apiserver may send a pod under creation without ``metadata.namespace`` (the namespace
+    is in ``request.namespace``); the handler needs it to find the pod's Consumer.
+    """
+
+    async def __call__(self, fn: Any) -> AsyncIterator[Any]:
+        async def with_namespace(request: dict[str, Any], **kwargs: Any) -> Any:
+            review = request.get("request") or {}
+            obj, namespace = review.get("object"), review.get("namespace")
+            if isinstance(obj, dict) and namespace:
+                meta = obj.setdefault("metadata", {})
+                if not meta.get("namespace"):
+                    meta["namespace"] = namespace
+            return await fn(request, **kwargs)
+
+        wrapped: Any = with_namespace
+        async for client_config in super().__call__(wrapped):
+            yield client_config
+
+
+def webhook_server(settings: OperatorSettings) -> kopf.WebhookServer:
+    """The webhook server: plain HTTP (tests), a mounted certificate, or a generated self-signed one."""
+    addr, port, host = settings.webhook_addr, settings.webhook_port, settings.webhook_host
+    if settings.webhook_insecure:
+        return NamespacedWebhookServer(addr=addr, port=port, host=host, insecure=True)
+    certfile, keyfile = settings.webhook_cert_file, settings.webhook_key_file
+    if certfile is None or keyfile is None:
+        hosts = [settings.webhook_host or "localhost", "localhost", "127.0.0.1"]
+        if settings.webhook_addr not in ("0.0.0.0", "::", ""):
+            hosts.append(settings.webhook_addr)
+        cert, key = self_signed(hosts, Path(tempfile.mkdtemp(prefix="bucketq-webhook-")))
+        certfile, keyfile = str(cert), str(key)
+    return NamespacedWebhookServer(addr=addr, port=port, host=host, certfile=certfile, pkeyfile=keyfile,
+                                   cafile=settings.webhook_ca_file)
+
+
+class SidecarInjector:
+    """The ``inject-sidecar`` mutating handler (pods on CREATE)."""
+
+    def __init__(self, engine: Settings, settings: OperatorSettings) -> None:
+        self.engine = engine
+        self.settings = settings
+
+    def mutate(self, body: Mapping[str, Any], patch: kopf.Patch, warnings: list[str],
+               consumer_index: Mapping[Any, Any], **_: Any) -> None:
+        """Inject the sidecar into a pod annotated ``bucketq.io/inject: "true"`` (once)."""
+        if not wants_injection(body) or already_injected(body):
+            return
+        namespace = (body.get("metadata") or {}).get("namespace") or "default"
+        try:
+            name = consumer_name(body)
+            spec = self._consumer(consumer_index, namespace, name, warnings)
+            injection = plan(body, spec, engine=self.engine, settings=self.settings)
+        except InjectionError as exc:
+            raise kopf.AdmissionError(f"bucketq sidecar injection: {exc}", code=400) from None
+        if name is not None and spec is None and TOPICS not in annotations_of(body):
+            warnings.append(f"bucketq: no topics known for consumer {name!r}: the sidecar runs publish-only")
+        for key, value in injection.spec.items():
+            patch.spec[key] = value
+        for key, value in injection.annotations.items():
+            patch.metadata.annotations[key] = value
+        warnings.extend(injection.warnings)
+
+    def _consumer(self, index: Mapping[Any, Any], namespace: str, name: str | None,
+                  warnings: list[str]) -> ConsumerSpec | None:
+        if name is None:
+            return None
+        for raw in index.get((namespace, name)) or ():
+            try:
+                return ConsumerSpec.model_validate(dict(raw))
+            except ValueError as exc:
+                raise InjectionError(f"Consumer {name!r} has an invalid spec: {exc}") from None
+        message = (f"Consumer {name!r} does not exist in namespace {namespace!r} (annotation bucketq.io/consumer): "
+                   f"create it first (kubectl apply -f consumer.yaml) or fix the annotation")
+        if self.settings.missing_consumer == "reject":
+            raise InjectionError(message)
+        warnings.append(f"bucketq: {message}; the pod is admitted anyway")
+        return None

@@ -1,0 +1,215 @@
+"""``bucketq spark ...``: export, backfill, redrive and stats as local Spark jobs, with progress.
+
+The connection comes from the global ``bucketq`` options (``--bucket``, ``--endpoint-url``,
+``--config``, ``BUCKETQ_*``). pyspark is imported only when a command runs.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import typer
+from rich.table import Table
+
+from bucketq.cli.connection import connection
+from bucketq.cli.errors import EXIT_ERROR, CliError, fail, out
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from bucketq.config import Settings
+
+app = typer.Typer(
+    name="spark",
+    help="Bulk work on topics with Spark (local jobs): export, backfill, dead-letter redrive, stats.",
+    no_args_is_help=True,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+class ExportFormat(StrEnum):
+    parquet = "parquet"
+    json = "json"
+
+
+class InputFormat(StrEnum):
+    parquet = "parquet"
+    json = "json"
+    csv = "csv"
+
+
+MASTER = typer.Option("local[*]", "--master", help="Spark master of the local job.")
+QUIET = typer.Option(False, "--quiet", "-q", help="No progress bar.")
+_ERROR = re.compile(r"bucketq\.errors\.(\w+): (.+)")
+
+
+def _session(master: str) -> SparkSession:
+    try:
+        from bucketq.spark.session import local_session
+    except ImportError as exc:
+        raise CliError(f"Spark support is not installed ({exc.name}): pip install 'bucketq[spark]'") from None
+    return local_session("bucketq-spark", master=master)
+
+
+def _settings(ctx: typer.Context) -> Settings:
+    return connection(ctx).settings()
+
+
+def _fail(ctx: typer.Context, exc: Exception) -> NoReturn:
+    """One line for a failed job: the bucketq error inside a Spark task's traceback, if any."""
+    text = str(exc)
+    found = _ERROR.findall(text)
+    if found and not isinstance(exc, CliError):
+        exc = CliError(f"{found[-1][0]}: {found[-1][1]}", EXIT_ERROR)
+    elif type(exc).__module__.startswith(("pyspark", "py4j")):
+        exc = CliError(text.strip().splitlines()[0] if text.strip() else type(exc).__name__, EXIT_ERROR)
+    fail(exc, debug=connection(ctx).debug)
+
+
+@app.command("export")
+def export_command(
+    ctx: typer.Context,
+    topic: str = typer.Option(..., "--topic", "-t", help="Topic (or dead-letter topic) to archive."),
+    to: Path = typer.Option(..., "--to", help="Output directory (local path or any Spark URI)."),
+    fmt: ExportFormat = typer.Option(ExportFormat.parquet, "--format", "-f", help="File format."),
+    since: str | None = typer.Option(None, "--since", help="Only messages created at or after (ISO-8601 or unix s)."),
+    until: str | None = typer.Option(None, "--until", help="Only messages created before (ISO-8601 or unix s)."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output directory."),
+    master: str = MASTER,
+    quiet: bool = QUIET,
+) -> None:
+    """Archive a topic to parquet or JSON files (one row per message, every field kept)."""
+    from bucketq.spark import pipelines
+
+    try:
+        started = time.monotonic()
+        spark = _session(master)
+        count = pipelines.export(
+            spark, _settings(ctx), topic, str(to), fmt.value, since=since, until=until, overwrite=overwrite,
+            show=not quiet,
+        )
+    except Exception as exc:
+        _fail(ctx, exc)
+    out().print(f"exported {count} messages of {topic} to {to} ({fmt.value}) in {time.monotonic() - started:.1f}s")
+
+
+@app.command("backfill")
+def backfill_command(
+    ctx: typer.Context,
+    source: Path = typer.Option(..., "--from", help="Dataset to load (file or directory)."),
+    fmt: InputFormat = typer.Option(InputFormat.parquet, "--format", "-f", help="Dataset format."),
+    topic: str = typer.Option(..., "--topic", "-t", help="Target topic."),
+    partitions: int | None = typer.Option(
+        None, "--create", min=1, help="Create the topic with this many partitions if it does not exist."
+    ),
+    payload_format: str = typer.Option(
+        "json", "--payload-format", help="A string 'payload' column holds: json (JSON text) or string."
+    ),
+    batch_messages: int = typer.Option(5000, "--batch-messages", min=1, help="Messages per segment."),
+    master: str = MASTER,
+    quiet: bool = QUIET,
+) -> None:
+    """Bulk-load a dataset into a topic: all of it becomes visible at once, or nothing on failure."""
+    from bucketq.spark import pipelines
+
+    try:
+        started = time.monotonic()
+        spark = _session(master)
+        report = pipelines.backfill(
+            spark, _settings(ctx), str(source), fmt.value, topic, partitions=partitions, show=not quiet,
+            payloadFormat=payload_format, batchMessages=batch_messages,
+        )
+    except Exception as exc:
+        _fail(ctx, exc)
+    out().print(
+        f"published {report['messages']} messages to {topic} in {report['segments']} segments "
+        f"({report['bytes'] / 1e6:.1f} MB) in {time.monotonic() - started:.1f}s"
+    )
+
+
+@app.command("redrive")
+def redrive_command(
+    ctx: typer.Context,
+    dlq: str = typer.Option(..., "--dlq", help="Dead-letter topic, e.g. orders.dlq."),
+    topic: str = typer.Option(..., "--topic", "-t", help="Source topic to move the dead letters back to."),
+    where: str | None = typer.Option(
+        None, "--filter", help="SQL condition on the dead letters, e.g. \"headers['bucketq-dlq-reason'] = 'timeout'\"."
+    ),
+    consumer: str = typer.Option("redrive", "--consumer", help="The dead-letter topic's redrive consumer."),
+    batch: int = typer.Option(100_000, "--batch", min=1, help="Dead letters per round."),
+    master: str = MASTER,
+    quiet: bool = QUIET,
+) -> None:
+    """Move dead letters back to their source topic (acked in the DLQ only once durable there)."""
+    from bucketq.spark import pipelines
+
+    try:
+        spark = _session(master)
+        report = pipelines.redrive(
+            spark, _settings(ctx), dlq, topic, where=where, consumer=consumer, batch=batch, show=not quiet
+        )
+    except Exception as exc:
+        _fail(ctx, exc)
+    out().print(
+        f"redrove {report.moved} dead letters from {dlq} to {topic} in {report.rounds} round(s); "
+        f"acked {report.acked} in consumer {consumer!r}"
+    )
+    if report.claimed < report.selected or report.lost:
+        out().print(
+            f"[yellow]warning:[/] {report.selected - report.claimed} were leased by another member and "
+            f"{report.lost} acks lost their lease (those may be redriven again)"
+        )
+
+
+@app.command("stats")
+def stats_command(
+    ctx: typer.Context,
+    topic: str = typer.Option(..., "--topic", "-t", help="Topic to analyse."),
+    hours: int = typer.Option(48, "--hours", min=1, help="Most recent hours to list."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
+    master: str = MASTER,
+) -> None:
+    """Per-partition and per-hour counts, payload sizes and dead-letter reasons."""
+    from bucketq.spark import pipelines
+
+    try:
+        spark = _session(master)
+        result = pipelines.stats(spark, _settings(ctx), topic, hours=hours)
+    except Exception as exc:
+        _fail(ctx, exc)
+    if as_json:
+        out().print_json(json.dumps(result, default=str))
+        return
+    _print_stats(result)
+
+
+def _table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:
+    table = Table(title=title, title_justify="left")
+    for c in columns:
+        table.add_column(c, justify="left" if c in ("reason", "hour", "oldest", "newest") else "right")
+    for row in rows:
+        table.add_row(*("" if v is None else str(v) for v in row))
+    return table
+
+
+def _print_stats(r: dict[str, Any]) -> None:
+    console = out()
+    parts = r["partitions"]
+    console.print(_table(
+        f"{r['topic']}: {sum(p['messages'] for p in parts)} messages",
+        ["partition", "messages", "segments", "bytes", "oldest", "newest"],
+        [[p["partition"], p["messages"], p["segments"], p["bytes"], p["oldest"], p["newest"]] for p in parts],
+    ))
+    console.print(_table("messages per hour (newest first)", ["hour", "messages"],
+                         [[h["hour"], h["count"]] for h in r["hours"]]))
+    s = r["payload_bytes"]
+    avg = f"{s['avg']:.1f}" if s["avg"] is not None else None
+    console.print(_table("payload bytes", ["min", "avg", "p50", "p95", "p99", "max"],
+                         [[s["min"], avg, s["p50"], s["p95"], s["p99"], s["max"]]]))
+    console.print(_table(f"dead-letter reasons ({r['dead_letter_source']})", ["reason", "messages"],
+                         [[x["reason"], x["count"]] for x in r["dead_letter_reasons"]]))

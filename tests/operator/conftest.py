@@ -1,0 +1,86 @@
+"""Fixtures of the operator tests: the Kubernetes emulator (with the CRDs) and a shared operator."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from harness import Kube, RunningOperator, fast_settings, port_open, start_operator, wait_for
+from k8s_emulator import EmulatorThread
+from servers import S3Server, free_ports
+
+from bucketq.config import Settings
+from bucketq.operator.crds import all_crds
+
+SHARED = "shared-*"
+
+logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+@pytest.fixture(scope="session")
+def emulator() -> Iterator[EmulatorThread]:
+    """The emulated API server, with the generated CRDs installed."""
+    thread = EmulatorThread().start()
+    kube = Kube(thread.url)
+    for crd in all_crds():
+        kube.create(crd)
+    try:
+        yield thread
+    finally:
+        thread.stop()
+
+
+@pytest.fixture(scope="session")
+def kube(emulator: EmulatorThread) -> Kube:
+    return Kube(emulator.url)
+
+
+@pytest.fixture(scope="session")
+def shared_engine(moto_server: S3Server) -> Settings:
+    return moto_server.settings(strategy="conditional_write", root="bq")
+
+
+@pytest.fixture(scope="session")
+def shared_ports() -> dict[str, int]:
+    webhook, metrics = free_ports(2)
+    return {"webhook": webhook, "metrics": metrics}
+
+
+@pytest.fixture(scope="session")
+def shared_operator(
+    emulator: EmulatorThread, shared_engine: Settings, shared_ports: dict[str, int]
+) -> Iterator[RunningOperator]:
+    """One operator for the namespaces ``shared-*``, with the webhook (HTTP) and metrics served."""
+    settings = fast_settings(
+        [SHARED], webhook=True, webhook_insecure=True, webhook_managed=False, webhook_addr="127.0.0.1",
+        webhook_port=shared_ports["webhook"], metrics_host="127.0.0.1", metrics_port=shared_ports["metrics"],
+        sidecar_image="bucketq:test",
+    )
+    running = start_operator(emulator.url, shared_engine, settings)
+    wait_for(lambda: port_open(shared_ports["webhook"]), "the webhook server to listen")
+    try:
+        yield running
+    finally:
+        running.stop()
+
+
+@pytest.fixture
+def shared_ns(kube: Kube, shared_operator: RunningOperator) -> str:
+    """A fresh namespace served by the shared operator."""
+    return kube.namespace("shared")
+
+
+@pytest.fixture
+def s3_keys(moto_server: S3Server) -> Any:
+    """``s3_keys(settings, prefix)``: every key in the settings' bucket under the prefix."""
+
+    def keys(settings: Settings, prefix: str = "") -> list[str]:
+        client = moto_server.client()
+        out: list[str] = []
+        for page in client.get_paginator("list_objects_v2").paginate(Bucket=settings.s3_bucket, Prefix=prefix):
+            out += [o["Key"] for o in page.get("Contents", [])]
+        return sorted(out)
+
+    return keys

@@ -1,0 +1,76 @@
+"""The real kubectl against the emulator: apply the examples, read the printer columns, get rejected."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from harness import Kube, RunningOperator, wait_for
+from test_topics import ready
+
+ROOT = Path(__file__).resolve().parents[2]
+KUBECTL = shutil.which("kubectl")
+
+pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
+
+
+@pytest.fixture
+def kubectl(tmp_path: Path, kube: Kube, shared_ns: str):  # type: ignore[no-untyped-def]
+    config = tmp_path / "kubeconfig"
+    config.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f'clusters: [{{name: emulator, cluster: {{server: "{kube.url}"}}}}]\n'
+        "users: [{name: tester, user: {}}]\n"
+        f"contexts: [{{name: emulator, context: {{cluster: emulator, user: tester, namespace: {shared_ns}}}}}]\n"
+        "current-context: emulator\n"
+    )
+    env = {**os.environ, "KUBECONFIG": str(config)}
+
+    def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run([KUBECTL, *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)  # type: ignore[list-item]
+        if check and done.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed: {done.stderr}")
+        return done
+
+    return run
+
+
+def test_kubectl_applies_the_examples_and_shows_the_columns(
+    kubectl, kube: Kube, shared_ns: str, shared_operator: RunningOperator  # type: ignore[no-untyped-def]
+) -> None:
+    # The emulator serves no OpenAPI documents: the schema checks happen server side.
+    kubectl("apply", "--validate=false", "-f", "crds/")
+    out = kubectl("apply", "--validate=false", "-f", "examples/deadletterpolicy.yaml",
+                  "-f", "examples/topic.yaml", "-f", "examples/consumer.yaml").stdout
+    assert "topic.bucketq.io/orders created" in out and "consumer.bucketq.io/billing created" in out
+    wait_for(lambda: ready(kube, "topics", shared_ns, "orders"), "the example Topic to be Ready")
+    wait_for(lambda: ready(kube, "consumers", shared_ns, "billing"), "the example Consumer to be Ready")
+
+    def table() -> list[str]:
+        lines = kubectl("get", "topics").stdout.splitlines()
+        return lines if len(lines) == 2 and len(lines[1].split()) == 5 else []
+
+    header, row = wait_for(table, "kubectl get topics to show the backlog")
+    assert header.split() == ["NAME", "PARTITIONS", "BACKLOG", "PHASE", "AGE"]
+    assert row.split()[:4] == ["orders", "4", "0", "Ready"]
+    wide = kubectl("get", "bqt", "-o", "wide").stdout
+    assert "MESSAGES" in wide and "Retain" in wide
+    consumers = kubectl("get", "consumers").stdout
+    assert "billing" in consumers and "push" in consumers
+    assert "unchanged" in kubectl("apply", "--validate=false", "-f", "examples/topic.yaml").stdout
+
+
+def test_kubectl_gets_schema_errors(kubectl, shared_ns: str, shared_operator: RunningOperator,  # type: ignore[no-untyped-def]
+                                    tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("apiVersion: bucketq.io/v1alpha1\nkind: Topic\nmetadata: {name: broken}\n"
+                   "spec: {partitions: 0, deletionPolicy: Sometimes}\n")
+    done = kubectl("apply", "--validate=false", "-f", str(bad), check=False)
+    assert done.returncode != 0
+    assert "spec.partitions" in done.stderr and "Sometimes" in done.stderr, done.stderr
+    kubectl("apply", "--validate=false", "-f", "examples/topic.yaml")
+    done = kubectl("patch", "topic", "orders", "--type=merge", "-p", '{"spec":{"partitions":1}}', check=False)
+    assert done.returncode != 0 and "partitions may only grow" in done.stderr, done.stderr

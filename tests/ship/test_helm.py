@@ -1,0 +1,539 @@
+"""The Helm chart, with the real helm binary: lint, render, validate, and check what it wires together.
+
+Rendered built-in objects are validated offline with ``kubernetes-validate --strict`` for the oldest
+and the newest Kubernetes version the chart supports; the operator's RBAC is compared with what the
+operator's kopf registry will call; the webhook's TLS chain is checked with real X.509 verification.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from chart_tools import (
+    CHART,
+    NAMESPACE,
+    NEWEST_KUBE,
+    OLDEST_KUBE,
+    RELEASE,
+    REPO,
+    Doc,
+    container_env,
+    find,
+    granted,
+    helm,
+    one,
+    operator_container,
+    operator_permissions,
+    operator_settings_from_env,
+    render,
+    rules_permissions,
+    secret_data,
+    selector_matches,
+    template_args,
+)
+
+FULLNAME = f"{RELEASE}-bucketq"
+MONITORING_APIS = ["monitoring.coreos.com/v1", "monitoring.coreos.com/v1/ServiceMonitor",
+                   "monitoring.coreos.com/v1/PodMonitor"]
+ALL_APIS = [*MONITORING_APIS, "cert-manager.io/v1", "keda.sh/v1alpha1", "keda.sh/v1alpha1/ScaledObject"]
+DIGEST = "sha256:" + "ab" * 32
+
+# Every option moved away from its default, with every optional integration on.
+FULL: dict[str, Any] = {
+    "image": {"repository": "registry.example.com/team/bucketq", "digest": DIGEST, "pullPolicy": "Always"},
+    "imagePullSecrets": [{"name": "regcred"}],
+    "s3": {"bucket": "queues", "endpointUrl": "http://minio.storage:9000", "root": "prod",
+           "strategy": "conditional_write", "existingSecret": "minio-creds", "accessKeyIdKey": "user",
+           "secretAccessKeyKey": "password", "region": "eu-west-1"},
+    "operator": {"namespaces": ["shop", "billing"], "logLevel": "DEBUG", "statusIntervalSeconds": 10,
+                 "missingConsumer": "warn", "nodeSelector": {"kubernetes.io/os": "linux"},
+                 "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "queues", "effect": "NoSchedule"}],
+                 "priorityClassName": "system-cluster-critical",
+                 "extraEnv": [{"name": "BUCKETQ_OPERATOR_DEDUP_WINDOW_S", "value": "600"}]},
+    "serviceAccount": {"name": "bq-operator", "annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/bq"}},
+    "webhook": {"failurePolicy": "Ignore", "timeoutSeconds": 5, "port": 8443},
+    "certManager": {"enabled": True},
+    "sidecar": {"native": False, "s3EndpointUrl": "http://minio.storage.svc:9000", "apiPort": 4500,
+                "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}},
+    "metrics": {"serviceMonitor": {"labels": {"release": "kube-prometheus"}, "interval": "15s"}},
+    "grafanaDashboard": {"enabled": True, "namespace": "monitoring"},
+    "keda": {"scaledObjects": [{"name": "billing-worker", "namespace": "billing", "consumer": "billing",
+                                "scaleTargetRef": {"name": "billing-worker"}, "maxReplicaCount": 20,
+                                "backlogPerReplica": 50}]},
+}
+NO_WEBHOOK: dict[str, Any] = {"webhook": {"enabled": False}, "s3": {"existingSecret": ""}}
+SCENARIOS: dict[str, tuple[dict[str, Any], list[str]]] = {
+    "defaults": ({}, []),
+    "defaults-with-prometheus-operator": ({}, MONITORING_APIS),
+    "everything-changed": (FULL, ALL_APIS),
+    "no-webhook-pod-identity": (NO_WEBHOOK, []),
+}
+BUILTIN_APIS = {"v1", "apps/v1", "rbac.authorization.k8s.io/v1", "admissionregistration.k8s.io/v1",
+                "apiextensions.k8s.io/v1"}
+CUSTOM_APIS = {"monitoring.coreos.com/v1", "cert-manager.io/v1", "keda.sh/v1alpha1"}
+
+
+@pytest.fixture(scope="module")
+def defaults() -> list[Doc]:
+    return render()
+
+
+@pytest.fixture(scope="module")
+def full() -> list[Doc]:
+    return render(FULL, api_versions=ALL_APIS)
+
+
+# -- lint, render, validate ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_helm_lint_strict(scenario: str, tmp_path: Path) -> None:
+    values, _ = SCENARIOS[scenario]
+    # helm lint takes no --api-versions: leave out what needs cert-manager or KEDA
+    values = {k: v for k, v in values.items() if k not in ("certManager", "keda")}
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    result = helm("lint", "--strict", str(CHART), "--namespace", NAMESPACE, "--values", str(path))
+    assert "0 chart(s) failed" in result.stdout, result.stdout
+
+
+def _validator() -> list[str]:
+    try:
+        import kubernetes_validate  # noqa: F401
+    except ImportError:
+        pytest.skip("kubernetes-validate is not installed: run `make tools`")
+    return [sys.executable, "-m", "kubernetes_validate"]
+
+
+@pytest.mark.parametrize("kube_version", [OLDEST_KUBE, NEWEST_KUBE])
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_every_builtin_object_is_valid_kubernetes(scenario: str, kube_version: str, tmp_path: Path) -> None:
+    values, apis = SCENARIOS[scenario]
+    docs = render(values, kube_version=kube_version, api_versions=apis, include_crds=True)
+    builtin = [d for d in docs if d["apiVersion"] in BUILTIN_APIS]
+    others = {d["apiVersion"] for d in docs} - BUILTIN_APIS
+    assert others <= CUSTOM_APIS, f"objects of unexpected APIs: {others}"
+    path = tmp_path / "rendered.yaml"
+    path.write_text(yaml.safe_dump_all(builtin))
+    result = subprocess.run([*_validator(), "--strict", "-k", kube_version, str(path)],
+                            capture_output=True, text=True, timeout=120, check=False)
+    passed = re.findall(r"passed for resource (\S+)", result.stdout + result.stderr)
+    assert result.returncode == 0, f"kubernetes-validate --strict -k {kube_version}:\n{result.stdout}{result.stderr}"
+    assert len(passed) == len(builtin), f"validated {len(passed)} of {len(builtin)} objects:\n{result.stdout}"
+
+
+def test_kubernetes_versions_below_the_supported_range_are_refused() -> None:
+    result = helm(*template_args(kube_version="1.28.9"), check=False)
+    assert result.returncode != 0 and "kubeVersion" in result.stderr + result.stdout
+
+
+def test_kubernetes_validate_knows_the_versions_we_claim() -> None:
+    _validator()
+    from kubernetes_validate.utils import all_versions
+
+    known = {v.rsplit(".", 1)[0] if v.count(".") == 2 else v for v in all_versions()}
+    for version in (OLDEST_KUBE, NEWEST_KUBE):
+        assert version.rsplit(".", 1)[0] in known, f"kubernetes-validate has no schemas for {version}"
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["kubeVersion"] == f">={OLDEST_KUBE}-0"
+
+
+def test_crds_rendered_by_the_chart_are_the_generated_ones() -> None:
+    from bucketq.operator.crds import rendered_files
+
+    generated = rendered_files()
+    chart_files = {p.name: p.read_text() for p in sorted((CHART / "crds").glob("*.yaml"))}
+    top_files = {p.name: p.read_text() for p in sorted((REPO / "crds").glob("*.yaml"))}
+    assert chart_files == generated, "helm/bucketq/crds/ differs from `bucketq crds`: run make crds"
+    assert top_files == chart_files, "crds/ and helm/bucketq/crds/ differ: run make crds"
+    rendered = [d for d in render(include_crds=True) if d["kind"] == "CustomResourceDefinition"]
+    assert sorted(rendered, key=lambda d: d["metadata"]["name"]) == sorted(
+        (yaml.safe_load(t) for t in generated.values()), key=lambda d: d["metadata"]["name"])
+
+
+def test_chart_packages_with_crds_schema_and_notes(tmp_path: Path) -> None:
+    helm("package", str(CHART), "--destination", str(tmp_path))
+    (archive,) = tmp_path.glob("bucketq-*.tgz")
+    with tarfile.open(archive) as tar:
+        names = set(tar.getnames())
+    for wanted in ("bucketq/values.schema.json", "bucketq/templates/NOTES.txt", "bucketq/crds/topics.bucketq.io.yaml",
+                   "bucketq/files/dashboard-queues.json"):
+        assert wanted in names, f"{wanted} is not in the packaged chart"
+
+
+def test_notes_explain_the_install(tmp_path: Path) -> None:
+    result = helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client")
+    notes = result.stdout.split("NOTES:", 1)[1]
+    for needle in ('bucketq.io/inject: "true"', "create secret generic bucketq-s3", "bucketq_subscription_backlog",
+                   "kubectl apply -f examples/"):
+        assert needle in notes, f"NOTES.txt does not mention {needle!r}:\n{notes}"
+    for example in re.findall(r"kubectl apply -f (examples/\S+)", notes):
+        assert (REPO / example).exists(), f"NOTES.txt points at {example}, which does not exist"
+
+
+# -- values.schema.json ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("values", "complaint"), [
+    ({"webhook": {"failurePolicy": "Sometimes"}}, "/webhook/failurePolicy"),
+    ({"image": {"tag": "latest"}}, "/image/tag"),
+    ({"image": {"digest": "sha256:nothex"}}, "/image/digest"),
+    ({"operatr": {"namespaces": []}}, "operatr"),
+    ({"webhook": {"port": 70000}}, "/webhook/port"),
+    ({"webhook": {"insecure": True}}, "insecure"),
+    ({"s3": {"bucket": ""}}, "/s3/bucket"),
+    ({"s3": {"strategy": "yolo"}}, "/s3/strategy"),
+    ({"operator": {"namespaces": ["Not_A_Namespace"]}}, "/operator/namespaces/0"),
+    ({"operator": {"replicas": 2}}, "replicas"),
+    ({"sidecar": {"resources": {"requests": {"cpu": "lots"}}}}, "/sidecar/resources/requests/cpu"),
+    ({"metrics": {"podMonitor": {"interval": "soon"}}}, "/metrics/podMonitor/interval"),
+    ({"keda": {"scaledObjects": [{"name": "w", "scaleTargetRef": {"name": "w"}}]}}, "consumer"),
+    ({"certManager": {"issuerRef": {"name": "x", "kind": "Secret"}}}, "/certManager/issuerRef/kind"),
+])
+def test_values_schema_rejects_bad_values(values: dict[str, Any], complaint: str) -> None:
+    result = helm(*template_args(values), check=False)
+    assert result.returncode != 0, f"the chart accepted {values}"
+    assert complaint in result.stderr, f"the error does not name {complaint!r}:\n{result.stderr}"
+
+
+def test_integrations_asked_for_without_their_api_fail_clearly() -> None:
+    result = helm(*template_args({"certManager": {"enabled": True}}), check=False)
+    assert result.returncode != 0 and "cert-manager.io/v1" in result.stderr
+    result = helm(*template_args({"keda": FULL["keda"]}), check=False)
+    assert result.returncode != 0 and "keda.sh/v1alpha1" in result.stderr
+
+
+# -- the operator Deployment ------------------------------------------------------------------------------
+
+
+def _secrets_for(container: Doc) -> dict[str, dict[str, str]]:
+    """Stand-in Secrets for every secretKeyRef of ``container`` (value: "name:key")."""
+    out: dict[str, dict[str, str]] = {}
+    for item in container.get("env") or ():
+        ref = (item.get("valueFrom") or {}).get("secretKeyRef")
+        if ref:
+            out.setdefault(ref["name"], {})[ref["key"]] = f"{ref['name']}:{ref['key']}"
+    return out
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_operator_reads_every_setting_the_chart_gives_it(scenario: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every BUCKETQ_* variable is a real setting and the operator's settings load from them."""
+    from bucketq.config import Settings
+
+    values, apis = SCENARIOS[scenario]
+    container = operator_container(render(values, api_versions=apis))
+    env = container_env(container, _secrets_for(container))
+    settings = operator_settings_from_env(env)
+    engine_fields = {f"BUCKETQ_{name.upper()}" for name in Settings.model_fields}
+    for name in env:
+        assert name.startswith("BUCKETQ_OPERATOR_") or name in engine_fields, f"{name} is no bucketq setting"
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    engine = Settings.load()
+    assert container["args"][0] == "operator"
+    assert engine.backend == "s3" and engine.s3_bucket == (values.get("s3") or {}).get("bucket", "bucketq")
+    assert settings.webhook == ((values.get("webhook") or {}).get("enabled", True))
+    assert not settings.webhook_insecure, "the chart never runs the webhook without TLS"
+    assert settings.webhook_managed is False, "the chart owns the MutatingWebhookConfiguration"
+    assert settings.peering is None
+
+
+def test_operator_is_a_single_hardened_replica(defaults: list[Doc]) -> None:
+    deployment = one(defaults, "Deployment")
+    spec = deployment["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate"
+    pod = spec["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    container = operator_container(defaults)
+    sc = container["securityContext"]
+    assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"] and sc["capabilities"]["drop"] == ["ALL"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"metrics": 9090, "health": 8080, "webhook": 9443}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+
+
+def test_images_default_to_the_released_version(defaults: list[Doc], full: list[Doc]) -> None:
+    import tomllib
+
+    from bucketq.operator.config import DEFAULT_SIDECAR_IMAGE
+
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["appVersion"] == version
+    image = f"ghcr.io/bucketq/bucketq:{version}"
+    assert image == DEFAULT_SIDECAR_IMAGE
+    container = operator_container(defaults)
+    assert container["image"] == image
+    assert container_env(container, _secrets_for(container))["BUCKETQ_OPERATOR_SIDECAR_IMAGE"] == image
+    pinned = operator_container(full)
+    assert pinned["image"] == f"registry.example.com/team/bucketq@{DIGEST}"
+    assert container_env(pinned, _secrets_for(pinned))["BUCKETQ_OPERATOR_SIDECAR_IMAGE"] == pinned["image"]
+
+
+def test_sidecar_defaults_reach_the_injected_container(full: list[Doc]) -> None:
+    """The chart's sidecar values, through the operator's env, shape the container it injects."""
+    from bucketq.config import Settings
+    from bucketq.operator.injection import Wiring, sidecar_container
+
+    container = operator_container(full)
+    env = container_env(container, _secrets_for(container))
+    settings = operator_settings_from_env(env)
+    engine = Settings.from_dict({"backend": "s3", "s3_bucket": "queues", "s3_endpoint_url": "http://minio.storage:9000"})
+    sidecar = sidecar_container(Wiring("billing", ["orders"], "pull", None, None, None), {}, engine, settings,
+                                settings.sidecar_native)
+    assert sidecar["resources"] == FULL["sidecar"]["resources"]
+    assert sidecar["image"] == container["image"] and sidecar["imagePullPolicy"] == "IfNotPresent"
+    assert "restartPolicy" not in sidecar, "sidecar.native=false gives a plain container"
+    sidecar_env = {e["name"]: e for e in sidecar["env"]}
+    assert sidecar_env["BUCKETQ_S3_ENDPOINT_URL"]["value"] == "http://minio.storage.svc:9000"
+    assert sidecar_env["BUCKETQ_SIDECAR_LISTEN_PORT"]["value"] == "4500"
+    assert sidecar_env["BUCKETQ_S3_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"] == {"name": "minio-creds", "key": "user"}
+
+
+# -- RBAC ----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_rbac_grants_exactly_what_the_operator_calls(scenario: str) -> None:
+    values, apis = SCENARIOS[scenario]
+    docs = render(values, api_versions=apis)
+    container = operator_container(docs)
+    settings = operator_settings_from_env(container_env(container, _secrets_for(container)))
+    needed = operator_permissions(settings)
+    sa = one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+    assert one(docs, "ServiceAccount", sa)
+    grants = granted(docs, sa, NAMESPACE)
+    if settings.namespaces:
+        assert grants[None] == needed[False], "cluster-wide grants differ from the operator's cluster-wide calls"
+        for ns in settings.namespaces:
+            assert grants.get(ns) == needed[True], f"grants in {ns} differ from the operator's calls there"
+        assert set(grants) == {None, *settings.namespaces}, f"grants in namespaces not served: {set(grants)}"
+    else:
+        assert grants == {None: needed[True] | needed[False]}
+
+
+def test_rbac_has_no_secret_access_or_escalation(defaults: list[Doc], full: list[Doc]) -> None:
+    for docs in (defaults, full):
+        for role in find(docs, "ClusterRole") + find(docs, "Role"):
+            for _, resource, verb in rules_permissions(role["rules"]):
+                assert resource not in ("secrets", "pods", "clusterroles", "roles", "rolebindings"), resource
+                assert verb not in ("escalate", "bind", "impersonate", "delete", "deletecollection"), verb
+
+
+# -- the admission webhook: selection and TLS ----------------------------------------------------------------
+
+
+def _mwc(docs: list[Doc]) -> Doc:
+    (webhook,) = one(docs, "MutatingWebhookConfiguration")["webhooks"]
+    return dict(webhook)
+
+
+def test_webhook_reaches_the_operators_handler(defaults: list[Doc]) -> None:
+    import kopf
+
+    from bucketq.config import Settings
+    from bucketq.operator.handlers import Operator
+
+    webhook = _mwc(defaults)
+    service = webhook["clientConfig"]["service"]
+    svc = one(defaults, "Service", service["name"])
+    assert service["namespace"] == NAMESPACE
+    (port,) = [p for p in svc["spec"]["ports"] if p["port"] == service["port"]]
+    container = operator_container(defaults)
+    target = next(p for p in container["ports"] if p["name"] == port["targetPort"])
+    env = container_env(container, _secrets_for(container))
+    assert str(target["containerPort"]) == env["BUCKETQ_OPERATOR_WEBHOOK_PORT"]
+    assert selector_matches({"matchLabels": svc["spec"]["selector"]},
+                            one(defaults, "Deployment")["spec"]["template"]["metadata"]["labels"])
+    # kopf serves each admission handler at /{id}
+    settings = operator_settings_from_env(env)
+    registry = Operator(Settings.from_dict({"backend": "memory"}), settings).register(kopf.OperatorRegistry())
+    ids = [h.id for h in registry._webhooks.get_all_handlers()]
+    assert service["path"] == f"/{ids[0]}" and len(ids) == 1
+    assert webhook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
+                                 "resources": ["pods"], "scope": "Namespaced"}]
+    assert webhook["sideEffects"] == "None" and webhook["failurePolicy"] == "Fail"
+    assert _mwc(render(FULL, api_versions=ALL_APIS))["failurePolicy"] == "Ignore"
+
+
+def test_only_pods_asking_for_a_sidecar_are_sent_to_the_webhook(defaults: list[Doc], full: list[Doc]) -> None:
+    webhook = _mwc(defaults)
+    selector = webhook["objectSelector"]
+    assert selector_matches(selector, {"bucketq.io/inject": "true", "app": "w"})
+    assert not selector_matches(selector, {"app": "w"})
+    assert not selector_matches(selector, {"bucketq.io/inject": "false"})
+    (condition,) = webhook["matchConditions"]
+    assert "object.metadata.annotations['bucketq.io/inject']" in condition["expression"]
+    assert not selector_matches(webhook["namespaceSelector"], {"kubernetes.io/metadata.name": "kube-system"})
+    assert selector_matches(webhook["namespaceSelector"], {"kubernetes.io/metadata.name": "shop"})
+    scoped = _mwc(full)["namespaceSelector"]
+    assert selector_matches(scoped, {"kubernetes.io/metadata.name": "billing"})
+    assert not selector_matches(scoped, {"kubernetes.io/metadata.name": "default"})
+
+
+def test_webhook_tls_from_the_chart_generated_ca(defaults: list[Doc]) -> None:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import serialization
+
+    webhook = _mwc(defaults)
+    deployment = one(defaults, "Deployment")
+    volume = next(v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "webhook-tls")
+    secret = one(defaults, "Secret", volume["secret"]["secretName"])
+    assert secret["type"] == "kubernetes.io/tls"
+    data = secret_data(secret)
+    assert webhook["clientConfig"]["caBundle"] == secret["data"]["ca.crt"]
+    ca = x509.load_pem_x509_certificate(data["ca.crt"])
+    cert = x509.load_pem_x509_certificate(data["tls.crt"])
+    key = serialization.load_pem_private_key(data["tls.key"], password=None)
+    cert.verify_directly_issued_by(ca)
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
+    assert key.public_key().public_numbers() == cert.public_key().public_numbers()  # type: ignore[union-attr]
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    service = webhook["clientConfig"]["service"]
+    assert f"{service['name']}.{service['namespace']}.svc" in sans
+    env = container_env(operator_container(defaults), _secrets_for(operator_container(defaults)))
+    mount = next(m for m in operator_container(defaults)["volumeMounts"] if m["name"] == "webhook-tls")
+    assert env["BUCKETQ_OPERATOR_WEBHOOK_CERT_FILE"] == f"{mount['mountPath']}/tls.crt"
+    assert env["BUCKETQ_OPERATOR_WEBHOOK_KEY_FILE"] == f"{mount['mountPath']}/tls.key"
+    annotations = deployment["spec"]["template"]["metadata"]["annotations"]
+    assert re.fullmatch(r"[0-9a-f]{64}", annotations["checksum/webhook-tls"]), "a new certificate restarts the operator"
+
+
+def test_webhook_tls_from_cert_manager(full: list[Doc]) -> None:
+    webhook = _mwc(full)
+    assert "caBundle" not in webhook["clientConfig"]
+    assert not find(full, "Secret"), "with cert-manager the chart makes no certificate itself"
+    certificate = one(full, "Certificate", f"{FULLNAME}-webhook")
+    mwc = one(full, "MutatingWebhookConfiguration")
+    assert mwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/{FULLNAME}-webhook"
+    service = webhook["clientConfig"]["service"]
+    assert f"{service['name']}.{service['namespace']}.svc" in certificate["spec"]["dnsNames"]
+    volume = next(v for v in one(full, "Deployment")["spec"]["template"]["spec"]["volumes"] if v["name"] == "webhook-tls")
+    assert certificate["spec"]["secretName"] == volume["secret"]["secretName"]
+    issuer = one(full, "Issuer", certificate["spec"]["issuerRef"]["name"])
+    ca_cert = one(full, "Certificate", issuer["spec"]["ca"]["secretName"])
+    assert ca_cert["spec"]["isCA"] is True
+    assert one(full, "Issuer", ca_cert["spec"]["issuerRef"]["name"])["spec"] == {"selfSigned": {}}
+    existing = render({"certManager": {"enabled": True, "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}},
+                      api_versions=["cert-manager.io/v1"])
+    assert not find(existing, "Issuer")
+    assert one(existing, "Certificate")["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer",
+                                                                 "group": "cert-manager.io"}
+
+
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_webhook_is_only_ever_rendered_with_tls(scenario: str) -> None:
+    values, apis = SCENARIOS[scenario]
+    docs = render(values, api_versions=apis)
+    enabled = (values.get("webhook") or {}).get("enabled", True)
+    configs = find(docs, "MutatingWebhookConfiguration")
+    assert len(configs) == (1 if enabled else 0)
+    assert bool(find(docs, "Service", f"{FULLNAME}-webhook")) == enabled
+    for config in configs:
+        for webhook in config["webhooks"]:
+            client = webhook["clientConfig"]
+            assert "url" not in client and client["service"]["port"] == 443
+            injected = "cert-manager.io/inject-ca-from" in (config["metadata"].get("annotations") or {})
+            assert client.get("caBundle") or injected, "a webhook without a CA to trust"
+            svc = one(docs, "Service", client["service"]["name"])
+            assert [p["name"] for p in svc["spec"]["ports"]] == ["https"]
+    env = container_env(operator_container(docs), _secrets_for(operator_container(docs)))
+    assert env["BUCKETQ_OPERATOR_WEBHOOK"] == str(enabled).lower()
+    assert "BUCKETQ_OPERATOR_WEBHOOK_INSECURE" not in env
+
+
+# -- monitoring, dashboard, KEDA ---------------------------------------------------------------------------
+
+
+def test_prometheus_operator_objects_only_when_the_api_exists(defaults: list[Doc]) -> None:
+    assert not find(defaults, "ServiceMonitor") and not find(defaults, "PodMonitor")
+    docs = render(api_versions=MONITORING_APIS)
+    monitor = one(docs, "ServiceMonitor")
+    service = one(docs, "Service", f"{FULLNAME}-metrics")
+    assert selector_matches(monitor["spec"]["selector"], service["metadata"]["labels"])
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert endpoint["port"] in [p["name"] for p in service["spec"]["ports"]] and endpoint["honorLabels"] is True
+    pod_monitor = one(docs, "PodMonitor")
+    assert pod_monitor["spec"]["namespaceSelector"] == {"any": True}
+    assert selector_matches(pod_monitor["spec"]["selector"], {"bucketq.io/inject": "true"})
+    off = render({"metrics": {"serviceMonitor": {"enabled": False}, "podMonitor": {"enabled": False}}},
+                 api_versions=MONITORING_APIS)
+    assert not find(off, "ServiceMonitor") and not find(off, "PodMonitor")
+
+
+def test_pod_monitor_scrapes_the_port_the_operator_injects(defaults: list[Doc]) -> None:
+    from bucketq.config import Settings
+    from bucketq.operator.injection import Wiring, sidecar_container
+
+    docs = render(api_versions=MONITORING_APIS)
+    container = operator_container(docs)
+    settings = operator_settings_from_env(container_env(container, _secrets_for(container)))
+    sidecar = sidecar_container(Wiring(None, [], "pull", None, None, None), {},
+                                Settings.from_dict({"backend": "s3", "s3_bucket": "b"}), settings, True)
+    (endpoint,) = one(docs, "PodMonitor")["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] in [p["name"] for p in sidecar["ports"]]
+
+
+def exported_metric_names() -> set[str]:
+    """Sample names the operator and the sidecar expose (counters as _total, histograms as _bucket...)."""
+    from bucketq.operator.metrics import QueueMetrics
+    from bucketq.sidecar.metrics import Metrics
+
+    names: set[str] = set()
+    for registry in (QueueMetrics().registry, Metrics().registry):
+        for family in registry.collect():
+            suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}.get(family.type, [""])
+            names |= {family.name + s for s in suffixes}
+    return names
+
+
+def queries(full: list[Doc]) -> list[str]:
+    dashboard = json.loads(one(full, "ConfigMap", f"{FULLNAME}-dashboard")["data"]["bucketq-queues.json"])
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    exprs += [t["metadata"]["query"] for so in find(full, "ScaledObject") for t in so["spec"]["triggers"]]
+    return exprs
+
+
+def test_dashboard_and_keda_queries_are_valid_promql_on_real_metrics(full: list[Doc], tmp_path: Path) -> None:
+    exprs = queries(full)
+    assert len(exprs) > 10
+    known = exported_metric_names()
+    for expr in exprs:
+        for name in re.findall(r"\bbucketq_[a-z_]+\b", expr):
+            assert name in known, f"{expr!r} uses {name}, which neither the operator nor the sidecar exports"
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed: run `make tools` (Debian package prometheus)")
+    rules = {"groups": [{"name": "bucketq", "rules": [
+        {"record": f"bucketq:check{i}", "expr": e.replace("$namespace", ".*")} for i, e in enumerate(exprs)]}]}
+    path = tmp_path / "rules.yaml"
+    path.write_text(yaml.safe_dump(rules))
+    result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60,
+                            check=False)
+    assert result.returncode == 0, f"promtool rejects a query:\n{result.stdout}{result.stderr}"
+
+
+def test_dashboard_configmap_is_optional(defaults: list[Doc], full: list[Doc]) -> None:
+    assert not find(defaults, "ConfigMap")
+    configmap = one(full, "ConfigMap", f"{FULLNAME}-dashboard")
+    assert configmap["metadata"]["namespace"] == "monitoring"
+    assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
+
+
+def test_keda_scaled_object_scales_on_the_consumers_backlog(full: list[Doc]) -> None:
+    (so,) = find(full, "ScaledObject")
+    assert so["metadata"]["namespace"] == "billing"
+    assert so["spec"]["scaleTargetRef"] == {"name": "billing-worker"} and so["spec"]["maxReplicaCount"] == 20
+    (trigger,) = so["spec"]["triggers"]
+    assert trigger["type"] == "prometheus" and trigger["metadata"]["threshold"] == "50"
+    assert 'bucketq_subscription_backlog{namespace="billing",consumer="billing"}' in trigger["metadata"]["query"]

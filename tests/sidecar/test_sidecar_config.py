@@ -1,0 +1,102 @@
+"""Sidecar configuration: YAML file, ``BUCKETQ_SIDECAR_*``/``BUCKETQ_*`` env and overrides, in that order."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bucketq.errors import ConfigError
+from bucketq.sidecar.config import load_config
+
+YAML = """
+consumer: billing
+topics: [orders, refunds]
+delivery: push
+app_port: 8080
+visibility_timeout_s: 12
+engine:
+  s3_bucket: from-file
+  s3_endpoint_url: http://minio:9000
+  producer:
+    linger_ms: 7
+    max_batch_messages: 500
+"""
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    import os
+
+    for name in list(os.environ):
+        if name.startswith("BUCKETQ_"):
+            monkeypatch.delenv(name)
+    return monkeypatch
+
+
+def test_yaml_env_and_overrides(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    path = tmp_path / "sidecar.yaml"
+    path.write_text(YAML)
+    clean_env.setenv("BUCKETQ_SIDECAR_CONFIG", str(path))
+    clean_env.setenv("BUCKETQ_SIDECAR_APP_PORT", "9000")  # env beats the file
+    clean_env.setenv("BUCKETQ_PRODUCER__LINGER_MS", "3")  # nested engine env beats the file
+    cfg = load_config(overrides={"listen_port": 3999, "delivery": None})
+    sc, engine = cfg.sidecar, cfg.engine
+    assert (sc.consumer, sc.topics, sc.delivery) == ("billing", ["orders", "refunds"], "push")
+    assert (sc.app_port, sc.listen_port, sc.listen_host, sc.visibility_timeout_s) == (9000, 3999, "127.0.0.1", 12)
+    assert sc.app_url == "http://127.0.0.1:9000/bucketq"
+    assert (engine.s3_bucket, engine.s3_endpoint_url) == ("from-file", "http://minio:9000")
+    assert (engine.producer.linger_ms, engine.producer.max_batch_messages) == (3, 500)
+
+
+def test_env_only_with_comma_separated_topics(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("BUCKETQ_S3_BUCKET", "q")
+    clean_env.setenv("BUCKETQ_SIDECAR_CONSUMER", "c")
+    clean_env.setenv("BUCKETQ_SIDECAR_TOPICS", "a, b")
+    clean_env.setenv("BUCKETQ_SIDECAR_LOG_LEVEL", "debug")
+    cfg = load_config()
+    assert cfg.sidecar.topics == ["a", "b"] and cfg.sidecar.log_level == "DEBUG"
+    assert (cfg.sidecar.listen_host, cfg.sidecar.listen_port, cfg.sidecar.delivery) == ("127.0.0.1", 3500, "pull")
+
+
+@pytest.mark.parametrize(
+    ("env", "problem"),
+    [
+        ({"BUCKETQ_SIDECAR_CONSUMER": "c"}, "needs topics"),
+        ({"BUCKETQ_SIDECAR_TOPICS": "t"}, "need a consumer"),
+        ({"BUCKETQ_SIDECAR_CONSUMER": "c", "BUCKETQ_SIDECAR_TOPICS": "t", "BUCKETQ_SIDECAR_DELIVERY": "push"},
+         "app's port"),
+        ({"BUCKETQ_SIDECAR_DELIVERY": "carrier-pigeon"}, "delivery"),
+        ({"BUCKETQ_SIDECAR_LISTEN_PORT": "99999"}, "listen_port"),
+        ({"BUCKETQ_SIDECAR_COLOUR": "red"}, None),  # unknown env vars are ignored, like the engine's
+    ],
+)
+def test_invalid_settings_are_named(clean_env: pytest.MonkeyPatch, env: dict[str, str], problem: str | None) -> None:
+    clean_env.setenv("BUCKETQ_S3_BUCKET", "q")
+    for name, value in env.items():
+        clean_env.setenv(name, value)
+    if problem is None:
+        load_config()
+        return
+    with pytest.raises(ConfigError, match=problem):
+        load_config()
+
+
+def test_bad_files(clean_env: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    clean_env.setenv("BUCKETQ_S3_BUCKET", "q")
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(tmp_path / "missing.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("consumer: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(broken)
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text("colour: red\n")
+    with pytest.raises(ConfigError, match="colour"):
+        load_config(wrong)
+    token = tmp_path / "token"
+    token.write_text("")
+    empty = tmp_path / "empty-token.yaml"
+    empty.write_text(f"token_file: {token}\n")
+    with pytest.raises(ConfigError, match="empty"):
+        load_config(empty).sidecar.token()
