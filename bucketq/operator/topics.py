@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bucketq.core.app import Bucketq
-from bucketq.core.models import DeadLetterConfig, TopicConfig, TopicMarker
+from bucketq.core.models import DeadLetterConfig, TopicConfig
 from bucketq.core.stats import SubscriptionStats
 from bucketq.core.topics import TopicInfo
 from bucketq.errors import TopicNotFound
@@ -40,23 +40,26 @@ def dead_letter_topic_config(source: TopicConfig) -> TopicConfig:
     )
 
 
-async def apply_topic(bq: Bucketq, name: str, config: TopicConfig) -> TopicMarker:
+async def apply_topic(bq: Bucketq, name: str, config: TopicConfig) -> TopicConfig:
     """Create or update the topic marker; make the dead-letter topic; start cursors on new partitions.
 
-    Idempotent: nothing is written when the bucket already matches. Raises BucketqError when
-    the spec asks for fewer partitions than the topic has.
+    Idempotent: nothing is written when the bucket already matches (reads first, so that no
+    put-if-absent is even attempted). Raises BucketqError when the spec asks for fewer partitions
+    than the topic has.
     """
-    marker = await bq.create_topic(name, config=config)
-    grown = marker.config.partitions < config.partitions
-    if marker.config != config:
-        marker = await bq.update_topic(name, config)
+    current = await current_config(bq, name)
+    if current is None:
+        current = (await bq.create_topic(name, config=config)).config
+    grown = current.partitions < config.partitions
+    if current != config:
+        current = (await bq.update_topic(name, config)).config
     dlq = config.dead_letter_topic(name)
-    if dlq is not None and dlq != name:
+    if dlq is not None and dlq != name and await current_config(bq, dlq) is None:
         await bq.create_topic(dlq, config=dead_letter_topic_config(config))
     if grown:
         for consumer in await bq.catalog.consumers(name):
             await bq.init_subscription(name, consumer, "earliest")
-    return marker
+    return current
 
 
 async def delete_topic(bq: Bucketq, name: str, config: TopicConfig | None) -> int:

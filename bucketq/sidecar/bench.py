@@ -29,6 +29,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
+import bucketq
 from bucketq.client import AsyncClient, SidecarError, message
 from bucketq.config import Settings
 from bucketq.core.app import Bucketq
@@ -81,7 +82,8 @@ async def run_via_sidecar(
     """Run the end-to-end scenario through ``sidecars`` sidecar processes; returns the JSON record.
 
     ``engine_env`` adds ``BUCKETQ_*`` engine settings to the sidecars' environment;
-    ``max_in_flight`` defaults to an even share of ``messages`` per sidecar (all can be in flight).
+    ``max_in_flight`` (per sidecar) defaults to ``messages``: however partitions fall to sidecars,
+    all messages can be in flight at once.
     With ``hold_phase``, a second batch of ``messages`` is then published and held unacked by the
     app, to read the sidecars' RSS with all of them in flight (``rss_mib_at_in_flight``).
     """
@@ -95,13 +97,14 @@ async def run_via_sidecar(
     async with Bucketq(settings) as bq:
         await bq.create_topic(topic, partitions=partitions)
         strategy = bq.strategy
-    in_flight = max_in_flight or max(100, math.ceil(messages / sidecars))
+    in_flight = max_in_flight or messages  # any one sidecar may hold them all (hold phase)
     env = {
         "BUCKETQ_BACKEND": "s3", "BUCKETQ_S3_ENDPOINT_URL": endpoint_url, "BUCKETQ_S3_BUCKET": bucket,
         "BUCKETQ_S3_ACCESS_KEY_ID": key, "BUCKETQ_S3_SECRET_ACCESS_KEY": secret, "BUCKETQ_STRATEGY": strategy,
         "BUCKETQ_SIDECAR_CONSUMER": "bench", "BUCKETQ_SIDECAR_TOPICS": topic,
         "BUCKETQ_SIDECAR_MAX_IN_FLIGHT": str(in_flight), "BUCKETQ_SIDECAR_METRICS_PORT": "0",
         "BUCKETQ_SIDECAR_PUBLISH_BUFFER_SIZE": str(max(10_000, messages)),
+        "BUCKETQ_SIDECAR_DRAIN_GRACE_S": "5",
         **(engine_env or {}),
     }
     workdir = Path(tempfile.mkdtemp(prefix="bucketq-bench-sidecar-"))
@@ -179,13 +182,14 @@ async def _drive(
         try:
             await asyncio.wait_for(run.done.wait(), timeout_s)
         except TimeoutError:
-            pass
-        for task in tasks:
+            run.done.set()  # workers stop after acking what they hold
+        _, stuck = await asyncio.wait(tasks, timeout=10)
+        for task in stuck:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
     finally:
         await asyncio.gather(*(c.close() for c in clients))
-    return run.done.is_set()
+    return len(run.acks) >= messages
 
 
 async def _hold(
@@ -195,7 +199,7 @@ async def _hold(
     run = _Run()
     clients = [AsyncClient(sc.url, timeout=60) for sc in procs]
     pad = "x" * payload_bytes
-    held: list[list[str]] = [[] for _ in procs]
+    held: list[dict[str, str]] = [{} for _ in procs]  # per sidecar: message id -> latest receipt
     try:
         shares = [messages // len(procs) + (1 if i < messages % len(procs) else 0) for i in range(len(procs))]
         await asyncio.gather(*(_publisher(c, topic, n, pad, run) for c, n in zip(clients, shares, strict=True)))
@@ -203,12 +207,13 @@ async def _hold(
         while sum(map(len, held)) < len(run.published) and time.monotonic() < deadline:
             batches = await asyncio.gather(*(c.pull(max_messages=PULL_BATCH, wait=0.5) for c in clients))
             for receipts, batch in zip(held, batches, strict=True):
-                receipts.extend(m.receipt or "" for m in batch)
-        in_flight = sum(map(len, held))
+                receipts.update((m.id, m.receipt or "") for m in batch)
+        in_flight = len({i for receipts in held for i in receipts})
         rss = [round(_rss_kib(sc.process.pid) / 1024, 1) for sc in procs]
         for client, receipts in zip(clients, held, strict=True):
-            for i in range(0, len(receipts), PULL_BATCH):
-                await client.ack_batch(receipts[i : i + PULL_BATCH])
+            pending = list(receipts.values())
+            for i in range(0, len(pending), PULL_BATCH):
+                await client.ack_batch(pending[i : i + PULL_BATCH])
     finally:
         await asyncio.gather(*(c.close() for c in clients))
     return {"in_flight_held": in_flight, "rss_mib_at_in_flight": max(rss), "rss_mib_at_in_flight_by_sidecar": rss}
@@ -216,7 +221,7 @@ async def _hold(
 
 async def _publisher(client: AsyncClient, topic: str, count: int, pad: str, run: _Run) -> None:
     sent = 0
-    while sent < count:
+    while sent < count and not run.done.is_set():
         size = min(PUBLISH_BATCH, count - sent)
         if run.first_publish is None:
             run.first_publish = time.perf_counter()
@@ -294,6 +299,8 @@ def _start(workdir: Path, index: int, env: Mapping[str, str]) -> _Sidecar:
     full = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "BUCKETQ_"))}
     full.update(env)
     full.update(BUCKETQ_SIDECAR_LISTEN_PORT=str(port), AWS_EC2_METADATA_DISABLED="true")
+    here = str(Path(bucketq.__file__).resolve().parents[1])  # the children run this very bucketq
+    full["PYTHONPATH"] = os.pathsep.join(p for p in (here, full.get("PYTHONPATH")) if p)
     log_path = workdir / f"sidecar-{index}.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(

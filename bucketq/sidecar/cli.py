@@ -34,8 +34,9 @@ def command(
 ) -> None:
     """Run the sidecar: the localhost HTTP API in front of the bucket (publish, pull/push, ack).
 
-    Every option also comes from the environment (BUCKETQ_SIDECAR_*, engine settings BUCKETQ_*)
-    or the YAML file; options win over the environment, which wins over the file.
+    Options also come from BUCKETQ_SIDECAR_* (engine: BUCKETQ_*) or the YAML file.
+
+    Options win over the environment, which wins over the file.
     """
     from bucketq.sidecar.config import load_config
     from bucketq.sidecar.process import run

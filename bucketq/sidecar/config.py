@@ -26,6 +26,7 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from bucketq.config import Settings
+from bucketq.core.keys import validate_name
 from bucketq.errors import ConfigError
 
 CONFIG_ENV = "BUCKETQ_SIDECAR_CONFIG"
@@ -88,6 +89,16 @@ class SidecarSettings(BaseSettings):
         if isinstance(value, str):
             return [t.strip() for t in value.split(",") if t.strip()]
         return value
+
+    @field_validator("consumer")
+    @classmethod
+    def _consumer_name(cls, value: str | None) -> str | None:
+        return None if value is None else validate_name(value, "consumer")
+
+    @field_validator("topics")
+    @classmethod
+    def _topic_names(cls, value: list[str]) -> list[str]:
+        return [validate_name(t) for t in value]
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -137,6 +137,7 @@ class Api:
         }
         if consumer is not None:
             c = consumer.counters
+            body["member"] = consumer.member
             body["counters"] = {
                 "delivered": c.delivered, "acked": c.acked, "nacked": c.nacked,
                 "dead_lettered": c.dead_lettered, "lease_lost": c.lease_lost,

@@ -55,12 +55,15 @@ class JobReport:
     requests: dict[str, int] = field(default_factory=dict)
     partitions: dict[int, PartitionReport] = field(default_factory=dict)
     committed_at: float = 0.0
+    task_seconds: float = 0.0  # the slowest task's staging time
+    commit_seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
         return {
             "job": self.job, "topic": self.topic, "tasks": self.tasks, "messages": self.messages,
             "segments": self.segments, "bytes": self.bytes, "requests": self.requests,
             "requests_total": sum(self.requests.values()), "committed_at": self.committed_at,
+            "task_seconds": round(self.task_seconds, 3), "commit_seconds": round(self.commit_seconds, 3),
             "partitions": {str(p): vars(r) for p, r in sorted(self.partitions.items())},
         }
 
@@ -181,8 +184,9 @@ async def _commit_partition(
 
 async def commit_job(cfg: WriteConfig, messages: list[TaskCommit | None]) -> JobReport:
     """Append the staged segments of every successful task, then remove the staging area."""
+    started = time.monotonic()
     done = sorted((m for m in messages if m is not None), key=lambda m: m.task)
-    report = JobReport(cfg.job, cfg.topic, tasks=len(done))
+    report = JobReport(cfg.job, cfg.topic, tasks=len(done), task_seconds=max((m.seconds for m in done), default=0.0))
     for m in done:
         for op, n in m.requests.items():
             report.requests[op] = report.requests.get(op, 0) + n
@@ -203,6 +207,7 @@ async def commit_job(cfg: WriteConfig, messages: list[TaskCommit | None]) -> Job
             report.bytes += part.bytes
         await _delete_prefix(storage, staging_root(root, cfg.job) + "/")
         report.committed_at = time.time()
+        report.commit_seconds = time.monotonic() - started
         for op, n in storage.stats.snapshot().items():
             report.requests[op] = report.requests.get(op, 0) + n
         body = json.dumps(report.to_json()).encode()

@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
 FORMATS = ("parquet", "json", "csv")
+# JSON keeps timestamps to the microsecond, as Spark (and parquet) do; Spark's default has milliseconds
+JSON_TIMESTAMPS = {"timestampFormat": "yyyy-MM-dd'T'HH:mm:ss.SSSSSSXXX"}
 REDRIVE_FOR = "bucketq-redrive-for"
 
 
@@ -60,8 +62,11 @@ def export(
     if fmt not in ("parquet", "json"):
         raise ConfigError(f"export format {fmt!r}: use parquet or json")
     df = read_topic(spark, settings, topic, since=since, until=until)
+    writer = df.write.mode("overwrite" if overwrite else "errorifexists").format(fmt)
+    if fmt == "json":
+        writer = writer.options(**JSON_TIMESTAMPS)
     with progress(spark, f"export {topic}", enabled=show):
-        df.write.mode("overwrite" if overwrite else "errorifexists").format(fmt).save(path)
+        writer.save(path)
     return int(spark.read.format(fmt).load(path).count())
 
 
@@ -75,7 +80,7 @@ def load_dataset(spark: SparkSession, path: str, fmt: str) -> DataFrame:
     if fmt == "json" and {"id", "payload", "headers", "created_at"} <= set(df.columns):
         export_schema = message_schema()
         if set(df.columns) <= set(export_schema.fieldNames()):
-            return spark.read.schema(export_schema).json(path)
+            return spark.read.schema(export_schema).options(**JSON_TIMESTAMPS).json(path)
     return df
 
 

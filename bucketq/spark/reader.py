@@ -11,10 +11,11 @@ from pyspark.sql.types import StructType
 
 from bucketq.core.cursor import CursorState
 from bucketq.core.cursor_log import CursorLog
+from bucketq.core.partition_worker import REDRIVE_FOR_HEADER
 from bucketq.core.segment import Segment, decode_segment
 from bucketq.spark.options import ReadConfig
 from bucketq.spark.planning import Pos, SegmentSplit
-from bucketq.spark.runtime import READ_STRATEGY, keys_of, settings_of
+from bucketq.spark.runtime import READ_STRATEGY, keys_of, paused_gc, settings_of
 from bucketq.spark.schema import STATE_COLUMN, BatchBuilder
 from bucketq.storage import Storage, open_storage
 
@@ -22,19 +23,28 @@ FETCH_CONCURRENCY = 16
 BATCH_ROWS = 10_000
 
 
-def label(state: CursorState | None, pos: Pos, dead: set[Pos], now: float) -> str:
+def label(state: CursorState | None, pos: Pos, dead: set[Pos], now: float, skipped: bool = False) -> str:
     """A message's state for a consumer: pending, in_flight, acked or dead.
 
     ``acked`` is every other done position: acknowledged, skipped (a redrive meant for another
-    consumer) or older than the subscription's start.
+    consumer: ``skipped`` tells so for segments the cursor has not seen yet) or older than the
+    subscription's start.
     """
     if state is None or not state.started:
         return "pending"
+    if pos[0] > state.frontier and skipped:
+        return "acked"
     if state.is_done(pos):
         return "dead" if pos in dead else "acked"
     if state.live_lease(pos, now) is not None:
         return "in_flight"
     return "pending"
+
+
+def _skipped(segment: Segment, index: int, consumer: str | None) -> bool:
+    """Whether the consumer skips this message: a redrive meant for another consumer."""
+    target = segment.records[index].headers.get(REDRIVE_FOR_HEADER)
+    return target is not None and target != consumer
 
 
 async def _load_states(storage: Storage, cfg: ReadConfig, partitions: set[int]) -> dict[int, CursorState]:
@@ -60,7 +70,7 @@ def read_split(cfg: ReadConfig, schema: StructType, split: SegmentSplit) -> Iter
     """The split's messages as Arrow batches; storage clients live only inside this generator."""
     builder = BatchBuilder(schema, cfg.topic)
     with_state = STATE_COLUMN in schema.fieldNames()
-    with asyncio.Runner() as runner:
+    with asyncio.Runner() as runner, paused_gc():
         storage = runner.run(open_storage(settings_of(cfg.settings, strategy=READ_STRATEGY)))
         try:
             states: dict[int, CursorState] = {}
@@ -80,7 +90,7 @@ def read_split(cfg: ReadConfig, schema: StructType, split: SegmentSplit) -> Iter
                     labels = None
                     if with_state:
                         st, dd = states.get(h.partition), dead.get(h.partition, set())
-                        labels = [label(st, (h.seq, i), dd, now) for i in keep]
+                        labels = [label(st, (h.seq, i), dd, now, _skipped(segment, i, cfg.consumer)) for i in keep]
                     builder.add(segment, None if len(keep) == len(segment.records) else keep, labels)
                     if builder.rows >= BATCH_ROWS:
                         batch = builder.flush()

@@ -9,6 +9,7 @@ commit (:mod:`bucketq.spark.commit`) moves them into the topic.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -23,7 +24,7 @@ from bucketq.core.topics import TopicCatalog
 from bucketq.errors import BucketqError
 from bucketq.spark.options import WriteConfig
 from bucketq.spark.rows import RowMapper
-from bucketq.spark.runtime import aborted_key, staging_root, storage_for
+from bucketq.spark.runtime import aborted_key, paused_gc, staging_root, storage_for
 from bucketq.storage import Storage
 
 WINDOW = 20_000  # publishes in flight per task
@@ -38,6 +39,7 @@ class TaskCommit(WriterCommitMessage):
     segments: dict[int, int] = field(default_factory=dict)  # partition -> staged segments
     messages: int = 0
     requests: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
 
 
 async def _stage(
@@ -101,11 +103,13 @@ async def stage_task(
     cfg: WriteConfig, task: int, attempt: int, batches: Iterator[pa.RecordBatch], mapper: RowMapper
 ) -> TaskCommit:
     """Stage one task's rows; a failed attempt removes what it staged (best effort)."""
+    started = time.monotonic()
     base = str(cfg.settings.get("root") or "")
     root = staging_root(base, cfg.job, f"t{task:05d}-a{attempt}")
     async with storage_for(cfg.settings) as storage:
         try:
-            counts, messages = await _stage(storage, cfg, root, batches, mapper)
+            with paused_gc():
+                counts, messages = await _stage(storage, cfg, root, batches, mapper)
             if await storage.head(aborted_key(base, cfg.job)) is not None:
                 raise BucketqError(f"write job {cfg.job} was aborted while this task ran")
         except BaseException:
@@ -114,4 +118,4 @@ async def stage_task(
             except Exception:
                 pass  # the job commit or abort removes the whole job's staging area
             raise
-        return TaskCommit(task, root, counts, messages, storage.stats.snapshot())
+        return TaskCommit(task, root, counts, messages, storage.stats.snapshot(), time.monotonic() - started)

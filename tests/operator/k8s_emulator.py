@@ -296,7 +296,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
 
     def _respond(self, req: rendering.Request, res: kmock.resource, payload: dict[str, Any]) -> aiohttp.web.Response:
         if "as=Table" in req.headers.get("Accept", ""):
-            items = payload["items"] if "items" in payload else [payload]
+            items = payload.get("items", [payload])
             return aiohttp.web.json_response(self._table(res, items))
         return aiohttp.web.json_response(payload)
 

@@ -196,3 +196,37 @@ def test_the_example_deployment_gets_its_sidecar(shared_ports: dict[str, int], k
     sidecar = result["spec"]["initContainers"][0]
     assert sidecar["name"] == "bucketq-sidecar"
     assert env_of(sidecar)["BUCKETQ_SIDECAR_CONSUMER"] == "billing"
+
+
+def test_tls_webhook_server_with_a_generated_certificate() -> None:
+    """Production mode: HTTPS with a self-signed certificate made by the operator (no oscrypto)."""
+    import asyncio
+    import ssl
+
+    from servers import free_ports
+
+    from bucketq.operator.webhook import webhook_server
+
+    (port,) = free_ports(1)
+    server = webhook_server(OperatorSettings(webhook_addr="127.0.0.1", webhook_port=port,
+                                             webhook_host="bucketq-operator.bucketq.svc"))
+
+    async def answer(request: dict[str, Any], **_: Any) -> dict[str, Any]:
+        return {"seen": request["request"]["namespace"]}
+
+    async def main() -> tuple[dict[str, Any], dict[str, Any]]:
+        async with server:
+            configs = server(answer)
+            client_config = await configs.__anext__()
+            context = ssl.create_default_context(cadata=base64.b64decode(client_config["caBundle"]).decode())
+            context.check_hostname = False  # the certificate names the Service, we dial 127.0.0.1
+            body = json.dumps({"request": {"namespace": "team-a", "object": {"metadata": {}}}}).encode()
+            req = urllib.request.Request(f"https://127.0.0.1:{port}/inject-sidecar", data=body, method="POST",
+                                         headers={"Content-Type": "application/json"})
+            reply = await asyncio.to_thread(lambda: json.loads(urllib.request.urlopen(req, context=context).read()))
+            await configs.aclose()
+            return dict(client_config), reply
+
+    client_config, reply = asyncio.run(main())
+    assert client_config["url"] == f"https://bucketq-operator.bucketq.svc:{port}"
+    assert reply == {"seen": "team-a"}

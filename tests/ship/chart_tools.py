@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import base64
+import os
 import shutil
 import subprocess
-import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -29,18 +29,24 @@ def tool(name: str) -> str:
         return str(local)
     found = shutil.which(name)
     if found is None:
-        pytest.skip(f"{name} is not installed: run `make tools` (it installs helm and kubectl into .tools/bin)")
+        pytest.skip(
+            f"{name} is not installed: run `make tools` (it installs helm and kubectl into .tools/bin)"
+        )
     return found
 
 
-def helm(*args: str, check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run([tool("helm"), *args], capture_output=True, text=True, timeout=timeout, check=False)
+def helm(
+    *args: str, stdin: str | None = None, check: bool = True, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [tool("helm"), *args], input=stdin, capture_output=True, text=True, timeout=timeout, check=False
+    )
     if check and result.returncode != 0:
         raise AssertionError(f"helm {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")
     return result
 
 
-def template_args(
+def template(
     values: Mapping[str, Any] | None = None,
     *,
     kube_version: str = NEWEST_KUBE,
@@ -48,25 +54,30 @@ def template_args(
     include_crds: bool = False,
     release: str = RELEASE,
     namespace: str = NAMESPACE,
-) -> list[str]:
-    """Arguments of ``helm template`` for the chart with ``values`` (written to a temporary file)."""
-    args = ["template", release, str(CHART), "--namespace", namespace, "--kube-version", kube_version]
-    if values:
-        handle = tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False)  # noqa: SIM115 - kept for helm
-        with handle:
-            yaml.safe_dump(dict(values), handle)
-        args += ["--values", handle.name]
+    check: bool = True,
+) -> subprocess.CompletedProcess[str]:
+    """``helm template`` of the chart with ``values`` (given on stdin, as a values file)."""
+    args = [
+        "template",
+        release,
+        str(CHART),
+        "--namespace",
+        namespace,
+        "--kube-version",
+        kube_version,
+        "--values",
+        "-",
+    ]
     for api in api_versions:
         args += ["--api-versions", api]
     if include_crds:
         args.append("--include-crds")
-    return args
+    return helm(*args, stdin=yaml.safe_dump(dict(values or {})), check=check)
 
 
 def render(values: Mapping[str, Any] | None = None, **kwargs: Any) -> list[Doc]:
     """The chart's objects as rendered by ``helm template``."""
-    text = helm(*template_args(values, **kwargs)).stdout
-    return [d for d in yaml.safe_load_all(text) if d]
+    return [d for d in yaml.safe_load_all(template(values, **kwargs).stdout) if d]
 
 
 def find(docs: Iterable[Doc], kind: str, name: str | None = None) -> list[Doc]:
@@ -85,8 +96,11 @@ def operator_container(docs: Iterable[Doc]) -> Doc:
     return next(c for c in containers if c["name"] == "operator")
 
 
-def container_env(container: Mapping[str, Any], secrets: Mapping[str, Mapping[str, str]] | None = None,
-                  fields: Mapping[str, str] | None = None) -> dict[str, str]:
+def container_env(
+    container: Mapping[str, Any],
+    secrets: Mapping[str, Mapping[str, str]] | None = None,
+    fields: Mapping[str, str] | None = None,
+) -> dict[str, str]:
     """A container's environment as the kubelet resolves it: values, secretKeyRef, fieldRef, $(VAR)."""
     env: dict[str, str] = {}
     for item in container.get("env") or ():
@@ -101,7 +115,9 @@ def container_env(container: Mapping[str, Any], secrets: Mapping[str, Mapping[st
         if "secretKeyRef" in source:
             ref = source["secretKeyRef"]
             secret = (secrets or {}).get(ref["name"])
-            assert secret is not None and ref["key"] in secret, f"env {name}: Secret {ref['name']}/{ref['key']} missing"
+            assert secret is not None and ref["key"] in secret, (
+                f"env {name}: Secret {ref['name']}/{ref['key']} missing"
+            )
             env[name] = secret[ref["key"]]
         elif "fieldRef" in source:
             path = source["fieldRef"]["fieldPath"]
@@ -158,8 +174,10 @@ def granted(docs: Iterable[Doc], service_account: str, namespace: str) -> dict[s
     out: dict[str | None, set[Permission]] = {}
     for binding in find(docs, "ClusterRoleBinding") + find(docs, "RoleBinding"):
         subjects = binding.get("subjects") or []
-        if not any(s["kind"] == "ServiceAccount" and s["name"] == service_account and s["namespace"] == namespace
-                   for s in subjects):
+        if not any(
+            s["kind"] == "ServiceAccount" and s["name"] == service_account and s["namespace"] == namespace
+            for s in subjects
+        ):
             continue
         scope = binding["metadata"].get("namespace") if binding["kind"] == "RoleBinding" else None
         ref = binding["roleRef"]
@@ -169,15 +187,25 @@ def granted(docs: Iterable[Doc], service_account: str, namespace: str) -> dict[s
 
 
 def operator_settings_from_env(env: Mapping[str, str]) -> Any:
-    """The operator's settings exactly as its process would read them from ``env``."""
+    """The operator's settings exactly as its process reads them from ``env`` (and nothing else)."""
     from bucketq.operator.config import OperatorSettings
 
     prefix = "BUCKETQ_OPERATOR_"
-    fields = set(OperatorSettings.model_fields)
-    values = {k[len(prefix):].lower(): v for k, v in env.items() if k.startswith(prefix)}
-    unknown = sorted(set(values) - fields)
+    unknown = sorted(
+        k
+        for k in env
+        if k.startswith(prefix) and k[len(prefix) :].lower() not in OperatorSettings.model_fields
+    )
     assert not unknown, f"the chart sets operator settings that do not exist: {unknown}"
-    return OperatorSettings(**values)
+    saved = dict(os.environ)
+    try:
+        for name in [k for k in os.environ if k.startswith(prefix)]:
+            del os.environ[name]
+        os.environ.update({k: v for k, v in env.items() if k.startswith(prefix)})
+        return OperatorSettings()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 def operator_permissions(settings: Any) -> dict[bool, set[Permission]]:
@@ -191,23 +219,33 @@ def operator_permissions(settings: Any) -> dict[bool, set[Permission]]:
     from bucketq.operator.handlers import Operator
     from bucketq.operator.runner import kopf_settings
 
-    registry = Operator(Settings.from_dict({"backend": "memory"}), settings).register(kopf.OperatorRegistry())
+    registry: Any = Operator(Settings.from_dict({"backend": "memory"}), settings).register(
+        kopf.OperatorRegistry()
+    )
     ks = kopf_settings(settings)
     namespaced: set[Permission] = set()
     cluster: set[Permission] = set()
     streams = [registry._watching, registry._changing, registry._indexing, registry._spawning]
-    for group, plural in {(h.selector.group, h.selector.any_name) for r in streams for h in r.get_all_handlers()}:
+    for group, plural in {
+        (h.selector.group, h.selector.any_name) for r in streams for h in r.get_all_handlers()
+    }:
         # list+watch: the streams; patch: finalizers and kopf's annotations; status: the handlers' status
-        namespaced |= {(group, plural, "list"), (group, plural, "watch"), (group, plural, "patch"),
-                       (group, f"{plural}/status", "patch")}
+        namespaced |= {
+            (group, plural, "list"),
+            (group, plural, "watch"),
+            (group, plural, "patch"),
+            (group, f"{plural}/status", "patch"),
+        }
     namespaced.add(("", "events", "create"))  # kopf posts events about handler failures
     if not ks.scanning.disabled:
         cluster |= {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")}
         if settings.namespaces:
             cluster |= {("", "namespaces", v) for v in ("list", "watch")}
     if ks.admission.managed:
-        cluster |= {("admissionregistration.k8s.io", "mutatingwebhookconfigurations", v)
-                    for v in ("list", "watch", "create", "patch")}
+        cluster |= {
+            ("admissionregistration.k8s.io", "mutatingwebhookconfigurations", v)
+            for v in ("list", "watch", "create", "patch")
+        }
     if not ks.peering.standalone:
         namespaced |= {("kopf.dev", "kopfpeerings", v) for v in ("list", "watch", "patch")}
         cluster |= {("kopf.dev", "clusterkopfpeerings", v) for v in ("list", "watch", "patch")}

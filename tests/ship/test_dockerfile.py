@@ -80,8 +80,7 @@ def parse(text: str) -> tuple[dict[str, str], list[Stage]]:
         elif ins.keyword == "FROM":
             words = re.sub(r"\$\{?(\w+)\}?", lambda m: args.get(m.group(1), m.group(0)), ins.args).split()
             words = [w for w in words if not w.startswith("--")]
-            name = words[2] if len(words) >= 3 and words[1].upper() == "AS" else None
-            stages.append(Stage(words[0], name))
+            stages.append(Stage(words[0], words[2] if len(words) >= 3 and words[1].upper() == "AS" else None))
         elif stages:
             stages[-1].instructions.append(ins)
     return args, stages
@@ -104,7 +103,9 @@ def test_every_base_image_is_pinned_to_a_full_version(stages: list[Stage]) -> No
         assert "@sha256:" in stage.base or re.search(r"\d+\.\d+\.\d+", tag), (
             f"base image {stage.base!r} is not pinned to a full version (major.minor.patch) or a digest"
         )
-        assert "slim" in tag or "alpine" in tag or "distroless" in image, f"base image {stage.base!r} is not slim"
+        assert "slim" in tag or "alpine" in tag or "distroless" in image, (
+            f"base image {stage.base!r} is not slim"
+        )
     assert ":latest" not in DOCKERFILE.read_text(), "no image may be referenced by its latest tag"
 
 
@@ -127,7 +128,9 @@ def test_final_stage_has_no_build_tools_and_only_the_built_virtualenv(stages: li
     build, final = stages[:-1], stages[-1]
     assert final.base == stages[0].base, "the final stage must use the build stage's interpreter image"
     for ins in final.all("RUN"):
-        assert not BUILD_TOOLS.search(ins.args), f"line {ins.line}: build tooling in the final stage: {ins.args}"
+        assert not BUILD_TOOLS.search(ins.args), (
+            f"line {ins.line}: build tooling in the final stage: {ins.args}"
+        )
         assert "pip install" not in ins.args, f"line {ins.line}: installs packages in the final stage"
     copies = final.all("COPY") + final.all("ADD")
     assert copies, "the final stage copies nothing"
@@ -223,7 +226,7 @@ def _match(pattern: str, path: str) -> bool:
             i += 1
         elif pattern[i] == "[":
             end = pattern.index("]", i)
-            regex += pattern[i:end + 1]
+            regex += pattern[i : end + 1]
             i = end + 1
         else:
             regex += re.escape(pattern[i])
@@ -242,12 +245,28 @@ def excluded(path: str, patterns: list[tuple[bool, str]]) -> bool:
     return result
 
 
-@pytest.mark.parametrize("path", [
-    "tests/test_engine.py", "tests/ship/test_dockerfile.py", ".venv/bin/python", "venv/lib/x.py",
-    "bucketq/.venv/x", ".git/HEAD", ".tools/bin/helm", "bucketq/__pycache__/app.cpython-311.pyc",
-    "bucketq/core/app.pyc", ".pytest_cache/v/x", ".mypy_cache/3.11/x.json", ".hypothesis/examples/x",
-    "dist/bucketq-0.1.0-py3-none-any.whl", "build/lib/x.py", "bench.json", ".env", "helm/bucketq/values.yaml",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "tests/test_engine.py",
+        "tests/ship/test_dockerfile.py",
+        ".venv/bin/python",
+        "venv/lib/x.py",
+        "bucketq/.venv/x",
+        ".git/HEAD",
+        ".tools/bin/helm",
+        "bucketq/__pycache__/app.cpython-311.pyc",
+        "bucketq/core/app.pyc",
+        ".pytest_cache/v/x",
+        ".mypy_cache/3.11/x.json",
+        ".hypothesis/examples/x",
+        "dist/bucketq-0.1.0-py3-none-any.whl",
+        "build/lib/x.py",
+        "bench.json",
+        ".env",
+        "helm/bucketq/values.yaml",
+    ],
+)
 def test_dockerignore_keeps_out(path: str) -> None:
     assert excluded(path, dockerignore_patterns()), f".dockerignore lets {path} into the build context"
 
@@ -267,11 +286,11 @@ def test_dockerignore_keeps_what_the_dockerfile_copies(stages: list[Stage]) -> N
         assert root.exists(), f"COPY {source}: not in the repository"
         files = [root] if root.is_file() else [p for p in root.rglob("*.py") if "__pycache__" not in p.parts]
         assert files, f"COPY {source}: no files"
-        for path in files:
-            rel = path.relative_to(REPO).as_posix()
+        for file in files:
+            rel = file.relative_to(REPO).as_posix()
             assert not excluded(rel, patterns), f".dockerignore drops {rel}, which COPY {source} needs"
-    for path in ("bucketq/cli/app.py", "bucketq/operator/crds.py", "bucketq/sidecar/server.py"):
-        assert not excluded(path, patterns), f".dockerignore drops {path}"
+    for rel in ("bucketq/cli/app.py", "bucketq/operator/crds.py", "bucketq/sidecar/server.py"):
+        assert not excluded(rel, patterns), f".dockerignore drops {rel}"
 
 
 def test_dockerignore_matcher_follows_docker_semantics() -> None:
@@ -290,12 +309,15 @@ def _pip(target: Path, *args: str, cwd: Path) -> None:
     """pip of this interpreter, working on the ``target`` environment (as the Dockerfile does)."""
     cmd = [sys.executable, "-m", "pip", "--python", str(target), "--disable-pip-version-check", *args]
     result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=300, check=False)
-    assert result.returncode == 0, f"{shlex.join(cmd)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    assert result.returncode == 0, (
+        f"{shlex.join(cmd)} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    )
 
 
 def _clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items()
-            if not k.startswith(("BUCKETQ_", "AWS_", "PYTHON", "VIRTUAL_ENV"))} | {"NO_COLOR": "1"}
+    return {
+        k: v for k, v in os.environ.items() if not k.startswith(("BUCKETQ_", "AWS_", "PYTHON", "VIRTUAL_ENV"))
+    } | {"NO_COLOR": "1"}
 
 
 @pytest.fixture(scope="module")
@@ -306,8 +328,16 @@ def image_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     for venv in (build, runtime):
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     _pip(build / "bin" / "python", "install", "--no-deps", "-r", str(BUILD_LOCK), cwd=tmp)
-    _pip(build / "bin" / "python", "wheel", "--no-deps", "--no-build-isolation", "--wheel-dir", str(dist),
-         str(REPO), cwd=tmp)
+    _pip(
+        build / "bin" / "python",
+        "wheel",
+        "--no-deps",
+        "--no-build-isolation",
+        "--wheel-dir",
+        str(dist),
+        str(REPO),
+        cwd=tmp,
+    )
     wheels = list(dist.glob("bucketq-*.whl"))
     assert len(wheels) == 1, f"expected one bucketq wheel, got {wheels}"
     _pip(runtime / "bin" / "python", "install", "--no-deps", "-r", str(IMAGE_LOCK), cwd=tmp)
@@ -317,12 +347,21 @@ def image_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _run(venv: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([str(venv / "bin" / args[0]), *args[1:]], cwd=venv, env=_clean_env(),
-                          capture_output=True, text=True, timeout=timeout, check=False)
+    return subprocess.run(
+        [str(venv / "bin" / args[0]), *args[1:]],
+        cwd=venv,
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", [["--help"], ["sidecar", "--help"], ["operator", "--help"], ["crds", "--help"]])
+@pytest.mark.parametrize(
+    "command", [["--help"], ["sidecar", "--help"], ["operator", "--help"], ["crds", "--help"]]
+)
 def test_entrypoint_commands_work_from_the_image_virtualenv(image_venv: Path, command: list[str]) -> None:
     result = _run(image_venv, "bucketq", *command)
     assert result.returncode == 0, f"bucketq {' '.join(command)} exited {result.returncode}:\n{result.stderr}"
@@ -348,7 +387,8 @@ def test_image_virtualenv_imports_every_module_it_ships(image_venv: Path) -> Non
     result = _run(image_venv, "python", "-c", code)
     assert result.returncode == 0, (
         "modules that do not import with the image's dependencies (add them to pyproject, then make lock):\n"
-        + result.stdout + result.stderr[-2000:]
+        + result.stdout
+        + result.stderr[-2000:]
     )
 
 

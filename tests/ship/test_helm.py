@@ -7,6 +7,7 @@ operator's kopf registry will call; the webhook's TLS chain is checked with real
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import shutil
@@ -38,12 +39,15 @@ from chart_tools import (
     rules_permissions,
     secret_data,
     selector_matches,
-    template_args,
+    template,
 )
 
 FULLNAME = f"{RELEASE}-bucketq"
-MONITORING_APIS = ["monitoring.coreos.com/v1", "monitoring.coreos.com/v1/ServiceMonitor",
-                   "monitoring.coreos.com/v1/PodMonitor"]
+MONITORING_APIS = [
+    "monitoring.coreos.com/v1",
+    "monitoring.coreos.com/v1/ServiceMonitor",
+    "monitoring.coreos.com/v1/PodMonitor",
+]
 ALL_APIS = [*MONITORING_APIS, "cert-manager.io/v1", "keda.sh/v1alpha1", "keda.sh/v1alpha1/ScaledObject"]
 DIGEST = "sha256:" + "ab" * 32
 
@@ -51,24 +55,55 @@ DIGEST = "sha256:" + "ab" * 32
 FULL: dict[str, Any] = {
     "image": {"repository": "registry.example.com/team/bucketq", "digest": DIGEST, "pullPolicy": "Always"},
     "imagePullSecrets": [{"name": "regcred"}],
-    "s3": {"bucket": "queues", "endpointUrl": "http://minio.storage:9000", "root": "prod",
-           "strategy": "conditional_write", "existingSecret": "minio-creds", "accessKeyIdKey": "user",
-           "secretAccessKeyKey": "password", "region": "eu-west-1"},
-    "operator": {"namespaces": ["shop", "billing"], "logLevel": "DEBUG", "statusIntervalSeconds": 10,
-                 "missingConsumer": "warn", "nodeSelector": {"kubernetes.io/os": "linux"},
-                 "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "queues", "effect": "NoSchedule"}],
-                 "priorityClassName": "system-cluster-critical",
-                 "extraEnv": [{"name": "BUCKETQ_OPERATOR_DEDUP_WINDOW_S", "value": "600"}]},
-    "serviceAccount": {"name": "bq-operator", "annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/bq"}},
+    "s3": {
+        "bucket": "queues",
+        "endpointUrl": "http://minio.storage:9000",
+        "root": "prod",
+        "strategy": "conditional_write",
+        "existingSecret": "minio-creds",
+        "accessKeyIdKey": "user",
+        "secretAccessKeyKey": "password",
+        "region": "eu-west-1",
+    },
+    "operator": {
+        "namespaces": ["shop", "billing"],
+        "logLevel": "DEBUG",
+        "statusIntervalSeconds": 10,
+        "missingConsumer": "warn",
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "queues", "effect": "NoSchedule"}],
+        "priorityClassName": "system-cluster-critical",
+        "extraEnv": [{"name": "BUCKETQ_OPERATOR_DEDUP_WINDOW_S", "value": "600"}],
+    },
+    "serviceAccount": {
+        "name": "bq-operator",
+        "annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/bq"},
+    },
     "webhook": {"failurePolicy": "Ignore", "timeoutSeconds": 5, "port": 8443},
     "certManager": {"enabled": True},
-    "sidecar": {"native": False, "s3EndpointUrl": "http://minio.storage.svc:9000", "apiPort": 4500,
-                "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}, "limits": {"cpu": "1", "memory": "512Mi"}}},
+    "sidecar": {
+        "native": False,
+        "s3EndpointUrl": "http://minio.storage.svc:9000",
+        "apiPort": 4500,
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "128Mi"},
+            "limits": {"cpu": "1", "memory": "512Mi"},
+        },
+    },
     "metrics": {"serviceMonitor": {"labels": {"release": "kube-prometheus"}, "interval": "15s"}},
     "grafanaDashboard": {"enabled": True, "namespace": "monitoring"},
-    "keda": {"scaledObjects": [{"name": "billing-worker", "namespace": "billing", "consumer": "billing",
-                                "scaleTargetRef": {"name": "billing-worker"}, "maxReplicaCount": 20,
-                                "backlogPerReplica": 50}]},
+    "keda": {
+        "scaledObjects": [
+            {
+                "name": "billing-worker",
+                "namespace": "billing",
+                "consumer": "billing",
+                "scaleTargetRef": {"name": "billing-worker"},
+                "maxReplicaCount": 20,
+                "backlogPerReplica": 50,
+            }
+        ]
+    },
 }
 NO_WEBHOOK: dict[str, Any] = {"webhook": {"enabled": False}, "s3": {"existingSecret": ""}}
 SCENARIOS: dict[str, tuple[dict[str, Any], list[str]]] = {
@@ -77,8 +112,13 @@ SCENARIOS: dict[str, tuple[dict[str, Any], list[str]]] = {
     "everything-changed": (FULL, ALL_APIS),
     "no-webhook-pod-identity": (NO_WEBHOOK, []),
 }
-BUILTIN_APIS = {"v1", "apps/v1", "rbac.authorization.k8s.io/v1", "admissionregistration.k8s.io/v1",
-                "apiextensions.k8s.io/v1"}
+BUILTIN_APIS = {
+    "v1",
+    "apps/v1",
+    "rbac.authorization.k8s.io/v1",
+    "admissionregistration.k8s.io/v1",
+    "apiextensions.k8s.io/v1",
+}
 CUSTOM_APIS = {"monitoring.coreos.com/v1", "cert-manager.io/v1", "keda.sh/v1alpha1"}
 
 
@@ -108,7 +148,7 @@ def test_helm_lint_strict(scenario: str, tmp_path: Path) -> None:
 
 def _validator() -> list[str]:
     try:
-        import kubernetes_validate  # noqa: F401
+        import kubernetes_validate  # type: ignore[import-untyped, unused-ignore]  # noqa: F401
     except ImportError:
         pytest.skip("kubernetes-validate is not installed: run `make tools`")
     return [sys.executable, "-m", "kubernetes_validate"]
@@ -124,21 +164,28 @@ def test_every_builtin_object_is_valid_kubernetes(scenario: str, kube_version: s
     assert others <= CUSTOM_APIS, f"objects of unexpected APIs: {others}"
     path = tmp_path / "rendered.yaml"
     path.write_text(yaml.safe_dump_all(builtin))
-    result = subprocess.run([*_validator(), "--strict", "-k", kube_version, str(path)],
-                            capture_output=True, text=True, timeout=120, check=False)
+    result = subprocess.run(
+        [*_validator(), "--strict", "-k", kube_version, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     passed = re.findall(r"passed for resource (\S+)", result.stdout + result.stderr)
-    assert result.returncode == 0, f"kubernetes-validate --strict -k {kube_version}:\n{result.stdout}{result.stderr}"
+    assert result.returncode == 0, (
+        f"kubernetes-validate --strict -k {kube_version}:\n{result.stdout}{result.stderr}"
+    )
     assert len(passed) == len(builtin), f"validated {len(passed)} of {len(builtin)} objects:\n{result.stdout}"
 
 
 def test_kubernetes_versions_below_the_supported_range_are_refused() -> None:
-    result = helm(*template_args(kube_version="1.28.9"), check=False)
+    result = template(kube_version="1.28.9", check=False)
     assert result.returncode != 0 and "kubeVersion" in result.stderr + result.stdout
 
 
 def test_kubernetes_validate_knows_the_versions_we_claim() -> None:
     _validator()
-    from kubernetes_validate.utils import all_versions
+    from kubernetes_validate.utils import all_versions  # type: ignore[import-untyped, unused-ignore]
 
     known = {v.rsplit(".", 1)[0] if v.count(".") == 2 else v for v in all_versions()}
     for version in (OLDEST_KUBE, NEWEST_KUBE):
@@ -157,7 +204,52 @@ def test_crds_rendered_by_the_chart_are_the_generated_ones() -> None:
     assert top_files == chart_files, "crds/ and helm/bucketq/crds/ differ: run make crds"
     rendered = [d for d in render(include_crds=True) if d["kind"] == "CustomResourceDefinition"]
     assert sorted(rendered, key=lambda d: d["metadata"]["name"]) == sorted(
-        (yaml.safe_load(t) for t in generated.values()), key=lambda d: d["metadata"]["name"])
+        (yaml.safe_load(t) for t in generated.values()), key=lambda d: d["metadata"]["name"]
+    )
+
+
+def _unknown_fields(schema: dict[str, Any], value: Any, path: str) -> list[str]:
+    """Fields the apiserver would reject under strict field validation (not in the structural schema)."""
+    out: list[str] = []
+    if (
+        isinstance(value, dict)
+        and "properties" in schema
+        and not schema.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        for name, sub in value.items():
+            if name not in schema["properties"]:
+                out.append(f"{path}.{name}")
+            elif name != "metadata":
+                out += _unknown_fields(schema["properties"][name], sub, f"{path}.{name}")
+    elif isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            out += _unknown_fields(schema["items"], item, f"{path}[{i}]")
+    return out
+
+
+@pytest.mark.parametrize("path", sorted(p.name for p in (REPO / "examples").glob("*.yaml")))
+def test_example_custom_resources_are_valid_against_the_charts_crds(path: str) -> None:
+    import jsonschema  # type: ignore[import-untyped, unused-ignore]
+
+    crds = {
+        (d["spec"]["group"], d["spec"]["names"]["kind"]): d
+        for d in (yaml.safe_load(p.read_text()) for p in (CHART / "crds").glob("*.yaml"))
+    }
+    for doc in yaml.safe_load_all((REPO / "examples" / path).read_text()):
+        group = doc["apiVersion"].split("/")[0]
+        if group != "bucketq.io":
+            continue
+        crd = crds[(group, doc["kind"])]
+        (version,) = [v for v in crd["spec"]["versions"] if f"{group}/{v['name']}" == doc["apiVersion"]]
+        schema = version["schema"]["openAPIV3Schema"]
+        errors = [
+            f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+            for e in jsonschema.Draft7Validator(schema).iter_errors(doc)
+        ]
+        assert not errors, f"examples/{path}: {doc['kind']} {doc['metadata']['name']} is invalid: {errors}"
+        assert not _unknown_fields(schema, doc, ""), (
+            f"examples/{path}: unknown fields {_unknown_fields(schema, doc, '')}"
+        )
 
 
 def test_chart_packages_with_crds_schema_and_notes(tmp_path: Path) -> None:
@@ -165,16 +257,24 @@ def test_chart_packages_with_crds_schema_and_notes(tmp_path: Path) -> None:
     (archive,) = tmp_path.glob("bucketq-*.tgz")
     with tarfile.open(archive) as tar:
         names = set(tar.getnames())
-    for wanted in ("bucketq/values.schema.json", "bucketq/templates/NOTES.txt", "bucketq/crds/topics.bucketq.io.yaml",
-                   "bucketq/files/dashboard-queues.json"):
+    for wanted in (
+        "bucketq/values.schema.json",
+        "bucketq/templates/NOTES.txt",
+        "bucketq/crds/topics.bucketq.io.yaml",
+        "bucketq/files/dashboard-queues.json",
+    ):
         assert wanted in names, f"{wanted} is not in the packaged chart"
 
 
 def test_notes_explain_the_install(tmp_path: Path) -> None:
     result = helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client")
     notes = result.stdout.split("NOTES:", 1)[1]
-    for needle in ('bucketq.io/inject: "true"', "create secret generic bucketq-s3", "bucketq_subscription_backlog",
-                   "kubectl apply -f examples/"):
+    for needle in (
+        'bucketq.io/inject: "true"',
+        "create secret generic bucketq-s3",
+        "bucketq_subscription_backlog",
+        "kubectl apply -f examples/",
+    ):
         assert needle in notes, f"NOTES.txt does not mention {needle!r}:\n{notes}"
     for example in re.findall(r"kubectl apply -f (examples/\S+)", notes):
         assert (REPO / example).exists(), f"NOTES.txt points at {example}, which does not exist"
@@ -183,32 +283,35 @@ def test_notes_explain_the_install(tmp_path: Path) -> None:
 # -- values.schema.json ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("values", "complaint"), [
-    ({"webhook": {"failurePolicy": "Sometimes"}}, "/webhook/failurePolicy"),
-    ({"image": {"tag": "latest"}}, "/image/tag"),
-    ({"image": {"digest": "sha256:nothex"}}, "/image/digest"),
-    ({"operatr": {"namespaces": []}}, "operatr"),
-    ({"webhook": {"port": 70000}}, "/webhook/port"),
-    ({"webhook": {"insecure": True}}, "insecure"),
-    ({"s3": {"bucket": ""}}, "/s3/bucket"),
-    ({"s3": {"strategy": "yolo"}}, "/s3/strategy"),
-    ({"operator": {"namespaces": ["Not_A_Namespace"]}}, "/operator/namespaces/0"),
-    ({"operator": {"replicas": 2}}, "replicas"),
-    ({"sidecar": {"resources": {"requests": {"cpu": "lots"}}}}, "/sidecar/resources/requests/cpu"),
-    ({"metrics": {"podMonitor": {"interval": "soon"}}}, "/metrics/podMonitor/interval"),
-    ({"keda": {"scaledObjects": [{"name": "w", "scaleTargetRef": {"name": "w"}}]}}, "consumer"),
-    ({"certManager": {"issuerRef": {"name": "x", "kind": "Secret"}}}, "/certManager/issuerRef/kind"),
-])
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"webhook": {"failurePolicy": "Sometimes"}}, "/webhook/failurePolicy"),
+        ({"image": {"tag": "latest"}}, "/image/tag"),
+        ({"image": {"digest": "sha256:nothex"}}, "/image/digest"),
+        ({"operatr": {"namespaces": []}}, "operatr"),
+        ({"webhook": {"port": 70000}}, "/webhook/port"),
+        ({"webhook": {"insecure": True}}, "insecure"),
+        ({"s3": {"bucket": ""}}, "/s3/bucket"),
+        ({"s3": {"strategy": "yolo"}}, "/s3/strategy"),
+        ({"operator": {"namespaces": ["Not_A_Namespace"]}}, "/operator/namespaces/0"),
+        ({"operator": {"replicas": 2}}, "replicas"),
+        ({"sidecar": {"resources": {"requests": {"cpu": "lots"}}}}, "/sidecar/resources/requests/cpu"),
+        ({"metrics": {"podMonitor": {"interval": "soon"}}}, "/metrics/podMonitor/interval"),
+        ({"keda": {"scaledObjects": [{"name": "w", "scaleTargetRef": {"name": "w"}}]}}, "consumer"),
+        ({"certManager": {"issuerRef": {"name": "x", "kind": "Secret"}}}, "/certManager/issuerRef/kind"),
+    ],
+)
 def test_values_schema_rejects_bad_values(values: dict[str, Any], complaint: str) -> None:
-    result = helm(*template_args(values), check=False)
+    result = template(values, check=False)
     assert result.returncode != 0, f"the chart accepted {values}"
     assert complaint in result.stderr, f"the error does not name {complaint!r}:\n{result.stderr}"
 
 
 def test_integrations_asked_for_without_their_api_fail_clearly() -> None:
-    result = helm(*template_args({"certManager": {"enabled": True}}), check=False)
+    result = template({"certManager": {"enabled": True}}, check=False)
     assert result.returncode != 0 and "cert-manager.io/v1" in result.stderr
-    result = helm(*template_args({"keda": FULL["keda"]}), check=False)
+    result = template({"keda": FULL["keda"]}, check=False)
     assert result.returncode != 0 and "keda.sh/v1alpha1" in result.stderr
 
 
@@ -226,7 +329,9 @@ def _secrets_for(container: Doc) -> dict[str, dict[str, str]]:
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
-def test_operator_reads_every_setting_the_chart_gives_it(scenario: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_operator_reads_every_setting_the_chart_gives_it(
+    scenario: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every BUCKETQ_* variable is a real setting and the operator's settings load from them."""
     from bucketq.config import Settings
 
@@ -256,7 +361,11 @@ def test_operator_is_a_single_hardened_replica(defaults: list[Doc]) -> None:
     assert pod["securityContext"]["runAsNonRoot"] is True
     container = operator_container(defaults)
     sc = container["securityContext"]
-    assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"] and sc["capabilities"]["drop"] == ["ALL"]
+    assert (
+        sc["readOnlyRootFilesystem"]
+        and not sc["allowPrivilegeEscalation"]
+        and sc["capabilities"]["drop"] == ["ALL"]
+    )
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"metrics": 9090, "health": 8080, "webhook": 9443}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
@@ -288,16 +397,22 @@ def test_sidecar_defaults_reach_the_injected_container(full: list[Doc]) -> None:
     container = operator_container(full)
     env = container_env(container, _secrets_for(container))
     settings = operator_settings_from_env(env)
-    engine = Settings.from_dict({"backend": "s3", "s3_bucket": "queues", "s3_endpoint_url": "http://minio.storage:9000"})
-    sidecar = sidecar_container(Wiring("billing", ["orders"], "pull", None, None, None), {}, engine, settings,
-                                settings.sidecar_native)
+    engine = Settings.from_dict(
+        {"backend": "s3", "s3_bucket": "queues", "s3_endpoint_url": "http://minio.storage:9000"}
+    )
+    sidecar = sidecar_container(
+        Wiring("billing", ["orders"], "pull", None, None, None), {}, engine, settings, settings.sidecar_native
+    )
     assert sidecar["resources"] == FULL["sidecar"]["resources"]
     assert sidecar["image"] == container["image"] and sidecar["imagePullPolicy"] == "IfNotPresent"
     assert "restartPolicy" not in sidecar, "sidecar.native=false gives a plain container"
     sidecar_env = {e["name"]: e for e in sidecar["env"]}
     assert sidecar_env["BUCKETQ_S3_ENDPOINT_URL"]["value"] == "http://minio.storage.svc:9000"
     assert sidecar_env["BUCKETQ_SIDECAR_LISTEN_PORT"]["value"] == "4500"
-    assert sidecar_env["BUCKETQ_S3_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"] == {"name": "minio-creds", "key": "user"}
+    assert sidecar_env["BUCKETQ_S3_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"] == {
+        "name": "minio-creds",
+        "key": "user",
+    }
 
 
 # -- RBAC ----------------------------------------------------------------------------------------------------
@@ -314,7 +429,9 @@ def test_rbac_grants_exactly_what_the_operator_calls(scenario: str) -> None:
     assert one(docs, "ServiceAccount", sa)
     grants = granted(docs, sa, NAMESPACE)
     if settings.namespaces:
-        assert grants[None] == needed[False], "cluster-wide grants differ from the operator's cluster-wide calls"
+        assert grants[None] == needed[False], (
+            "cluster-wide grants differ from the operator's cluster-wide calls"
+        )
         for ns in settings.namespaces:
             assert grants.get(ns) == needed[True], f"grants in {ns} differ from the operator's calls there"
         assert set(grants) == {None, *settings.namespaces}, f"grants in namespaces not served: {set(grants)}"
@@ -353,15 +470,24 @@ def test_webhook_reaches_the_operators_handler(defaults: list[Doc]) -> None:
     target = next(p for p in container["ports"] if p["name"] == port["targetPort"])
     env = container_env(container, _secrets_for(container))
     assert str(target["containerPort"]) == env["BUCKETQ_OPERATOR_WEBHOOK_PORT"]
-    assert selector_matches({"matchLabels": svc["spec"]["selector"]},
-                            one(defaults, "Deployment")["spec"]["template"]["metadata"]["labels"])
+    assert selector_matches(
+        {"matchLabels": svc["spec"]["selector"]},
+        one(defaults, "Deployment")["spec"]["template"]["metadata"]["labels"],
+    )
     # kopf serves each admission handler at /{id}
     settings = operator_settings_from_env(env)
     registry = Operator(Settings.from_dict({"backend": "memory"}), settings).register(kopf.OperatorRegistry())
     ids = [h.id for h in registry._webhooks.get_all_handlers()]
     assert service["path"] == f"/{ids[0]}" and len(ids) == 1
-    assert webhook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE"],
-                                 "resources": ["pods"], "scope": "Namespaced"}]
+    assert webhook["rules"] == [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE"],
+            "resources": ["pods"],
+            "scope": "Namespaced",
+        }
+    ]
     assert webhook["sideEffects"] == "None" and webhook["failurePolicy"] == "Fail"
     assert _mwc(render(FULL, api_versions=ALL_APIS))["failurePolicy"] == "Ignore"
 
@@ -373,7 +499,7 @@ def test_only_pods_asking_for_a_sidecar_are_sent_to_the_webhook(defaults: list[D
     assert not selector_matches(selector, {"app": "w"})
     assert not selector_matches(selector, {"bucketq.io/inject": "false"})
     (condition,) = webhook["matchConditions"]
-    assert "object.metadata.annotations['bucketq.io/inject']" in condition["expression"]
+    assert "'bucketq.io/inject' in object.metadata.annotations" in condition["expression"]
     assert not selector_matches(webhook["namespaceSelector"], {"kubernetes.io/metadata.name": "kube-system"})
     assert selector_matches(webhook["namespaceSelector"], {"kubernetes.io/metadata.name": "shop"})
     scoped = _mwc(full)["namespaceSelector"]
@@ -398,15 +524,19 @@ def test_webhook_tls_from_the_chart_generated_ca(defaults: list[Doc]) -> None:
     cert.verify_directly_issued_by(ca)
     assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca
     assert key.public_key().public_numbers() == cert.public_key().public_numbers()  # type: ignore[union-attr]
-    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(
+        x509.DNSName
+    )
     service = webhook["clientConfig"]["service"]
     assert f"{service['name']}.{service['namespace']}.svc" in sans
     env = container_env(operator_container(defaults), _secrets_for(operator_container(defaults)))
     mount = next(m for m in operator_container(defaults)["volumeMounts"] if m["name"] == "webhook-tls")
     assert env["BUCKETQ_OPERATOR_WEBHOOK_CERT_FILE"] == f"{mount['mountPath']}/tls.crt"
     assert env["BUCKETQ_OPERATOR_WEBHOOK_KEY_FILE"] == f"{mount['mountPath']}/tls.key"
+    # the Deployment's checksum is of this very certificate: a new one restarts the operator
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
-    assert re.fullmatch(r"[0-9a-f]{64}", annotations["checksum/webhook-tls"]), "a new certificate restarts the operator"
+    material = json.dumps(dict(sorted(secret["data"].items())), separators=(",", ":")).encode()
+    assert annotations["checksum/webhook-tls"] == hashlib.sha256(material).hexdigest()
 
 
 def test_webhook_tls_from_cert_manager(full: list[Doc]) -> None:
@@ -415,20 +545,31 @@ def test_webhook_tls_from_cert_manager(full: list[Doc]) -> None:
     assert not find(full, "Secret"), "with cert-manager the chart makes no certificate itself"
     certificate = one(full, "Certificate", f"{FULLNAME}-webhook")
     mwc = one(full, "MutatingWebhookConfiguration")
-    assert mwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/{FULLNAME}-webhook"
+    assert (
+        mwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == f"{NAMESPACE}/{FULLNAME}-webhook"
+    )
     service = webhook["clientConfig"]["service"]
     assert f"{service['name']}.{service['namespace']}.svc" in certificate["spec"]["dnsNames"]
-    volume = next(v for v in one(full, "Deployment")["spec"]["template"]["spec"]["volumes"] if v["name"] == "webhook-tls")
+    volume = next(
+        v
+        for v in one(full, "Deployment")["spec"]["template"]["spec"]["volumes"]
+        if v["name"] == "webhook-tls"
+    )
     assert certificate["spec"]["secretName"] == volume["secret"]["secretName"]
     issuer = one(full, "Issuer", certificate["spec"]["issuerRef"]["name"])
     ca_cert = one(full, "Certificate", issuer["spec"]["ca"]["secretName"])
     assert ca_cert["spec"]["isCA"] is True
     assert one(full, "Issuer", ca_cert["spec"]["issuerRef"]["name"])["spec"] == {"selfSigned": {}}
-    existing = render({"certManager": {"enabled": True, "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}},
-                      api_versions=["cert-manager.io/v1"])
+    existing = render(
+        {"certManager": {"enabled": True, "issuerRef": {"name": "corp-ca", "kind": "ClusterIssuer"}}},
+        api_versions=["cert-manager.io/v1"],
+    )
     assert not find(existing, "Issuer")
-    assert one(existing, "Certificate")["spec"]["issuerRef"] == {"name": "corp-ca", "kind": "ClusterIssuer",
-                                                                 "group": "cert-manager.io"}
+    assert one(existing, "Certificate")["spec"]["issuerRef"] == {
+        "name": "corp-ca",
+        "kind": "ClusterIssuer",
+        "group": "cert-manager.io",
+    }
 
 
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
@@ -462,12 +603,16 @@ def test_prometheus_operator_objects_only_when_the_api_exists(defaults: list[Doc
     service = one(docs, "Service", f"{FULLNAME}-metrics")
     assert selector_matches(monitor["spec"]["selector"], service["metadata"]["labels"])
     (endpoint,) = monitor["spec"]["endpoints"]
-    assert endpoint["port"] in [p["name"] for p in service["spec"]["ports"]] and endpoint["honorLabels"] is True
+    assert (
+        endpoint["port"] in [p["name"] for p in service["spec"]["ports"]] and endpoint["honorLabels"] is True
+    )
     pod_monitor = one(docs, "PodMonitor")
     assert pod_monitor["spec"]["namespaceSelector"] == {"any": True}
     assert selector_matches(pod_monitor["spec"]["selector"], {"bucketq.io/inject": "true"})
-    off = render({"metrics": {"serviceMonitor": {"enabled": False}, "podMonitor": {"enabled": False}}},
-                 api_versions=MONITORING_APIS)
+    off = render(
+        {"metrics": {"serviceMonitor": {"enabled": False}, "podMonitor": {"enabled": False}}},
+        api_versions=MONITORING_APIS,
+    )
     assert not find(off, "ServiceMonitor") and not find(off, "PodMonitor")
 
 
@@ -478,8 +623,13 @@ def test_pod_monitor_scrapes_the_port_the_operator_injects(defaults: list[Doc]) 
     docs = render(api_versions=MONITORING_APIS)
     container = operator_container(docs)
     settings = operator_settings_from_env(container_env(container, _secrets_for(container)))
-    sidecar = sidecar_container(Wiring(None, [], "pull", None, None, None), {},
-                                Settings.from_dict({"backend": "s3", "s3_bucket": "b"}), settings, True)
+    sidecar = sidecar_container(
+        Wiring(None, [], "pull", None, None, None),
+        {},
+        Settings.from_dict({"backend": "s3", "s3_bucket": "b"}),
+        settings,
+        True,
+    )
     (endpoint,) = one(docs, "PodMonitor")["spec"]["podMetricsEndpoints"]
     assert endpoint["port"] in [p["name"] for p in sidecar["ports"]]
 
@@ -492,15 +642,20 @@ def exported_metric_names() -> set[str]:
     names: set[str] = set()
     for registry in (QueueMetrics().registry, Metrics().registry):
         for family in registry.collect():
-            suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}.get(family.type, [""])
+            suffixes = {"counter": ["_total"], "histogram": ["_bucket", "_sum", "_count"]}.get(
+                family.type, [""]
+            )
             names |= {family.name + s for s in suffixes}
     return names
 
 
 def queries(full: list[Doc]) -> list[str]:
+    """PromQL of the dashboard, the chart's ScaledObjects and the example ScaledObjects."""
     dashboard = json.loads(one(full, "ConfigMap", f"{FULLNAME}-dashboard")["data"]["bucketq-queues.json"])
     exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
-    exprs += [t["metadata"]["query"] for so in find(full, "ScaledObject") for t in so["spec"]["triggers"]]
+    examples = [d for p in (REPO / "examples").glob("*.yaml") for d in yaml.safe_load_all(p.read_text())]
+    for so in find(full, "ScaledObject") + find(examples, "ScaledObject"):
+        exprs += [t["metadata"]["query"] for t in so["spec"]["triggers"] if t["type"] == "prometheus"]
     return exprs
 
 
@@ -514,12 +669,22 @@ def test_dashboard_and_keda_queries_are_valid_promql_on_real_metrics(full: list[
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool is not installed: run `make tools` (Debian package prometheus)")
-    rules = {"groups": [{"name": "bucketq", "rules": [
-        {"record": f"bucketq:check{i}", "expr": e.replace("$namespace", ".*")} for i, e in enumerate(exprs)]}]}
+    rules = {
+        "groups": [
+            {
+                "name": "bucketq",
+                "rules": [
+                    {"record": f"bucketq:check{i}", "expr": e.replace("$namespace", ".*")}
+                    for i, e in enumerate(exprs)
+                ],
+            }
+        ]
+    }
     path = tmp_path / "rules.yaml"
     path.write_text(yaml.safe_dump(rules))
-    result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60,
-                            check=False)
+    result = subprocess.run(
+        [promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60, check=False
+    )
     assert result.returncode == 0, f"promtool rejects a query:\n{result.stdout}{result.stderr}"
 
 
@@ -536,4 +701,6 @@ def test_keda_scaled_object_scales_on_the_consumers_backlog(full: list[Doc]) -> 
     assert so["spec"]["scaleTargetRef"] == {"name": "billing-worker"} and so["spec"]["maxReplicaCount"] == 20
     (trigger,) = so["spec"]["triggers"]
     assert trigger["type"] == "prometheus" and trigger["metadata"]["threshold"] == "50"
-    assert 'bucketq_subscription_backlog{namespace="billing",consumer="billing"}' in trigger["metadata"]["query"]
+    assert (
+        'bucketq_subscription_backlog{namespace="billing",consumer="billing"}' in trigger["metadata"]["query"]
+    )

@@ -68,6 +68,8 @@ def test_env_only_with_comma_separated_topics(clean_env: pytest.MonkeyPatch) -> 
          "app's port"),
         ({"BUCKETQ_SIDECAR_DELIVERY": "carrier-pigeon"}, "delivery"),
         ({"BUCKETQ_SIDECAR_LISTEN_PORT": "99999"}, "listen_port"),
+        ({"BUCKETQ_SIDECAR_CONSUMER": "Bad_Name", "BUCKETQ_SIDECAR_TOPICS": "t"}, "invalid consumer name"),
+        ({"BUCKETQ_SIDECAR_CONSUMER": "c", "BUCKETQ_SIDECAR_TOPICS": "ok,no way"}, "invalid topic name"),
         ({"BUCKETQ_SIDECAR_COLOUR": "red"}, None),  # unknown env vars are ignored, like the engine's
     ],
 )

@@ -75,9 +75,8 @@ async def test_sigkill_leases_are_redelivered_by_the_other(
 ) -> None:
     await create_topics(moto_settings, "tasks", partitions=2)
     opts = {"consumer": "crunch", "topics": "tasks", "visibility_timeout_s": 2, "max_in_flight": 10}
-    a = sidecars(moto_settings, "a", **opts)
-    b = sidecars(moto_settings, "b", **opts)
-    published = await _publish(b, "tasks", 40)
+    a = sidecars(moto_settings, "a", **opts)  # alone at first: it owns every partition
+    published = await _publish(a, "tasks", 40)
 
     held: dict[str, DeliveredMessage] = {}
     async with a.aclient() as client:
@@ -85,6 +84,7 @@ async def test_sigkill_leases_are_redelivered_by_the_other(
         while len(held) < 5:
             assert time.monotonic() < deadline, f"sidecar a got {len(held)} messages within 20s"
             held.update({m.id: m for m in await client.pull(max_messages=5, wait=1)})
+    b = sidecars(moto_settings, "b", **opts)
     a.process.kill()  # SIGKILL mid-work: its leases are never released
     assert a.wait_exit(10) == -9
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections import defaultdict
 from typing import Any
 
@@ -113,3 +114,31 @@ async def test_batch_push_with_per_message_statuses(moto_settings: Settings, sid
     assert sorted(deliveries) == list(range(40))
     assert {n: d for n, d in deliveries.items() if d != ([1, 2] if n % 5 == 0 else [1])} == {}
     assert max(batches) > 1, f"messages were not batched: {batches}"
+
+
+async def test_sigterm_lets_open_push_requests_finish(moto_settings: Settings, sidecars: SidecarFactory) -> None:
+    await create_topics(moto_settings, "slow")
+    started = asyncio.Event()
+    finished: list[str] = []
+
+    async def handle(msg: DeliveredMessage) -> str:
+        started.set()
+        await asyncio.sleep(2.0)
+        finished.append(msg.id)
+        return "SUCCESS"
+
+    async with PushServer(handle, port=0) as app:
+        sc = sidecars(moto_settings, "slow", consumer="s", topics="slow", delivery="push", app_port=app.port,
+                      push_concurrency=1, drain_grace_s=20)
+        async with sc.aclient() as client:
+            first = await client.publish("slow", {"n": 1})
+            await client.publish("slow", {"n": 2})
+        await asyncio.wait_for(started.wait(), 20)
+        sc.signal(signal.SIGTERM)
+        code = await asyncio.to_thread(sc.wait_exit, 30)
+    assert code == 0, sc.log()
+    assert finished == [first.id], "the open request did not finish, or a new one started while draining"
+
+    async with Bucketq(moto_settings) as bq:
+        (stats,) = await bq.stats("slow", "s")
+    assert (stats.acked, stats.backlog + stats.in_flight) == (1, 1), stats
