@@ -34,7 +34,7 @@ $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "need Python >= 3.11 on PATH (or make PYTHON=...)"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	$(BIN)/python -m pip install --quiet -e '.[dev,spark]'
 	@touch $@
 
 venv: $(STAMP) ## Create .venv with bucketq and its dev tools (reinstalls when pyproject.toml changes)

@@ -42,6 +42,8 @@ class ConsumerSettings(BaseModel):
     max_in_flight: int = Field(1000, ge=1)
     poll_min_ms: float = Field(10.0, gt=0)
     poll_max_ms: float = Field(100.0, gt=0)
+    poll_idle_ms: float = Field(1000.0, gt=0)
+    idle_after_s: float = Field(10.0, ge=0)
     foreign_poll_ms: float = Field(2000.0, gt=0)
     foreign_poll_max_s: float = Field(60.0, gt=0)
     steal_after_s: float = Field(2.0, ge=0)

@@ -16,7 +16,7 @@ from bucketq.core.producer import Producer, PublishResult
 from bucketq.core.producer_peers import ProducerPeers
 from bucketq.core.registry import Registry
 from bucketq.core.stats import SubscriptionStats, subscription_stats
-from bucketq.core.subscriptions import init_subscription
+from bucketq.core.subscriptions import delete_subscription, init_subscription
 from bucketq.core.topics import TopicCatalog, TopicInfo
 from bucketq.errors import AlreadyExists, BucketqError, ConfigError, Contended
 from bucketq.storage import ObjectStore, Storage, open_storage
@@ -224,6 +224,10 @@ class Bucketq:
     ) -> list[int]:
         """Create ``consumer``'s cursors on every partition of ``topic`` (idempotent)."""
         return await init_subscription(self.storage, self.keys, topic, consumer, start_position)
+
+    async def delete_subscription(self, topic: str, consumer: str) -> int:
+        """Delete ``consumer``'s cursors on ``topic``; returns objects deleted."""
+        return await delete_subscription(self.storage, self.keys, topic, consumer)
 
     async def collect_garbage(self, topics: list[str] | None = None, **options: Any) -> GcReport:
         """Retention and garbage collection (DESIGN.md 2.5); see :func:`bucketq.core.gc.collect_garbage`."""

@@ -15,7 +15,7 @@ from bucketq.core.cursor import Pos
 from bucketq.core.ids import token
 from bucketq.core.keys import Keys
 from bucketq.core.membership import Membership, owned_partitions
-from bucketq.core.message import Message, Receipt
+from bucketq.core.message import InvalidReceipt, Message, Receipt
 from bucketq.core.models import DeadLetterConfig, TopicConfig
 from bucketq.core.partition_worker import CycleResult, Intent, PartitionWorker
 from bucketq.core.producer import Producer
@@ -152,7 +152,7 @@ class Consumer:
                 self._settled[receipt] = "released at close"
             self._held.clear()
             deadline = time.monotonic() + 10
-            while any(w.has_work() for s in self._subs.values() for w in s.workers.values()):
+            while any(w.has_work() or w.busy for s in self._subs.values() for w in s.workers.values()):
                 if time.monotonic() > deadline or self._task is None or self._task.done():
                     break
                 self._wake.set()
@@ -164,6 +164,15 @@ class Consumer:
                 await self._task
         for sub in self._subs.values():
             await sub.membership.leave()
+
+    def pause(self) -> None:
+        """Stop claiming new leases (settlements still commit); :meth:`resume` undoes it."""
+        self._claiming = False
+
+    def resume(self) -> None:
+        if not self._closed:
+            self._claiming = True
+            self._wake.set()
 
     async def __aenter__(self) -> Consumer:
         return self
@@ -320,7 +329,7 @@ class Consumer:
             raise TopicNotFound(receipt.topic)
         worker = sub.workers.get(receipt.partition)
         if worker is None:
-            raise LeaseLost(receipt.pos, f"partition {receipt.partition} of {receipt.topic!r} does not exist")
+            raise InvalidReceipt(receipt.encode())
         return worker
 
     def _intent(self, receipt: Receipt, kind: str, **fields: object) -> asyncio.Future[bool]:
@@ -329,13 +338,14 @@ class Consumer:
         self._wake.set()
         return future
 
-    async def _settle(self, receipt_text: str, kind: str, outcome: str, **fields: object) -> None:
+    async def _settle(self, receipt_text: str, kind: str, outcome: str, **fields: object) -> bool:
+        """Commit a settlement; False when it was already done (idempotent repeat)."""
         if self._closed:
             raise ClosedError("consumer is closed")
         previous = self._settled.get(receipt_text)
         if previous is not None:
             if previous == outcome:
-                return  # idempotent
+                return False  # idempotent
             raise LeaseLost(receipt_text, f"message was already {previous}")
         receipt = Receipt.decode(receipt_text)
         ok = await self._intent(receipt, kind, **fields)
@@ -347,18 +357,19 @@ class Consumer:
         if len(self._settled) > 100_000:
             for k in list(self._settled)[:50_000]:
                 del self._settled[k]
+        return True
 
     async def ack(self, receipt: str) -> None:
         """Mark the message done. Idempotent; LeaseLost when the token is stale."""
-        await self._settle(receipt, "ack", "acked")
-        self.counters.acked += 1
+        if await self._settle(receipt, "ack", "acked"):
+            self.counters.acked += 1
 
     async def nack(self, receipt: str, *, requeue: bool = True, delay: float = 0.0, reason: str = "nack") -> None:
         """Requeue (after ``delay`` seconds), or with requeue=False dead-letter the message."""
         if requeue:
             nb = time.time() + delay if delay > 0 else None
-            await self._settle(receipt, "release", "nacked", not_before=nb)
-            self.counters.nacked += 1
+            if await self._settle(receipt, "release", "nacked", not_before=nb):
+                self.counters.nacked += 1
             return
         r = Receipt.decode(receipt)
         msg = self._held.get(receipt)

@@ -113,6 +113,9 @@ class Keys:
     def subs_prefix(self, topic: str) -> str:
         return self._k(f"{topic}/subs/")
 
+    def subscription_prefix(self, topic: str, consumer: str) -> str:
+        return self._k(f"{topic}/subs/{consumer}/")
+
     def sub_partition_prefix(self, topic: str, consumer: str, partition: int) -> str:
         return self._k(f"{topic}/subs/{consumer}/p{partition:0{PARTITION_WIDTH}d}/")
 

@@ -54,6 +54,7 @@ class CycleResult:
     claimable_left: bool = False
     conflicts: int = 0
     ops: int = 0
+    dead_lettered: int = 0  # by the janitor (max deliveries); an app's own dead-letters are its to count
 
 
 class PartitionWorker:
@@ -94,6 +95,7 @@ class PartitionWorker:
         self.next_discovery = 0.0
         self.discovery_backoff = settings.poll_min_ms / 1000
         self.window_has_more = True
+        self.last_found = time.monotonic()
         self._lock = asyncio.Lock()
 
     @property
@@ -157,8 +159,12 @@ class PartitionWorker:
             result.discovered = await self.discover()
             if result.discovered:  # track the arrival interval: quarter on a find, double on a miss
                 self.discovery_backoff = max(self.settings.poll_min_ms / 1000, self.discovery_backoff / 4)
-            else:
-                self.discovery_backoff = min(self.discovery_backoff * 2, self.settings.poll_max_ms / 1000)
+                self.last_found = now
+            else:  # long idle partitions are polled more slowly still (cost of an idle queue)
+                ceiling = self.settings.poll_max_ms / 1000
+                if now - self.last_found > self.settings.idle_after_s:
+                    ceiling = max(ceiling, self.settings.poll_idle_ms / 1000)
+                self.discovery_backoff = min(self.discovery_backoff * 2, ceiling)
             self.next_discovery = now + self.discovery_backoff
         await self._ensure_window()
         if not foreign:
@@ -314,6 +320,7 @@ class PartitionWorker:
                 op.ref.future.set_result(ok)
         elif op.ref == "dead":
             self._dead_ready.pop(op.pos, None)
+            result.dead_lettered += ok
         elif op.ref == "claim" and ok:
             record = self._record(op.pos)
             lease = self.state.leases.get(op.pos)
@@ -349,4 +356,10 @@ class PartitionWorker:
         self.intents.append(intent)
 
     def has_work(self) -> bool:
+        """Settlements or dead letters wait to be committed."""
         return bool(self.intents) or bool(self._dead_ready)
+
+    @property
+    def busy(self) -> bool:
+        """A cycle (and its commit) is in progress."""
+        return self._lock.locked()

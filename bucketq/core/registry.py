@@ -61,6 +61,14 @@ class Registry:
         await self.storage.overwrite(self._key(reg.kind, reg.id), json.dumps(body).encode())
         return Registration(reg.kind, reg.name, reg.id, reg.created_at, now, reg.meta)
 
+    async def unregister(self, kind: Kind, name: str) -> bool:
+        """Delete the registration of ``name``; False when there was none."""
+        key = self._key(kind, stable_id(kind, name))
+        if await self.storage.head(key) is None:
+            return False
+        await self.storage.delete([key])
+        return True
+
     async def get(self, kind: Kind, name: str) -> Registration | None:
         blob = await self.storage.get(self._key(kind, stable_id(kind, name)))
         if blob is None:

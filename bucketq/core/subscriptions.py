@@ -46,3 +46,16 @@ async def init_subscription(
         await start_cursor(cursor, start_position)
         floors.append(cursor.state.floor)
     return floors
+
+
+async def delete_subscription(storage: Storage, keys: Keys, topic: str, consumer: str) -> int:
+    """Delete every cursor object of ``consumer`` on ``topic`` (all partitions); returns objects deleted.
+
+    Members still running on it would start over at their start position: stop them first.
+    """
+    validate_name(topic)
+    validate_name(consumer, "consumer")
+    doomed = [info.key async for info in storage.list(keys.subscription_prefix(topic, consumer))]
+    for start in range(0, len(doomed), 1000):
+        await storage.delete(doomed[start : start + 1000])
+    return len(doomed)

@@ -52,22 +52,20 @@ async def apply_consumer(bq: Bucketq, name: str, spec: ConsumerSpec) -> Registra
     return reg
 
 
+async def unsubscribe(bq: Bucketq, name: str, topics: list[str]) -> int:
+    """Delete the consumer's cursors on ``topics``; returns objects deleted."""
+    deleted = 0
+    for topic in topics:
+        deleted += await bq.delete_subscription(topic, name)
+    return deleted
+
+
 async def delete_consumer(bq: Bucketq, name: str, topics: list[str]) -> int:
     """Remove the consumer's cursors on ``topics`` and its registration; returns objects deleted."""
-    keys: list[str] = []
-    for topic in topics:
-        try:
-            partitions = (await bq.catalog.marker(topic, fresh=True)).config.partitions
-        except TopicNotFound:
-            continue
-        for partition in range(partitions):
-            keys += [info.key async for info in bq.storage.list(bq.keys.sub_partition_prefix(topic, name, partition))]
-    reg = await bq.registry.get("consumer", name)
-    if reg is not None:
-        keys.append(bq.keys.consumer(reg.id))
-    for start in range(0, len(keys), 1000):
-        await bq.storage.delete(keys[start : start + 1000])
-    return len(keys)
+    deleted = await unsubscribe(bq, name, topics)
+    if await bq.registry.unregister("consumer", name):
+        deleted += 1
+    return deleted
 
 
 @dataclass(frozen=True, slots=True)

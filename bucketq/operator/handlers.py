@@ -6,8 +6,10 @@ so that several operators (tests, restarts) can live in one process.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
 import kopf
@@ -19,7 +21,13 @@ from bucketq.core.keys import validate_name
 from bucketq.errors import BucketqError, InvalidName, StorageError
 from bucketq.operator.buckets import Buckets
 from bucketq.operator.config import OperatorSettings
-from bucketq.operator.consumers import MissingTopics, apply_consumer, consumer_figures, delete_consumer
+from bucketq.operator.consumers import (
+    MissingTopics,
+    apply_consumer,
+    consumer_figures,
+    delete_consumer,
+    unsubscribe,
+)
 from bucketq.operator.metrics import QueueMetrics
 from bucketq.operator.models import (
     GROUP,
@@ -45,6 +53,22 @@ Index = Mapping[Any, Any]
 def _fn(handler: Callable[..., Any]) -> Any:
     """A handler as kopf takes it (kopf's protocols list every keyword; ours take what they use)."""
     return handler
+
+
+async def _until_stopped(stopped: Any, work: Coroutine[Any, Any, None]) -> None:
+    """Run a timer's work, cancelled as soon as kopf stops the timer (so that shutdown is prompt)."""
+    task = asyncio.ensure_future(work)
+    waiter = asyncio.ensure_future(stopped.wait())
+    try:
+        await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for pending in (task, waiter):
+            if not pending.done():
+                pending.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await pending
+    if task.done() and not task.cancelled():
+        task.result()
 
 
 def _parse(model: type[M], spec: Mapping[str, Any], kind: str) -> M:
@@ -176,9 +200,12 @@ class Operator:
                                       delay=self.reconciler.backoff(retry)) from None
         logger.info(f"deletionPolicy Delete: purged topic {name!r} ({deleted} objects)")
 
-    async def collect_garbage(self, name: str, namespace: str, spec: Mapping[str, Any], body: Mapping[str, Any],
-                              patch: kopf.Patch, logger: Any, **_: Any) -> None:
+    async def collect_garbage(self, name: str, namespace: str, patch: kopf.Patch, logger: Any, stopped: Any,
+                              **_: Any) -> None:
         """Retention and garbage collection of one topic and its default dead-letter topic (DESIGN 2.5)."""
+        await _until_stopped(stopped, self._collect_garbage(name, namespace, patch, logger))
+
+    async def _collect_garbage(self, name: str, namespace: str, patch: kopf.Patch, logger: Any) -> None:
         try:
             bq = await self.buckets.get(namespace)
             config = await current_config(bq, name)
@@ -238,10 +265,13 @@ class Operator:
 
     async def reconcile_consumer(self, name: str, namespace: str, spec: Mapping[str, Any], body: Mapping[str, Any],
                                  patch: kopf.Patch, retry: int, dlp_index: Index, topic_index: Index,
-                                 **_: Any) -> None:
+                                 old: Any = None, **_: Any) -> None:
         async with self.reconciler.reconciling("Consumer", namespace, body, patch, retry=retry) as out:
             indexes = {"dlp_index": dlp_index, "topic_index": topic_index}
             out.set(**await self._consumer(name, namespace, spec, indexes, out.conditions, with_figures=False))
+            dropped = sorted(set((old or {}).get("spec", {}).get("topics") or ()) - set(spec.get("topics") or ()))
+            if dropped and spec.get("deletionPolicy") == DeletionPolicy.DELETE:
+                await unsubscribe(await self.buckets.get(namespace), name, dropped)
 
     async def finalize_consumer(self, name: str, namespace: str, spec: Mapping[str, Any], patch: kopf.Patch,
                                 retry: int, logger: Any, **_: Any) -> None:
@@ -290,9 +320,14 @@ class Operator:
     # -- periodic refresh ------------------------------------------------------------------------
 
     async def refresh(self, name: str, namespace: str, spec: Mapping[str, Any], body: Mapping[str, Any],
-                      patch: kopf.Patch, resource: Any, dlp_index: Index, topic_index: Index,
+                      patch: kopf.Patch, resource: Any, dlp_index: Index, topic_index: Index, stopped: Any,
                       **_: Any) -> None:
         """Re-apply the spec (drift after restarts or outages) and refresh the status figures."""
+        await _until_stopped(stopped, self._refresh(name, namespace, spec, body, patch, resource, dlp_index,
+                                                    topic_index))
+
+    async def _refresh(self, name: str, namespace: str, spec: Mapping[str, Any], body: Mapping[str, Any],
+                       patch: kopf.Patch, resource: Any, dlp_index: Index, topic_index: Index) -> None:
         kind = str(body.get("kind") or resource.kind)
         if (body.get("status") or {}).get("phase") == Phase.FAILED and \
                 (body.get("status") or {}).get("observedGeneration") == body["metadata"].get("generation"):

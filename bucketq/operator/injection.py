@@ -74,7 +74,9 @@ def annotations_of(pod: Mapping[str, Any]) -> dict[str, str]:
 
 
 def wants_injection(pod: Mapping[str, Any]) -> bool:
-    return annotations_of(pod).get(INJECT, "").strip().lower() in _TRUE
+    """The pod asks for the sidecar with the ``bucketq.io/inject`` annotation or label."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return any(str(v).strip().lower() in _TRUE for v in (annotations_of(pod).get(INJECT, ""), labels.get(INJECT, "")))
 
 
 def already_injected(pod: Mapping[str, Any]) -> bool:

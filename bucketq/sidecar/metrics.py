@@ -75,6 +75,7 @@ class Metrics:
                            self.expired, self.commit_conflicts, self.commit_rebases):
                 metric.labels(topic, consumer)
             self.dead_lettered.labels(topic, consumer, "app")
+            self.dead_lettered.labels(topic, consumer, "max_deliveries")
             if push:
                 self.push_seconds.labels(topic)
                 for outcome in ("success", "retry", "drop"):
@@ -90,6 +91,8 @@ class Metrics:
         if result.conflicts:
             self.commit_conflicts.labels(topic, consumer).inc(result.conflicts)
             self.commit_rebases.labels(topic, consumer).inc()
+        if result.dead_lettered:
+            self.dead_lettered.labels(topic, consumer, "max_deliveries").inc(result.dead_lettered)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

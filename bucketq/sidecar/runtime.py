@@ -167,9 +167,8 @@ class Runtime:
         self.state = "draining"
         self.metrics.draining.set(1)
         self.metrics.ready.set(0)
-        pause = getattr(self._consumer, "pause", None)  # the engine has no public pause yet
-        if callable(pause):
-            pause()
+        if self._consumer is not None:
+            self._consumer.pause()
 
     async def close(self, timeout: float) -> None:
         """Close consumer (releasing prefetched messages uncounted) and producers (flushing)."""

@@ -48,12 +48,12 @@ QUIET = typer.Option(False, "--quiet", "-q", help="No progress bar.")
 _ERROR = re.compile(r"bucketq\.errors\.(\w+): (.+)")
 
 
-def _session(master: str) -> SparkSession:
+def _session(ctx: typer.Context, master: str) -> SparkSession:
     try:
         from bucketq.spark.session import local_session
     except ImportError as exc:
         raise CliError(f"Spark support is not installed ({exc.name}): pip install 'bucketq[spark]'") from None
-    return local_session("bucketq-spark", master=master)
+    return local_session("bucketq-spark", master=master, log_level="warn" if connection(ctx).debug else "off")
 
 
 def _settings(ctx: typer.Context) -> Settings:
@@ -88,7 +88,7 @@ def export_command(
 
     try:
         started = time.monotonic()
-        spark = _session(master)
+        spark = _session(ctx, master)
         count = pipelines.export(
             spark, _settings(ctx), topic, str(to), fmt.value, since=since, until=until, overwrite=overwrite,
             show=not quiet,
@@ -119,7 +119,7 @@ def backfill_command(
 
     try:
         started = time.monotonic()
-        spark = _session(master)
+        spark = _session(ctx, master)
         report = pipelines.backfill(
             spark, _settings(ctx), str(source), fmt.value, topic, partitions=partitions, show=not quiet,
             payloadFormat=payload_format, batchMessages=batch_messages,
@@ -149,7 +149,7 @@ def redrive_command(
     from bucketq.spark import pipelines
 
     try:
-        spark = _session(master)
+        spark = _session(ctx, master)
         report = pipelines.redrive(
             spark, _settings(ctx), dlq, topic, where=where, consumer=consumer, batch=batch, show=not quiet
         )
@@ -178,7 +178,7 @@ def stats_command(
     from bucketq.spark import pipelines
 
     try:
-        spark = _session(master)
+        spark = _session(ctx, master)
         result = pipelines.stats(spark, _settings(ctx), topic, hours=hours)
     except Exception as exc:
         _fail(ctx, exc)
@@ -211,5 +211,8 @@ def _print_stats(r: dict[str, Any]) -> None:
     avg = f"{s['avg']:.1f}" if s["avg"] is not None else None
     console.print(_table("payload bytes", ["min", "avg", "p50", "p95", "p99", "max"],
                          [[s["min"], avg, s["p50"], s["p95"], s["p99"], s["max"]]]))
-    console.print(_table(f"dead-letter reasons ({r['dead_letter_source']})", ["reason", "messages"],
-                         [[x["reason"], x["count"]] for x in r["dead_letter_reasons"]]))
+    if r["dead_letter_reasons"]:
+        console.print(_table(f"dead-letter reasons ({r['dead_letter_source']})", ["reason", "messages"],
+                             [[x["reason"], x["count"]] for x in r["dead_letter_reasons"]]))
+    else:
+        console.print("no dead letters")

@@ -61,6 +61,7 @@ def export(
     """Archive ``topic`` (or a dead-letter topic) to files; returns the number of messages written."""
     if fmt not in ("parquet", "json"):
         raise ConfigError(f"export format {fmt!r}: use parquet or json")
+    asyncio.run(_check_topics(settings, topic))
     df = read_topic(spark, settings, topic, since=since, until=until)
     writer = df.write.mode("overwrite" if overwrite else "errorifexists").format(fmt)
     if fmt == "json":
@@ -91,6 +92,8 @@ def backfill(
     """Bulk-load a dataset into ``topic`` (created with ``partitions`` when given and missing)."""
     if partitions is not None:
         asyncio.run(_create_topic(settings, topic, partitions))
+    else:
+        asyncio.run(_check_topics(settings, topic))
     df = load_dataset(spark, path, fmt)
     return write_topic(df, settings, topic, description=f"backfill {topic}", show=show, **options)
 
@@ -200,6 +203,7 @@ def stats(spark: SparkSession, settings: Settings, topic: str, *, hours: int = 4
     """Per-partition and per-hour counts, payload sizes and dead-letter reasons of ``topic``."""
     from pyspark.sql import functions as F
 
+    asyncio.run(_check_topics(settings, topic))
     df = read_topic(spark, settings, topic)
     size = F.coalesce(F.octet_length("payload"), F.octet_length("data"))
     df = df.select("partition", "seq", "created_at", "headers", size.alias("size")).cache()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,21 +16,41 @@ if TYPE_CHECKING:
 FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Xshare:auto"
 
 
-def local_session(app_name: str = "bucketq", master: str = "local[*]", **conf: str) -> SparkSession:
+def _log_config(level: str) -> str:
+    """A log4j2 configuration file logging ``level`` and above to stderr (Spark's own logs)."""
+    path = os.path.join(tempfile.gettempdir(), f"bucketq-spark-log4j2-{level}.properties")
+    if not os.path.exists(path):
+        with open(path, "w") as f:
+            f.write(
+                f"rootLogger.level = {level}\nrootLogger.appenderRef.stderr.ref = console\n"
+                "appender.console.type = Console\nappender.console.name = console\n"
+                "appender.console.target = SYSTEM_ERR\nappender.console.layout.type = PatternLayout\n"
+                "appender.console.layout.pattern = %d{HH:mm:ss} %p %c{1}: %m%n%ex\n"
+            )
+    return path
+
+
+def local_session(
+    app_name: str = "bucketq", master: str = "local[*]", *, log_level: str = "error", **conf: str
+) -> SparkSession:
     """A local SparkSession (or the active one) with quick JVM start-up and ``bucketq`` registered.
 
-    Python workers run this interpreter, so they import the same bucketq.
+    Python workers run this interpreter, so they import the same bucketq. Spark logs only at
+    ``log_level`` (``off`` for the CLI, whose errors are reported as one line).
     """
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
     from bucketq.spark import register
 
+    jvm = f"{FAST_JVM} -Dlog4j2.configurationFile={_log_config(log_level.lower())}"
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
-        .config("spark.driver.extraJavaOptions", FAST_JVM)
+        .config("spark.driver.extraJavaOptions", jvm)
         .config("spark.ui.enabled", "false")
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "8")
@@ -39,7 +60,7 @@ def local_session(app_name: str = "bucketq", master: str = "local[*]", **conf: s
     for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
+    spark.sparkContext.setLogLevel(log_level.upper())
     register(spark)
     return spark
 

@@ -89,7 +89,7 @@ class Kube:
         return name
 
 
-def wait_for(check: Callable[[], T], what: str, timeout: float = 30.0, interval: float = 0.1) -> T:
+def wait_for(check: Callable[[], T], what: str, timeout: float = 60.0, interval: float = 0.1) -> T:
     """Poll ``check`` until it returns something truthy (AssertionErrors count as not yet)."""
     deadline = time.monotonic() + timeout
     last: Any = None

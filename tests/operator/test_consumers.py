@@ -87,6 +87,13 @@ def test_consumer_deletion_policy_delete_removes_cursors(
     for name in ("gone", "stays"):
         wait_for(lambda n=name: ready(kube, "consumers", shared_ns, n), f"Consumer {name} to be Ready")
     prefix = f"{shared_engine.root}/{shared_ns}/"
+    kube.create(topic(shared_ns, "tasks"))
+    kube.patch("consumers", shared_ns, "gone", {"spec": {"topics": ["jobs", "tasks"]}})
+    wait_for(lambda: ready(kube, "consumers", shared_ns, "gone", generation=2), "gone to subscribe to tasks")
+    assert [k for k in s3_keys(shared_engine, prefix) if k.startswith(f"{prefix}tasks/subs/gone/")]
+    kube.patch("consumers", shared_ns, "gone", {"spec": {"topics": ["jobs"]}})
+    wait_for(lambda: not [k for k in s3_keys(shared_engine, prefix) if k.startswith(f"{prefix}tasks/subs/gone/")],
+             "the cursors of the dropped topic to go (deletionPolicy Delete)")
     gone_id = kube.get("consumers", shared_ns, "gone")["status"]["consumerId"]  # type: ignore[index]
     kube.delete("consumers", shared_ns, "gone")
     kube.delete("consumers", shared_ns, "stays")

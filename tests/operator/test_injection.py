@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import pytest
@@ -71,3 +72,28 @@ def test_detection() -> None:
     assert not wants_injection({"metadata": {"annotations": {"bucketq.io/inject": "no"}}})
     injected = {"spec": {"initContainers": [{"name": CONTAINER}], "containers": []}}
     assert already_injected(injected) and not already_injected(pod())
+
+
+def test_the_sidecar_accepts_the_injected_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The contract with bucketq.sidecar: its config loader takes exactly what the webhook injects."""
+    from bucketq.sidecar.config import load_config
+
+    spec = ConsumerSpec.model_validate({"topics": ["orders"], "ordered": True,
+                                        "delivery": {"mode": "push", "push": {"port": 8080}}})
+    engine = ENGINE.model_copy(update={"root": "bucketq"})
+    sidecar = plan(pod(**{"bucketq.io/consumer": "billing"}), spec, engine=engine,
+                   settings=OperatorSettings()).spec["initContainers"][0]
+    for name in [k for k in os.environ if k.startswith("BUCKETQ_")]:
+        monkeypatch.delenv(name)
+    secrets = {"BUCKETQ_S3_ACCESS_KEY_ID": "AKIAPOD", "BUCKETQ_S3_SECRET_ACCESS_KEY": "pod-secret"}
+    for item in sidecar["env"]:
+        value = item.get("value")
+        if value is None:
+            value = secrets.get(item["name"], "team-a")  # secretKeyRef / downward API
+        monkeypatch.setenv(item["name"], value.replace("$(BUCKETQ_POD_NAMESPACE)", "team-a"))
+    config = load_config()
+    assert config.engine.root == "bucketq/team-a" and config.engine.s3_bucket == "queues"
+    assert config.engine.consumer.ordered is True
+    assert config.sidecar.consumer == "billing" and config.sidecar.topics == ["orders"]
+    assert config.sidecar.delivery == "push" and config.sidecar.app_port == 8080
+    assert config.sidecar.listen_host == "127.0.0.1" and config.sidecar.metrics_port == 9090

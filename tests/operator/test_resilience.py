@@ -112,7 +112,7 @@ def test_s3_outage_sets_conditions_and_recovers(
         assert running.thread.is_alive(), "an outage must not stop the operator"
 
         switch.up()
-        wait_for(lambda: ready(kube, "topics", ns, "orders"), "Topic orders to recover", timeout=40)
+        wait_for(lambda: ready(kube, "topics", ns, "orders"), "Topic orders to recover", timeout=90)
 
         switch.down()
         degraded = wait_for(lambda: (o := kube.get("topics", ns, "orders")) and
@@ -121,7 +121,7 @@ def test_s3_outage_sets_conditions_and_recovers(
         switch.up()
         wait_for(lambda: ready(kube, "topics", ns, "orders") and
                  kube.get("topics", ns, "orders")["status"]["phase"] == "Ready",  # type: ignore[index]
-                 "Topic orders to be Ready again", timeout=40)
+                 "Topic orders to be Ready again", timeout=90)
         assert running.thread.is_alive()
     finally:
         running.stop()

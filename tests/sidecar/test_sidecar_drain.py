@@ -67,9 +67,6 @@ async def test_sigterm_drain_loses_nothing(moto_settings: Settings, sidecars: Si
     assert not set(rest) & {m.id for m in held}, "acked messages came back"
 
 
-@pytest.mark.xfail(strict=False, reason="engine: Consumer.close(drain=True) may cancel its own release "
-                   "commit, a race against S3 latency (deterministic repro: "
-                   "test_sidecar_engine_issues.py::test_close_releases_prefetched_messages_uncounted)")
 async def test_sigterm_releases_prefetched_messages_uncounted(
     moto_settings: Settings, sidecars: SidecarFactory
 ) -> None:

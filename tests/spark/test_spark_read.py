@@ -117,7 +117,7 @@ def test_consumer_state_column(spark: Any, moto_server: S3Server) -> None:
         acked, dead, held = set(), set(), set()
         async with Bucketq(settings) as bq:
             consumer = await bq.register_consumer("billing", "work")
-            got = []
+            got: list[Any] = []
             while len(got) < 20:
                 got += await consumer.poll(max_messages=20 - len(got), wait=5)
             for msg in got[:10]:

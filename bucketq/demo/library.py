@@ -1,8 +1,7 @@
-"""``bucketq demo``: a queue on an embedded S3 (moto server) or a local directory, end to end.
+"""``bucketq demo --mode library``: the engine in-process on an embedded S3 (moto) or a directory.
 
 Creates a topic, publishes a few thousand messages from concurrent producers while several
-consumers consume and ack them, and prints what it cost. Exits non-zero if any message is lost
-or delivered twice.
+consumers consume and ack them, and prints what it cost.
 """
 
 from __future__ import annotations
@@ -11,12 +10,10 @@ import asyncio
 import contextlib
 import time
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import TYPE_CHECKING
 
-import typer
-
 if TYPE_CHECKING:
+    from rich.console import Console
     from rich.progress import Progress, TaskID
     from rich.table import Table
 
@@ -26,11 +23,6 @@ if TYPE_CHECKING:
 
 TOPIC = "demo"
 GROUP = "demo-workers"
-
-
-class DemoBackend(StrEnum):
-    moto = "moto"
-    file = "file"
 
 
 @dataclass
@@ -106,10 +98,12 @@ def summary_table(
 ) -> Table:
     from rich.table import Table
 
+    from bucketq.demo.common import count
+
     t = outcome.tracker
     rate = outcome.messages / outcome.seconds if outcome.seconds > 0 else 0.0
     per_msg = outcome.usage.total / outcome.messages if outcome.messages else 0.0
-    table = Table(title="bucketq demo", show_header=False, title_justify="left")
+    table = Table(title="bucketq demo (library mode)", show_header=False, title_justify="left")
     table.add_column(style="bold")
     table.add_column(justify="right")
     rows = [
@@ -121,59 +115,30 @@ def summary_table(
         ("S3 requests", f"{outcome.usage.total:,}"),
         ("S3 requests per message", f"{per_msg:.4f}"),
         ("bytes moved", f"{(outcome.usage.bytes_in + outcome.usage.bytes_out) / 1e6:.2f} MB"),
-        ("duplicates", _count(t.duplicates)),
-        ("lost", _count(t.lost)),
+        ("duplicates", count(t.duplicates)),
+        ("lost", count(t.lost)),
     ]
     for label, value in rows:
         table.add_row(label, value)
     return table
 
 
-def _count(n: int) -> str:
-    return f"[bold red]{n}[/]" if n else "[green]0[/]"
-
-
-def command(
-    backend: DemoBackend = typer.Option(
-        DemoBackend.moto,
-        "--backend",
-        "-b",
-        help="moto: an S3 server started for the demo; file: a temp directory.",
-    ),
-    messages: int = typer.Option(3000, "--messages", "-n", min=1, help="Messages to publish."),
-    producers: int = typer.Option(3, "--producers", min=1, help="Concurrent producers."),
-    consumers: int = typer.Option(3, "--consumers", min=1, help="Concurrent consumers (one consumer group)."),
-    partitions: int = typer.Option(4, "--partitions", min=1, help="Partitions of the demo topic."),
-) -> None:
-    """Run a queue end to end on an embedded S3 and show what it cost (exit 1 on loss or duplicates)."""
-    from bucketq.cli.errors import EXIT_ERROR, CliError, fail, run
-
-    outcome = run(_demo(backend.value, messages, producers, consumers, partitions))
-    if not outcome.ok:
-        t = outcome.tracker
-        fail(CliError(f"demo failed: {t.lost} lost, {t.duplicates} duplicates", EXIT_ERROR))
-
-
-async def _demo(backend: str, messages: int, producers: int, consumers: int, partitions: int) -> DemoOutcome:
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+async def run_library_demo(
+    console: Console, backend: str, messages: int, producers: int, consumers: int, partitions: int
+) -> DemoOutcome:
+    """The library-mode demo with live progress on ``console``, ending with the summary table."""
+    from rich.progress import Progress
 
     from bucketq.bench.backends import open_backend
+    from bucketq.demo.common import progress_columns
 
-    console = Console()
     with contextlib.ExitStack() as stack:
         with console.status(
             f"starting {'a moto S3 server' if backend == 'moto' else 'a local directory store'}…"
         ):
             running = stack.enter_context(open_backend("moto" if backend == "moto" else "file"))
         console.print(f"store ready: {_where(running)}")
-        columns = (
-            TextColumn("{task.description:>20}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-        )
-        with Progress(*columns, console=console) as progress:
+        with Progress(*progress_columns(), console=console) as progress:
             outcome = await run_demo(
                 running,
                 messages=messages,

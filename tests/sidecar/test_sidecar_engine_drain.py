@@ -1,14 +1,8 @@
-"""Engine behaviours the sidecar depends on, reproduced in-process (strict xfail until fixed).
-
-Each test is minimal and fast; when the engine is fixed it XPASSes, which fails the run: then
-drop the marker (and the matching one in the sidecar tests).
-"""
+"""Engine behaviours the sidecar's drain depends on, checked in-process with S3-like write latency."""
 
 from __future__ import annotations
 
 import asyncio
-
-import pytest
 
 from bucketq import Bucketq, Settings
 from bucketq.storage import MemoryStore
@@ -28,11 +22,6 @@ def _bq() -> Bucketq:
     return Bucketq(Settings.from_dict({"backend": "memory", "strategy": "conditional_write"}), store=SlowPutStore())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="engine: Consumer.close(drain=True) cancels the cycle that is committing its release ops "
-    "(has_work() is False once the cycle took the intents), so prefetched leases are not released",
-)
 async def test_close_releases_prefetched_messages_uncounted() -> None:
     async with _bq() as bq:
         await bq.create_topic("t")
