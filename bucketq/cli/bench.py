@@ -20,6 +20,11 @@ class BenchBackend(StrEnum):
     memory = "memory"
 
 
+class Via(StrEnum):
+    library = "library"
+    sidecar = "sidecar"
+
+
 class Scenario(StrEnum):
     publish = "publish"
     consume = "consume"
@@ -72,8 +77,19 @@ def bench(
         [], "--set", help="Engine setting for every connection, e.g. producer.linger_ms=5."
     ),
     json_file: Path | None = typer.Option(None, "--json", help="Write the runs as a JSON list to this file."),
+    via: Via = typer.Option(
+        Via.library, "--via",
+        help="library: in-process connections; sidecar: apps speaking HTTP to sidecar processes (e2e).",
+    ),
+    spark: bool = typer.Option(False, "--spark", help="Spark read and write throughput on local[2] instead."),
 ) -> None:
     """Measure throughput, S3 requests per message, latency, duplicates and losses."""
+    if via is Via.sidecar or spark:
+        if backend not in (BenchBackend.moto, BenchBackend.seaweedfs):
+            raise typer.BadParameter("--via sidecar and --spark need --backend moto or seaweedfs", param_hint="--backend")
+        run(_bench_server(backend.value, "spark" if spark else "sidecar", messages, consumers, partitions,
+                          payload_bytes, json_file))
+        return
     run(
         _bench(
             backend.value,
@@ -143,3 +159,47 @@ async def _bench(
     if bad:
         names = ", ".join(f"{r.scenario} ({r.duplicates} duplicates, {r.lost} lost)" for r in bad)
         raise CliError(f"runs with problems: {names}", EXIT_ERROR)
+
+
+async def _bench_server(
+    backend: str, kind: str, messages: int, sidecars: int, partitions: int, payload_bytes: int,
+    json_file: Path | None,
+) -> None:
+    """The sidecar (e2e over HTTP) or Spark benchmark on a server it starts; the same JSON list format."""
+    import asyncio
+
+    from bucketq.bench.servers import serve
+
+    console = Console()
+    with console.status(f"starting {backend}…"), serve(backend) as server:  # type: ignore[arg-type]
+        bucket = server.new_bucket()
+        if kind == "sidecar":
+            from bucketq.sidecar.bench import run_via_sidecar
+
+            record = await run_via_sidecar(
+                server.endpoint_url, bucket, messages, sidecars, partitions, payload_bytes,
+                access_key=server.access_key, secret_key=server.secret_key,
+            )
+            records = [record | {"backend": backend}]
+        else:
+            from bucketq.spark.bench import run_spark_bench
+
+            records = await asyncio.to_thread(
+                run_spark_bench, server.endpoint_url, bucket, messages, partitions, payload_bytes,
+                access_key=server.access_key, secret_key=server.secret_key,
+            )
+    keys = ("scenario", "messages", "msgs_per_s", "s3_requests_per_message", "p50_ms", "p99_ms",
+            "duplicates", "lost", "rss_peak_mib") if kind == "sidecar" else (
+            "scenario", "messages", "msgs_per_s", "mb_per_s", "s3_requests_per_message")
+    from rich.table import Table
+
+    table = Table(*keys, title=f"bucketq bench ({kind}, {backend})")
+    for rec in records:
+        table.add_row(*(str(rec.get(k, "-")) for k in keys))
+    console.print(table)
+    if json_file is not None:
+        json_file.write_text(json.dumps(records, indent=2) + "\n")
+        console.print(f"wrote {len(records)} run(s) to {json_file}")
+    bad = [r for r in records if r.get("duplicates") or r.get("lost")]
+    if bad:
+        raise CliError(f"runs with problems: {bad}", EXIT_ERROR)

@@ -60,7 +60,7 @@ def main() -> int:
         return 2
     worker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(worker)
-    worker.Client = TapClient
+    vars(worker)["Client"] = TapClient  # the worker calls Client(...) by its global name
     sys.argv = [worker_path, *worker_args]
     with open(ledger_path, "a", encoding="utf-8") as ledger:
         TapClient.ledger = ledger

@@ -10,7 +10,6 @@ import json
 import re
 import time
 from enum import StrEnum
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
@@ -75,7 +74,7 @@ def _fail(ctx: typer.Context, exc: Exception) -> NoReturn:
 def export_command(
     ctx: typer.Context,
     topic: str = typer.Option(..., "--topic", "-t", help="Topic (or dead-letter topic) to archive."),
-    to: Path = typer.Option(..., "--to", help="Output directory (local path or any Spark URI)."),
+    to: str = typer.Option(..., "--to", help="Output directory (local path or any Spark URI, e.g. s3a://...)."),
     fmt: ExportFormat = typer.Option(ExportFormat.parquet, "--format", "-f", help="File format."),
     since: str | None = typer.Option(None, "--since", help="Only messages created at or after (ISO-8601 or unix s)."),
     until: str | None = typer.Option(None, "--until", help="Only messages created before (ISO-8601 or unix s)."),
@@ -90,7 +89,7 @@ def export_command(
         started = time.monotonic()
         spark = _session(ctx, master)
         count = pipelines.export(
-            spark, _settings(ctx), topic, str(to), fmt.value, since=since, until=until, overwrite=overwrite,
+            spark, _settings(ctx), topic, to, fmt.value, since=since, until=until, overwrite=overwrite,
             show=not quiet,
         )
     except Exception as exc:
@@ -101,7 +100,7 @@ def export_command(
 @app.command("backfill")
 def backfill_command(
     ctx: typer.Context,
-    source: Path = typer.Option(..., "--from", help="Dataset to load (file or directory)."),
+    source: str = typer.Option(..., "--from", help="Dataset to load (file, directory or Spark URI)."),
     fmt: InputFormat = typer.Option(InputFormat.parquet, "--format", "-f", help="Dataset format."),
     topic: str = typer.Option(..., "--topic", "-t", help="Target topic."),
     partitions: int | None = typer.Option(
@@ -121,7 +120,7 @@ def backfill_command(
         started = time.monotonic()
         spark = _session(ctx, master)
         report = pipelines.backfill(
-            spark, _settings(ctx), str(source), fmt.value, topic, partitions=partitions, show=not quiet,
+            spark, _settings(ctx), source, fmt.value, topic, partitions=partitions, show=not quiet,
             payloadFormat=payload_format, batchMessages=batch_messages,
         )
     except Exception as exc:

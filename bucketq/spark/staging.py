@@ -43,7 +43,7 @@ class TaskCommit(WriterCommitMessage):
 
 
 async def _stage(
-    storage: Storage, cfg: WriteConfig, root: str, batches: Iterator[pa.RecordBatch], mapper: RowMapper
+    storage: Storage, cfg: WriteConfig, root: str, task: int, batches: Iterator[pa.RecordBatch], mapper: RowMapper
 ) -> tuple[dict[int, int], int]:
     keys = Keys(root)
     catalog = TopicCatalog(storage, keys)
@@ -56,7 +56,8 @@ async def _stage(
     settings = ProducerSettings(
         linger_ms=50, max_batch_messages=min(cfg.batch_messages, 100_000), max_batch_bytes=cfg.batch_bytes
     )
-    producer = Producer(storage, keys, catalog, settings, producer_id=cfg.producer_id, name="spark")
+    # the name only seeds where unkeyed rows start: tasks start on different partitions
+    producer = Producer(storage, keys, catalog, settings, producer_id=cfg.producer_id, name=f"spark-{task}")
     pending: list[asyncio.Task[PublishResult]] = []
     messages = 0
     try:
@@ -69,8 +70,8 @@ async def _stage(
                     pending = []
         await asyncio.gather(*pending)
     except BaseException:
-        for task in pending:
-            task.cancel()
+        for publish in pending:
+            publish.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
         raise
     finally:
@@ -109,7 +110,7 @@ async def stage_task(
     async with storage_for(cfg.settings) as storage:
         try:
             with paused_gc():
-                counts, messages = await _stage(storage, cfg, root, batches, mapper)
+                counts, messages = await _stage(storage, cfg, root, task, batches, mapper)
             if await storage.head(aborted_key(base, cfg.job)) is not None:
                 raise BucketqError(f"write job {cfg.job} was aborted while this task ran")
         except BaseException:

@@ -73,7 +73,10 @@ def test_write_maps_rows_data_and_times(spark: Any, bucket: Settings, options: d
     text = spark.createDataFrame([("hello",)], "payload STRING")
     _writer(text, options, "raw", payloadFormat="string").save()
 
+    _writer(text.limit(0), options, "raw").save()  # nothing to write: nothing appended
+
     records = [r for *_, r in asyncio.run(topic_records(bucket, "raw"))]
+    assert len(records) == 4
     assert [r.payload for r in records[:2]] == [{"n": 1, "label": "a"}, {"n": 2, "label": "b"}]
     assert records[0].created_at == when.timestamp()
     assert records[2].data == b"\x00\x01" and records[2].id == "x-1"
