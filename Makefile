@@ -39,7 +39,7 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP) ## Create .venv with bucketq and its dev tools (reinstalls when pyproject.toml changes)
 
-demo: $(STAMP) ## Run the demo: publish and consume through a local bucket
+demo: $(STAMP) ## Run the demo: embedded S3, a topic, a sidecar, a producer and the example worker
 	$(BIN)/bucketq demo
 
 lint: $(STAMP) ## Ruff and mypy

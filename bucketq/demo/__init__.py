@@ -114,6 +114,9 @@ def command(
     if result.worker_summary:
         console.print(f"[dim]{result.worker_summary}[/]")
     console.print(summary_table(result))
+    for name, tail in result.logs.items():
+        console.print(f"[red]last lines of the {name}'s log:[/]")
+        console.print(tail, markup=False, style="dim", soft_wrap=True)
     problems = result.problems()
     if problems:
         fail(CliError("demo failed: " + "; ".join(problems), EXIT_ERROR))

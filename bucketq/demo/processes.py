@@ -6,6 +6,7 @@ the demo, which then stops them in order; Linux also SIGTERMs them should the de
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -50,8 +51,10 @@ class Child:
             return None
         return next((line for line in reversed(text.splitlines()) if line.startswith(prefix)), None)
 
-    def stop(self, timeout_s: float) -> int:
-        """SIGTERM, then SIGKILL after ``timeout_s``; returns the exit code (negative: killed by a signal)."""
+    def stop(self, timeout_s: float, *, grace_s: float = 0.0) -> int:
+        """Wait ``grace_s`` for an exit, SIGTERM, SIGKILL after ``timeout_s``; the exit code (<0: signal)."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(grace_s)
         if self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
             try:

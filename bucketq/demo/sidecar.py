@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
+import signal
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -83,9 +84,10 @@ class SidecarOutcome:
     first_publish: float | None = None  # unix time
     acks: Counter[str] = field(default_factory=Counter)  # message id -> successful acks
     last_ack: float | None = None
-    metrics: SidecarMetrics = field(default_factory=SidecarMetrics)
+    metrics: SidecarMetrics | None = None  # None: the sidecar was not there to ask
     worker_summary: str | None = None
     failures: list[str] = field(default_factory=list)
+    logs: dict[str, str] = field(default_factory=dict)  # last lines of each failed process's log
 
     @property
     def consumed(self) -> int:
@@ -162,24 +164,14 @@ async def run_sidecar_demo(
         children.append(sidecar)
         async with AsyncClient(url, timeout=30) as client:
             with console.status("starting the sidecar…"):
-                await _wait_ready(client, sidecar, deadline=time.monotonic() + 30)
+                await _wait_ready(console, client, sidecar, deadline=time.monotonic() + 30)
             _step(
                 console, "sidecar", f"{url} (pid {sidecar.pid}), ready in {time.monotonic() - started:.1f}s"
             )
 
             ledger = workdir / "acked.txt"
-            args = [
-                "--url",
-                url,
-                "--batch",
-                "250",
-                "--wait",
-                "1",
-                "--max-messages",
-                str(messages),
-                "--idle-exit",
-                f"{WORKER_IDLE_EXIT_S:g}",
-            ]
+            args = ["--url", url, "--batch", "250", "--wait", "1", "--max-messages", str(messages)]
+            args += ["--idle-exit", f"{WORKER_IDLE_EXIT_S:g}"]
             worker_proc = start_worker(workdir, worker, ledger, args)
             children.append(worker_proc)
             _step(
@@ -196,13 +188,19 @@ async def run_sidecar_demo(
             outcome.worker_summary = worker_proc.last_line("worker done:")
             if sidecar.returncode is None:
                 outcome.metrics = SidecarMetrics.parse(await client.metrics())
-        for child in reversed(children):  # worker, then the sidecar (SIGTERM: a graceful drain)
-            code = child.stop(15.0)
+        for child in reversed(children):  # the worker (it may be exiting), then the sidecar (drains)
+            code = child.stop(15.0, grace_s=2.0 if child is worker_proc else 0.0)
             if code != 0:
-                outcome.failures.append(f"the {child.name} exited with code {code}")
-                console.print(f"[red]{child.name} exited with code {code}; last lines of its log:[/]")
-                console.print(child.log_tail(), markup=False, highlight=False)
+                outcome.failures.append(f"the {child.name} {_exit_text(code)}")
+                outcome.logs[child.name] = child.log_tail()
     return outcome
+
+
+def _exit_text(code: int) -> str:
+    if code < 0:
+        with contextlib.suppress(ValueError):
+            return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
 
 
 def _step(console: Console, what: str, text: str) -> None:
@@ -242,12 +240,13 @@ def _sidecar_env(server: S3Server, bucket: str, strategy: str, port: int, messag
     }
 
 
-async def _wait_ready(client: AsyncClient, sidecar: Child, deadline: float) -> None:
+async def _wait_ready(console: Console, client: AsyncClient, sidecar: Child, deadline: float) -> None:
     while not await client.ready():
-        if sidecar.returncode is not None:
-            raise RuntimeError(f"the sidecar exited with code {sidecar.returncode}:\n{sidecar.log_tail()}")
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the sidecar was not ready in time:\n{sidecar.log_tail()}")
+        code = sidecar.returncode
+        if code is not None or time.monotonic() > deadline:
+            console.print(sidecar.log_tail(), markup=False, style="dim", soft_wrap=True)
+            why = "was not ready in time" if code is None else _exit_text(code)
+            raise RuntimeError(f"the sidecar {why} (its log above)")
         await asyncio.sleep(POLL_S)
 
 
@@ -327,8 +326,7 @@ async def _watch(
 ) -> None:
     """Follow the sidecar's acked counter until the worker exits (or a process dies, or time is up)."""
     while True:
-        if sidecar.returncode is not None:
-            outcome.failures.append(f"the sidecar died with code {sidecar.returncode}")
+        if sidecar.returncode is not None:  # reported once it is reaped
             return
         with contextlib.suppress(SidecarError):
             status = await client.status()
@@ -366,6 +364,7 @@ def summary_table(outcome: SidecarOutcome) -> Table:
 
     m = outcome.metrics
     n = len(outcome.published)
+    per_message = f"{m.s3_requests / n:.4f}" if m is not None and n else "–"
     rate = outcome.consumed / outcome.seconds if outcome.seconds > 0 else 0.0
     table = Table(title="bucketq demo (sidecar mode)", show_header=False, title_justify="left")
     table.add_column(style="bold")
@@ -378,13 +377,16 @@ def summary_table(outcome: SidecarOutcome) -> Table:
         ("msgs/s", f"{rate:,.0f}"),
         ("duplicates", count(outcome.duplicates)),
         ("lost", count(outcome.lost)),
-        ("S3 requests per message", f"{m.s3_requests / n:.4f}" if n else "–"),
+        ("S3 requests per message", per_message),
     ]
     if outcome.publish_errors:
         rows.append(("publish errors", count(outcome.publish_errors)))
     for label, value in rows:
         table.add_row(label, value)
     table.add_section()
+    if m is None:
+        table.add_row("[dim]sidecar /metrics[/]", "[red]unavailable: the sidecar was gone[/]")
+        return table
     table.add_row("[dim]sidecar /metrics[/]", "")
     metric_rows = [
         ("published", m["messages_published"]),

@@ -17,7 +17,7 @@ from bucketq import Bucketq
 from bucketq.config import Settings
 
 if TYPE_CHECKING:
-    from pyspark.sql import SparkSession
+    from pyspark.sql import DataFrame, SparkSession
 
 REQUESTS_PER_MESSAGE_TARGET = 0.01
 
@@ -85,19 +85,31 @@ def spark_bench(
     spark: SparkSession | None = None,
     topic: str | None = None,
 ) -> SparkBenchResult:
-    """Write ``messages`` JSON messages of about ``payload_bytes`` each, then read them back."""
+    """Write ``messages`` JSON messages of about ``payload_bytes`` each, then read them back.
+
+    A small warm-up write and read run first (Python workers started), so the numbers are a
+    steady-state measurement of the data source, not of Spark's start-up.
+    """
     from bucketq.spark.pipelines import read_topic, write_topic
     from bucketq.spark.session import local_session
 
     spark = spark or local_session("bucketq-bench", master=master)
     topic = topic or f"spark-bench-{uuid.uuid4().hex[:8]}"
     asyncio.run(_create(settings, topic, partitions))
+    asyncio.run(_create(settings, topic + "-warmup", partitions))
     result = SparkBenchResult(messages, payload_bytes, partitions, master)
     pad = max(0, payload_bytes - len('{"n":,"pad":""}') - len(str(messages)))
     tasks = max(2, spark.sparkContext.defaultParallelism)
-    df = spark.range(messages, numPartitions=tasks).selectExpr(
-        f"to_json(named_struct('n', id, 'pad', repeat('x', {pad}))) AS payload"
-    )
+
+    def generated(n: int) -> DataFrame:
+        return spark.range(n, numPartitions=tasks).selectExpr(
+            f"to_json(named_struct('n', id, 'pad', repeat('x', {pad}))) AS payload"
+        )
+
+    # warm up: Python workers started, code paths compiled (a steady-state measurement)
+    write_topic(generated(1000), settings, topic + "-warmup", description="bench warm-up", show=False)
+    read_topic(spark, settings, topic + "-warmup").groupBy().count().first()
+    df = generated(messages)
     started = time.perf_counter()
     report = write_topic(df, settings, topic, description="bench write", show=False)
     result.write_s = time.perf_counter() - started
@@ -111,3 +123,41 @@ def spark_bench(
     result.read_s = time.perf_counter() - started
     result.read_rows = int(counted[0]) if counted is not None else 0
     return result
+
+
+def run_spark_bench(
+    endpoint_url: str,
+    bucket: str,
+    messages: int = 1_000_000,
+    partitions: int = 4,
+    payload_bytes: int = 100,
+    *,
+    access_key: str | None = None,
+    secret_key: str | None = None,
+    master: str = "local[2]",
+) -> list[dict[str, Any]]:
+    """``bucketq bench --spark``: the write and the read as two benchmark records.
+
+    Read requests are not counted (executors do not report them back); about one GET per
+    segment plus one LIST per 1000 segments and a HEAD per task.
+    """
+    data: dict[str, Any] = {"backend": "s3", "s3_endpoint_url": endpoint_url, "s3_bucket": bucket, "strategy": "auto"}
+    if access_key is not None:
+        data.update(s3_access_key_id=access_key, s3_secret_access_key=secret_key)
+    result = spark_bench(
+        Settings.from_dict(data), messages=messages, payload_bytes=payload_bytes, partitions=partitions, master=master
+    )
+    common = {"messages": messages, "payload_bytes": payload_bytes, "partitions": partitions, "master": master}
+    return [
+        common | {
+            "scenario": "spark-write", "seconds": round(result.write_s, 3),
+            "msgs_per_s": round(result.write_msgs_per_s, 1), "mb_per_s": round(result.write_mb_per_s, 2),
+            "s3_requests_per_message": round(result.write_requests_per_message, 5),
+            "s3_requests": result.write_requests, "segments": result.segments, "bytes": result.bytes,
+            "task_s": result.write_task_s, "commit_s": result.write_commit_s,
+        },
+        common | {
+            "scenario": "spark-read", "seconds": round(result.read_s, 3), "rows": result.read_rows,
+            "msgs_per_s": round(result.read_msgs_per_s, 1), "mb_per_s": round(result.read_mb_per_s, 2),
+        },
+    ]
