@@ -15,7 +15,14 @@ import sys
 import time
 from typing import Any
 
-from bucketq.client import Client, DeliveredMessage, SidecarError, UnavailableError, message
+from bucketq.client import (
+    Client,
+    ConnectionFailedError,
+    DeliveredMessage,
+    SidecarError,
+    UnavailableError,
+    message,
+)
 
 
 def process(msg: DeliveredMessage) -> dict[str, Any]:
@@ -54,6 +61,9 @@ def main() -> int:
                 msgs = client.pull(max_messages=args.batch, wait=args.wait)
             except UnavailableError as exc:  # starting, draining or S3 outage: back off
                 time.sleep(exc.retry_after or 1.0)
+                continue
+            except ConnectionFailedError:  # the sidecar is restarting: it comes back on its own
+                time.sleep(1.0)
                 continue
             if not msgs:
                 continue
