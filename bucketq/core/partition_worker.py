@@ -27,6 +27,15 @@ MAX_WINDOW_SEGMENTS = 64
 DeadLetterFn = Callable[[str, int, Pos, Record, int, str], Awaitable[None]]
 
 
+def seen_op(segment: Segment, consumer: str) -> Op:
+    """The ``seen`` op recording a discovered segment for ``consumer``: its size and offset, its delayed
+    messages, and the redriven messages addressed to another consumer (which this one skips)."""
+    h = segment.header
+    delayed = {i: r.not_before for i, r in enumerate(segment.records) if r.not_before}
+    skip = [i for i, r in enumerate(segment.records) if r.headers.get(REDRIVE_FOR_HEADER) not in (None, consumer)]
+    return Op("seen", h.seq, count=h.count, base=h.base, delayed=delayed or None, skip=skip or None)
+
+
 @dataclass(slots=True)
 class Intent:
     """An app's request on a lease, waiting for the next delta; its future gets the op's validity."""
@@ -207,12 +216,7 @@ class PartitionWorker:
                 continue
             if h.seq != expected:
                 break
-            delayed = {i: r.not_before for i, r in enumerate(seg.records) if r.not_before}
-            skip = [
-                i for i, r in enumerate(seg.records)
-                if r.headers.get(REDRIVE_FOR_HEADER) not in (None, self.consumer)
-            ]
-            ops.append(Op("seen", h.seq, count=h.count, base=h.base, delayed=delayed or None, skip=skip or None))
+            ops.append(seen_op(seg, self.consumer))
             expected += 1
         return ops
 

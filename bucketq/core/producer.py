@@ -18,13 +18,11 @@ from bucketq.core.keys import Keys
 from bucketq.core.producer_peers import ProducerPeers
 from bucketq.core.segment import (
     Record,
-    SegmentHeader,
     build_record,
-    decode_header,
     encode_record,
-    encode_segment,
 )
-from bucketq.core.topics import TopicCatalog, find_tail
+from bucketq.core.segment_writer import SegmentWriter
+from bucketq.core.topics import TopicCatalog
 from bucketq.errors import (
     AlreadyExists,
     BucketqError,
@@ -85,10 +83,11 @@ class PartitionAppender:
         self.partition = partition
         self.producer_id = producer_id
         self.settings = settings
-        self.next_seq: int | None = None
-        self.next_offset = 0
+        self.writer = SegmentWriter(
+            storage, keys, topic, partition, producer_id,
+            timeout_s=settings.publish_timeout_s, max_attempts=settings.max_attempts,
+        )
         self.segments_written = 0
-        self.conflicts = 0
         self._buffer: list[_Pending] = []
         self._writing: list[_Pending] = []
         self._buffer_bytes = 0
@@ -99,7 +98,19 @@ class PartitionAppender:
         self._head_task: asyncio.Task[None] | None = None
         self._head_dirty = False
         self._head_written_at = 0.0
-        self.on_conflict: Callable[[], None] | None = None
+
+    @property
+    def conflicts(self) -> int:
+        """Segment sequence numbers lost to other producers."""
+        return self.writer.conflicts
+
+    @property
+    def on_conflict(self) -> Callable[[], None] | None:
+        return self.writer.on_conflict
+
+    @on_conflict.setter
+    def on_conflict(self, hook: Callable[[], None] | None) -> None:
+        self.writer.on_conflict = hook
 
     @property
     def buffered(self) -> int:
@@ -172,58 +183,13 @@ class PartitionAppender:
             self._full.clear()
         return batch
 
-    async def _find_tail(self) -> None:
-        self.next_seq, self.next_offset = await find_tail(self.storage, self.keys, self.topic, self.partition)
-
     async def _write(self, batch: list[_Pending]) -> None:
-        if self.next_seq is None:
-            await self._find_tail()
-        assert self.next_seq is not None
-        batch_id = token()
-        lines = [p.line for p in batch]
-        deadline = time.monotonic() + self.settings.publish_timeout_s
-        attempt = 0
-        while True:
-            attempt += 1
-            seq, base = self.next_seq, self.next_offset
-            header = SegmentHeader(
-                self.topic, self.partition, seq, len(batch), base, self.producer_id, time.time(), batch_id
-            )
-            body = encode_segment(header, lines)
-            key = self.keys.segment(self.topic, self.partition, seq)
-            try:
-                await self.storage.create(key, body)
-            except AlreadyExists:
-                blob = await self.storage.get(key)
-                if blob is not None and decode_header(blob.data).batch == batch_id:
-                    break  # our own write landed; its response was lost
-                self.conflicts += 1
-                if self.on_conflict is not None:
-                    self.on_conflict()
-                if blob is not None:
-                    header_there = decode_header(blob.data)
-                    self.next_seq, self.next_offset = seq + 1, header_there.base + header_there.count
-                continue
-            except Contended:
-                await asyncio.sleep(random.uniform(0.05, 0.3))
-            except StorageError as exc:
-                if time.monotonic() >= deadline:
-                    raise PublishTimeout(
-                        f"publish to {self.topic}/p{self.partition} not durable after "
-                        f"{self.settings.publish_timeout_s:.0f}s: {exc}"
-                    ) from exc
-                await asyncio.sleep(min(2.0, 0.05 * 2 ** min(attempt, 6)) * random.uniform(0.5, 1.0))
-                continue
-            else:
-                break
-            if attempt >= self.settings.max_attempts or time.monotonic() >= deadline:
-                raise PublishTimeout(f"publish to {self.topic}/p{self.partition}: too many conflicts")
-        self.next_seq, self.next_offset = seq + 1, base + len(batch)
+        landed = await self.writer.append([p.line for p in batch], token())
         self.segments_written += 1
         for index, p in enumerate(batch):
             if not p.future.done():
                 p.future.set_result(
-                    PublishResult(p.record.id, self.topic, self.partition, seq, index, base + index)
+                    PublishResult(p.record.id, self.topic, self.partition, landed.seq, index, landed.base + index)
                 )
         self._schedule_head()
 
@@ -240,14 +206,7 @@ class PartitionAppender:
                 await asyncio.sleep(wait)
             self._head_dirty = False
             self._head_written_at = time.monotonic()
-            assert self.next_seq is not None
-            body = json.dumps(
-                {"seq": self.next_seq - 1, "next_offset": self.next_offset, "at": time.time()}
-            ).encode()
-            try:
-                await self.storage.overwrite(self.keys.head(self.topic, self.partition), body)
-            except StorageError as exc:  # advisory only
-                log.debug("head hint not written: %s", exc)
+            await self.writer.write_head()
 
 
 class Producer:

@@ -11,19 +11,18 @@ from __future__ import annotations
 
 import asyncio
 import json
-import random
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from bucketq.core.keys import Keys
-from bucketq.core.segment import SegmentHeader, decode_header, encode_segment
-from bucketq.core.topics import find_tail
-from bucketq.errors import AlreadyExists, Contended, PublishTimeout, StorageError
+from bucketq.core.segment import decode_header
+from bucketq.core.segment_writer import SegmentWriter
+from bucketq.errors import StorageError
 from bucketq.spark.options import WriteConfig
 from bucketq.spark.runtime import aborted_key, job_report_key, keys_of, staging_root, storage_for
-from bucketq.spark.staging import TaskCommit, _delete_prefix
+from bucketq.spark.staging import TaskCommit, delete_prefix
 from bucketq.storage import Storage
 
 PARALLEL_PARTITIONS = 8
@@ -72,65 +71,26 @@ class SegmentAppender:
     """Appends pre-encoded message lines to one partition as segments (one write in flight)."""
 
     def __init__(self, storage: Storage, keys: Keys, topic: str, partition: int, producer_id: str, batch: str):
-        self.storage, self.keys, self.topic, self.partition = storage, keys, topic, partition
-        self.producer_id = producer_id
+        self.writer = SegmentWriter(
+            storage, keys, topic, partition, producer_id, timeout_s=DEADLINE_S, max_attempts=MAX_ATTEMPTS
+        )
         self.batch = batch
-        self.next_seq: int | None = None
-        self.next_offset = 0
         self.report = PartitionReport()
 
     async def append(self, lines: list[bytes]) -> None:
-        if self.next_seq is None:
-            self.next_seq, self.next_offset = await find_tail(self.storage, self.keys, self.topic, self.partition)
-        batch_id = f"{self.batch}-{self.report.segments}"
-        deadline = time.monotonic() + DEADLINE_S
-        for attempt in range(1, MAX_ATTEMPTS + 1):
-            seq, base = self.next_seq, self.next_offset
-            header = SegmentHeader(
-                self.topic, self.partition, seq, len(lines), base, self.producer_id, time.time(), batch_id
-            )
-            body = encode_segment(header, lines)
-            key = self.keys.segment(self.topic, self.partition, seq)
-            try:
-                await self.storage.create(key, body)
-            except AlreadyExists:
-                blob = await self.storage.get(key)
-                if blob is None:
-                    continue
-                there = decode_header(blob.data)
-                if there.batch != batch_id:  # another producer's segment: move past it
-                    self.next_seq, self.next_offset = seq + 1, there.base + there.count
-                    continue
-            except Contended:
-                await asyncio.sleep(random.uniform(0.05, 0.3))
-                continue
-            except StorageError:
-                if time.monotonic() >= deadline:
-                    raise
-                await asyncio.sleep(min(2.0, 0.05 * 2 ** min(attempt, 6)) * random.uniform(0.5, 1.0))
-                continue
-            self._done(seq, base, len(lines), len(body))
-            return
-        raise PublishTimeout(f"commit to {self.topic}/p{self.partition}: too many conflicts")
-
-    def _done(self, seq: int, base: int, count: int, size: int) -> None:
-        self.next_seq, self.next_offset = seq + 1, base + count
+        # batch ids derived from the job: a commit retried after a lost response finds its own segment
+        landed = await self.writer.append(lines, f"{self.batch}-{self.report.segments}")
         r = self.report
-        r.messages += count
+        r.messages += landed.count
         r.segments += 1
-        r.bytes += size
-        r.first_seq = seq if r.first_seq is None else r.first_seq
-        r.last_seq = seq
+        r.bytes += landed.size
+        r.first_seq = landed.seq if r.first_seq is None else r.first_seq
+        r.last_seq = landed.seq
 
     async def write_head(self) -> None:
-        """The advisory head hint (same body as the engine's producer writes)."""
-        if self.report.last_seq is None:
-            return
-        body = json.dumps({"seq": self.report.last_seq, "next_offset": self.next_offset, "at": time.time()})
-        try:
-            await self.storage.overwrite(self.keys.head(self.topic, self.partition), body.encode())
-        except StorageError:
-            pass  # advisory only
+        """The advisory head hint."""
+        if self.report.last_seq is not None:
+            await self.writer.write_head()
 
 
 async def _staged_lines(
@@ -205,7 +165,7 @@ async def commit_job(cfg: WriteConfig, messages: list[TaskCommit | None]) -> Job
             report.messages += part.messages
             report.segments += part.segments
             report.bytes += part.bytes
-        await _delete_prefix(storage, staging_root(root, cfg.job) + "/")
+        await delete_prefix(storage, staging_root(root, cfg.job) + "/")
         report.committed_at = time.time()
         report.commit_seconds = time.monotonic() - started
         for op, n in storage.stats.snapshot().items():
@@ -226,9 +186,9 @@ async def abort_job(cfg: WriteConfig) -> None:
     prefix = staging_root(root, cfg.job) + "/"
     async with storage_for(cfg.settings) as storage:
         await storage.overwrite(aborted_key(root, cfg.job), json.dumps({"at": time.time()}).encode())
-        await _delete_prefix(storage, prefix)
+        await delete_prefix(storage, prefix)
         await asyncio.sleep(ABORT_SWEEP_DELAY_S)
-        await _delete_prefix(storage, prefix)
+        await delete_prefix(storage, prefix)
 
 
 async def read_report(settings: dict[str, Any], job: str) -> dict[str, Any] | None:

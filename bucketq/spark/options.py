@@ -40,6 +40,7 @@ DEFAULT_SPLIT_BYTES = 32 * 1024 * 1024
 DEFAULT_MIN_PARTITIONS = 4
 DEFAULT_BATCH_MESSAGES = 5000
 DEFAULT_BATCH_BYTES = 4 * 1024 * 1024
+MAX_BATCH_MESSAGES = 100_000  # ProducerSettings.max_batch_messages
 
 
 def lower(options: Mapping[str, str]) -> dict[str, str]:
@@ -135,6 +136,13 @@ def _bool(opts: dict[str, str], name: str, default: bool) -> bool:
     if text.lower() in ("false", "0", "no"):
         return False
     raise ConfigError(f"option {name}={text!r} must be true or false")
+
+
+def _batch_messages(opts: dict[str, str]) -> int:
+    value = _int(opts, "batchMessages", DEFAULT_BATCH_MESSAGES, 1) or DEFAULT_BATCH_MESSAGES
+    if value > MAX_BATCH_MESSAGES:
+        raise ConfigError(f"option batchMessages={value} is above the engine's limit of {MAX_BATCH_MESSAGES}")
+    return value
 
 
 def _topic(opts: dict[str, str]) -> str:
@@ -235,7 +243,7 @@ class WriteConfig:
             settings=resolve_settings(options),
             topic=_topic(opts),
             job=job,
-            batch_messages=_int(opts, "batchMessages", DEFAULT_BATCH_MESSAGES, 1) or 1,
+            batch_messages=_batch_messages(opts),
             batch_bytes=_int(opts, "batchBytes", DEFAULT_BATCH_BYTES, 1024) or DEFAULT_BATCH_BYTES,
             payload_format=fmt,
             keep_ids=_bool(opts, "keepIds", True),

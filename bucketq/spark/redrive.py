@@ -17,7 +17,7 @@ from bucketq.core.cursor import CursorState, Op
 from bucketq.core.cursor_log import CursorLog
 from bucketq.core.ids import token
 from bucketq.core.keys import Keys
-from bucketq.core.partition_worker import REDRIVE_FOR_HEADER
+from bucketq.core.partition_worker import seen_op
 from bucketq.core.segment import decode_segment
 from bucketq.core.subscriptions import start_cursor
 from bucketq.spark.planning import Pos
@@ -47,11 +47,7 @@ async def _seen_ops(
         blob = await storage.get(keys.segment(topic, partition, seq))
         if blob is None:
             break
-        seg = decode_segment(blob.data)
-        delayed = {i: r.not_before for i, r in enumerate(seg.records) if r.not_before}
-        skip = [i for i, r in enumerate(seg.records) if r.headers.get(REDRIVE_FOR_HEADER) not in (None, consumer)]
-        h = seg.header
-        ops.append(Op("seen", h.seq, count=h.count, base=h.base, delayed=delayed or None, skip=skip or None))
+        ops.append(seen_op(decode_segment(blob.data), consumer))
     return ops
 
 

@@ -45,6 +45,7 @@ class TaskCommit(WriterCommitMessage):
 async def _stage(
     storage: Storage, cfg: WriteConfig, root: str, task: int, batches: Iterator[pa.RecordBatch], mapper: RowMapper
 ) -> tuple[dict[int, int], int]:
+    """Publish every row into the staging root; returns (staged segments per partition, messages)."""
     keys = Keys(root)
     catalog = TopicCatalog(storage, keys)
     config = TopicConfig(
@@ -54,7 +55,7 @@ async def _stage(
     )
     await catalog.create(cfg.topic, config)
     settings = ProducerSettings(
-        linger_ms=50, max_batch_messages=min(cfg.batch_messages, 100_000), max_batch_bytes=cfg.batch_bytes
+        linger_ms=50, max_batch_messages=cfg.batch_messages, max_batch_bytes=cfg.batch_bytes
     )
     # the name only seeds where unkeyed rows start: tasks start on different partitions
     producer = Producer(storage, keys, catalog, settings, producer_id=cfg.producer_id, name=f"spark-{task}")
@@ -78,13 +79,13 @@ async def _stage(
         await producer.close()
     counts = {}
     for p in range(cfg.partitions):
-        seq = producer.appender(cfg.topic, p).next_seq
+        seq = producer.appender(cfg.topic, p).writer.next_seq
         if seq:
             counts[p] = seq
     return counts, messages
 
 
-async def _delete_prefix(storage: Storage, prefix: str) -> int:
+async def delete_prefix(storage: Storage, prefix: str) -> int:
     """Delete every object under ``prefix`` (batches of 1000); returns how many."""
     batch: list[str] = []
     deleted = 0
@@ -115,7 +116,7 @@ async def stage_task(
                 raise BucketqError(f"write job {cfg.job} was aborted while this task ran")
         except BaseException:
             try:
-                await asyncio.shield(_delete_prefix(storage, root + "/"))
+                await asyncio.shield(delete_prefix(storage, root + "/"))
             except Exception:
                 pass  # the job commit or abort removes the whole job's staging area
             raise

@@ -96,3 +96,16 @@ def test_row_mapping() -> None:
     assert record.created_at == when.timestamp() and record.id != "x"
     with pytest.raises(InvalidMessage, match="not message fields"):
         RowMapper(StructType([StructField("payload", StringType()), StructField("x", StringType())]), cfg)
+
+
+def test_spark_finds_the_source_without_register() -> None:
+    """Spark's start-up lookup imports top-level ``pyspark_*`` modules and takes their ``DefaultSource``."""
+    from importlib import import_module
+    from pkgutil import iter_modules
+
+    from pyspark.sql.datasource import DataSource
+
+    names = [m.name for m in iter_modules() if m.name.startswith("pyspark_")]
+    assert "pyspark_bucketq" in names
+    source = import_module("pyspark_bucketq").DefaultSource
+    assert issubclass(source, DataSource) and source.name() == "bucketq"
