@@ -37,6 +37,10 @@ from bucketq.storage.s3 import S3Store
 
 FAST = CsprngSettings(verify_retries=2, jitter_min_ms=1, jitter_max_ms=5, claim_timeout_s=30.0)
 
+# Failure paths must end in bounded time: far below botocore's own retry budget (~30 s) and a
+# hang, far above the scheduling noise of a loaded CI machine.
+HANG_BOUND_S = 10.0
+
 
 def memory_settings(**extra: object) -> Settings:
     return Settings.from_dict({"backend": "memory", **extra})
@@ -334,9 +338,8 @@ async def test_fault_precondition_and_drop_after_write() -> None:
 async def test_fault_latency_glob_times_probability_and_clear() -> None:
     store = FaultyStore(MemoryStore(), seed=7)
     slow = store.add(op="HEAD", match="slow/*", kind="latency", latency_s=0.05, times=2)
-    started = time.monotonic()
     await store.head("fast/1")
-    assert time.monotonic() - started < 0.04
+    assert slow.fired == 0 and store.injected["latency"] == 0  # the glob did not match
     for _ in range(3):
         await store.head("slow/1")
     assert slow.fired == 2
@@ -401,7 +404,7 @@ async def test_unreachable_endpoint_fails_fast_with_a_clear_error() -> None:
     started = time.monotonic()
     with pytest.raises(StorageError) as failed:
         await open_storage(settings)
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < HANG_BOUND_S
     assert f"127.0.0.1:{port}" in str(failed.value) and "orders" in str(failed.value)
     assert "cannot reach" in str(failed.value)
 
@@ -409,7 +412,8 @@ async def test_unreachable_endpoint_fails_fast_with_a_clear_error() -> None:
     started = time.monotonic()
     with pytest.raises(StorageError, match="cannot reach"):
         await store.get("t/.topic")
-    assert time.monotonic() - started < 3
+    # a refused connection fails at once; the bound only leaves room for a loaded CI machine
+    assert time.monotonic() - started < HANG_BOUND_S
     await store.close()
 
 
@@ -433,7 +437,8 @@ async def test_silent_endpoint_times_out_instead_of_hanging() -> None:
             await store.head("t/.topic")
         elapsed = time.monotonic() - started
         await store.close()
-    assert elapsed < 3
+    # the 2 s operation deadline ends it; without it a silent endpoint would hold the call far longer
+    assert elapsed < HANG_BOUND_S
     assert "timed out" in str(failed.value) or "no answer" in str(failed.value)
 
 
@@ -480,7 +485,7 @@ async def test_s3_retries_slowdown_and_counts_every_request(moto_server: S3Serve
         started = time.monotonic()
         with pytest.raises(StorageError, match="503 SlowDown"):
             await store2.get("t/seg/1")
-        assert time.monotonic() - started < 6
+        assert time.monotonic() - started < HANG_BOUND_S
         assert store2.stats.requests["GET"] == 4  # 2 of ours x 2 of botocore's
         await store.close()
         await store2.close()
