@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import json
 import sys
 import time
@@ -192,27 +191,11 @@ async def _settle(messages: list[Message], *, no_ack: bool) -> int:
 
 
 def message_json(msg: Message, *, acked: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "id": msg.id,
-        "topic": msg.topic,
-        "partition": msg.partition,
-        "offset": msg.offset,
-        "key": msg.key,
-        "headers": dict(msg.headers),
+    """The message as stored (its segment line) plus where it sits and how often it was delivered."""
+    return {
+        "id": msg.id, "topic": msg.topic, "partition": msg.partition, "offset": msg.offset,
+        **msg.record.to_json(), "deliveries": msg.deliveries, "acked": acked,
     }
-    if msg.data is not None:
-        out["data_b64"] = base64.b64encode(msg.data).decode()
-    else:
-        out["payload"] = msg.payload
-    out.update(
-        content_type=msg.content_type,
-        created_at=msg.created_at,
-        producer_id=msg.producer_id,
-        priority=msg.priority,
-        deliveries=msg.deliveries,
-        acked=acked,
-    )
-    return out
 
 
 def _body_text(msg: Message) -> str:
