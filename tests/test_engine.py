@@ -333,14 +333,14 @@ async def test_listen_auto_extends_acks_on_return_and_nacks_on_error(backend: Ba
     p = await bq.register_producer("p")
     await p.publish("listen", "slow")
     await p.publish("listen", "fails-once")
-    c = await bq.register_consumer("c", "listen", visibility_timeout_s=1.0, clock_skew_s=0.0)
+    c = await bq.register_consumer("c", "listen", visibility_timeout_s=1.5, clock_skew_s=0.5)
     calls: list[tuple[str, int]] = []
     stop = asyncio.Event()
 
     async def handler(msg) -> None:  # type: ignore[no-untyped-def]
         calls.append((msg.payload, msg.deliveries))
         if msg.payload == "slow":
-            await asyncio.sleep(2.5)  # longer than the visibility timeout: the lease is extended
+            await asyncio.sleep(5.0)  # > visibility + skew: without extensions it would be reclaimed
         elif msg.deliveries == 1:
             raise RuntimeError("transient")
         if len(calls) >= 3:

@@ -248,9 +248,8 @@ class Consumer:
                 del self._held[receipt]
 
     def _help_wanted(self, sub: _TopicSub) -> list[int]:
-        """Owned partitions with claimable messages this member has no room for."""
-        free = self.settings.max_in_flight - len(self._buffer) - len(self._held)
-        if free > 0 or not self._claiming:
+        """Owned partitions with claimable messages this member is not claiming (it is saturated)."""
+        if self.demand() > 0 or not self._claiming:
             return []
         mine = owned_partitions(self.member, sub.membership.members, sub.partitions)
         return [p for p in mine if sub.workers[p].window_has_more]
@@ -260,7 +259,7 @@ class Consumer:
         now = time.time()
         vt = self.settings.visibility_timeout_s
         for msg in self._buffer:
-            if msg.lease_until - now < vt / 3:
+            if msg.lease_until - now < vt / 2:
                 msg.lease_until = now + vt
                 self._intent(Receipt.decode(msg.receipt), "extend", until=msg.lease_until)
 
@@ -502,9 +501,10 @@ class Consumer:
             sem.release()
 
     async def _keep_alive(self, msg: Message) -> None:
+        """Extend the lease whenever half of it is left (the extension itself takes a commit)."""
         vt = self.settings.visibility_timeout_s
         while True:
-            await asyncio.sleep(max(0.05, (msg.lease_until - time.time()) - vt / 3))
+            await asyncio.sleep(max(0.05, (msg.lease_until - time.time()) - vt / 2))
             await msg.extend(vt)
 
     @property
