@@ -96,16 +96,12 @@ def _progress_tasks(progress: Progress | None, total: int) -> tuple[ProgressFn |
 def summary_table(
     outcome: DemoOutcome, backend: str, producers: int, consumers: int, partitions: int
 ) -> Table:
-    from rich.table import Table
 
-    from bucketq.demo.common import count
+    from bucketq.demo.common import count, two_column_table
 
     t = outcome.tracker
     rate = outcome.messages / outcome.seconds if outcome.seconds > 0 else 0.0
     per_msg = outcome.usage.total / outcome.messages if outcome.messages else 0.0
-    table = Table(title="bucketq demo (library mode)", show_header=False, title_justify="left")
-    table.add_column(style="bold")
-    table.add_column(justify="right")
     rows = [
         ("store", f"{backend} ({outcome.strategy})"),
         ("producers / consumers / partitions", f"{producers} / {consumers} / {partitions}"),
@@ -118,9 +114,7 @@ def summary_table(
         ("duplicates", count(t.duplicates)),
         ("lost", count(t.lost)),
     ]
-    for label, value in rows:
-        table.add_row(label, value)
-    return table
+    return two_column_table("bucketq demo (library mode)", rows)
 
 
 async def run_library_demo(

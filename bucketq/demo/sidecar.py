@@ -358,17 +358,13 @@ def _stop_all(children: list[Child], timeout_s: float) -> None:
 
 def summary_table(outcome: SidecarOutcome) -> Table:
     """The books and the sidecar's ``/metrics`` figures, as a two-column table."""
-    from rich.table import Table
 
-    from bucketq.demo.common import count
+    from bucketq.demo.common import count, two_column_table
 
     m = outcome.metrics
     n = len(outcome.published)
     per_message = f"{m.s3_requests / n:.4f}" if m is not None and n else "–"
     rate = outcome.consumed / outcome.seconds if outcome.seconds > 0 else 0.0
-    table = Table(title="bucketq demo (sidecar mode)", show_header=False, title_justify="left")
-    table.add_column(style="bold")
-    table.add_column(justify="right")
     rows = [
         ("store", f"moto S3 server ({outcome.strategy})"),
         ("messages published", f"{n:,}"),
@@ -381,8 +377,7 @@ def summary_table(outcome: SidecarOutcome) -> Table:
     ]
     if outcome.publish_errors:
         rows.append(("publish errors", count(outcome.publish_errors)))
-    for label, value in rows:
-        table.add_row(label, value)
+    table = two_column_table("bucketq demo (sidecar mode)", rows)
     table.add_section()
     if m is None:
         table.add_row("[dim]sidecar /metrics[/]", "[red]unavailable: the sidecar was gone[/]")
