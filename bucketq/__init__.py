@@ -28,6 +28,7 @@ from bucketq.errors import (
     MessageTooLarge,
     PublishTimeout,
     StorageError,
+    TopicDeleted,
     TopicNotFound,
 )
 
@@ -54,6 +55,7 @@ __all__ = [
     "StorageError",
     "SubscriptionStats",
     "TopicConfig",
+    "TopicDeleted",
     "TopicInfo",
     "TopicNotFound",
     "__version__",

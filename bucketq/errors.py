@@ -43,6 +43,14 @@ class TopicNotFound(BucketqError):
         self.topic = topic
 
 
+class TopicDeleted(TopicNotFound):
+    """The topic was deleted (or deleted and created again) while a write was under way."""
+
+    def __init__(self, topic: str, detail: str = "it was deleted") -> None:
+        BucketqError.__init__(self, f"topic {topic!r} is gone: {detail}; nothing was acknowledged")
+        self.topic = topic
+
+
 class InvalidName(BucketqError, ValueError):
     """A topic or consumer name breaks the naming rules."""
 

@@ -280,7 +280,13 @@ async def test_topics_create_list_describe_delete(backend: Backend) -> None:
     assert await bq.list_topics() == ["beta"]
     with pytest.raises(TopicNotFound):
         await p.publish("alpha", 2)
-    assert [i.key async for i in bq.storage.list(Keys(bq.settings.root).topic_prefix("alpha"))] == []
+    # only the partitions' floor tombstones stay: a re-created topic continues their numbers
+    keys = Keys(bq.settings.root)
+    left = [i.key async for i in bq.storage.list(keys.topic_prefix("alpha"))]
+    assert left == [keys.segment_floor("alpha", p) for p in range(4)]
+    tombstones = [json.loads((await bq.storage.get(key)).data) for key in left]  # type: ignore[union-attr]
+    assert all(t["deleted"] for t in tombstones)
+    assert sum(t["floor"] for t in tombstones) == 1  # the one segment ever written
 
 
 async def test_bad_input_gives_clear_errors_and_changes_nothing(backend: Backend) -> None:

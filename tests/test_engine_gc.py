@@ -1,4 +1,9 @@
-"""Retention and garbage collection delete exactly what DESIGN.md 2.5 says, and nothing else."""
+"""Retention and garbage collection delete exactly what docs/protocol.md says, and nothing else.
+
+GC frees in two phases (invariant I1): a collection raises a fence, and only a collection after the
+fence is ``grace`` old on the store's clock deletes below it. Tests stand for "a later collection"
+by passing a zero grace to the second call.
+"""
 
 from __future__ import annotations
 
@@ -41,14 +46,17 @@ async def test_segments_deleted_only_below_every_floor_and_past_retention(gc_bac
     keys = Keys(bq.settings.root)
     assert (await bq.collect_garbage(now=time.time())).segments == 0  # nothing past retention yet
     before = await all_keys(bq)
-    report = await bq.collect_garbage(now=time.time() + HOUR, member_ttl_s=10 * HOUR)
+    fenced = await bq.collect_garbage(now=time.time() + HOUR, member_ttl_s=10 * HOUR)
+    assert fenced.fences_raised == 1 and fenced.segments == 0, "a fresh fence frees nothing yet"
+    assert await bq.storage.head(keys.segment_floor("t", 0)) is not None
+    report = await bq.collect_garbage(now=time.time() + HOUR, member_ttl_s=10 * HOUR, segment_grace_s=0)
     slow_floor = [await CursorLog(bq.storage, keys, "t", "slow", 0, "x").load()][0].floor
     assert slow_floor >= 2
     expected = {keys.segment("t", 0, s) for s in range(slow_floor)}
     gone = before - await all_keys(bq)
     assert {k for k in gone if "/seg/" in k} == expected
     assert report.segments == len(expected) and report.kept_segments_unconsumed == 6 - slow_floor
-    assert not any("/log/" in k or "/.topic" in k or "head.json" in k for k in gone)
+    assert not any("/log/" in k or "/.topic" in k or "head.json" in k or "floor.json" in k for k in gone)
     rest = await drain(slow, 6 - slow_floor)  # the slow consumer still gets the rest
     assert len(rest) >= 6 - slow_floor - 1
 
@@ -66,9 +74,11 @@ async def test_cursor_logs_are_compacted_behind_the_second_newest_checkpoint(gc_
     keys = Keys(bq.settings.root)
     reference = (await CursorLog(bq.storage, keys, "t", "c", 0, "x").load()).to_json()
     young = await bq.collect_garbage(now=time.time())
-    assert young.deltas == 0, "deltas younger than the grace period are kept"
+    assert young.deltas == 0, "deltas are kept while the trim fence is younger than the grace"
     assert young.checkpoints >= 1, "checkpoints older than the second-newest go at once"
-    report = await bq.collect_garbage(now=time.time() + HOUR)
+    late = await bq.collect_garbage(now=time.time() + HOUR)
+    assert late.deltas == 0, "a host clock far ahead does not age a fence: the store's clock does"
+    report = await bq.collect_garbage(now=time.time() + HOUR, delta_grace_s=0)
     ckpts = sorted([parse_seq(i.key) async for i in bq.storage.list(keys.checkpoints_prefix("t", "c", 0))])
     deltas = sorted([parse_seq(i.key) async for i in bq.storage.list(keys.deltas_prefix("t", "c", 0))])
     assert len(ckpts) == 2 and report.deltas > 0

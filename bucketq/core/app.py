@@ -18,12 +18,16 @@ from bucketq.core.registry import Registry
 from bucketq.core.stats import SubscriptionStats, subscription_stats
 from bucketq.core.subscriptions import delete_subscription, init_subscription
 from bucketq.core.topics import TopicCatalog, TopicInfo
-from bucketq.errors import AlreadyExists, BucketqError, ConfigError, Contended
+from bucketq.errors import AlreadyExists, BucketqError, ConfigError, Contended, PreconditionFailed
 from bucketq.storage import ObjectStore, Storage, open_storage
 
 log = logging.getLogger("bucketq")
 
-FORMAT = 1
+# Storage format 2 adds GC fences, topic incarnations and the ``expire`` op (docs/protocol.md).
+# Every format-1 object is a valid format-2 object, so a format-1 bucket is upgraded in place on
+# open; processes of format 1 then refuse the bucket when they next start.
+FORMAT = 2
+UPGRADABLE_FORMATS = (1,)
 
 
 class Bucketq:
@@ -97,8 +101,21 @@ class Bucketq:
         blob = await self.storage.get(key)
         if blob is not None:
             found = json.loads(blob.data).get("format")
+            if found in UPGRADABLE_FORMATS:
+                log.warning(
+                    "upgrading bucket storage format %s to %s in place; stop processes of older versions: "
+                    "they do not honour GC fences", found, FORMAT,
+                )
+                try:
+                    await self.storage.store.put(key, json.dumps({"format": FORMAT}).encode(), if_match=blob.etag)
+                except PreconditionFailed:
+                    pass  # another process upgraded it at the same moment
+                return
             if found != FORMAT:
-                raise BucketqError(f"bucket holds bucketq storage format {found}; this version speaks {FORMAT}")
+                raise BucketqError(
+                    f"bucket holds bucketq storage format {found}; this version speaks {FORMAT}"
+                    + (": upgrade bucketq" if isinstance(found, int) and found > FORMAT else "")
+                )
 
     async def close(self) -> None:
         """Close consumers (draining), flush producers, release connections."""

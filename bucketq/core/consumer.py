@@ -21,13 +21,17 @@ from bucketq.core.partition_worker import CycleResult, Intent, PartitionWorker
 from bucketq.core.producer import Producer
 from bucketq.core.segment import Record
 from bucketq.core.topics import TopicCatalog
-from bucketq.errors import BucketqError, ClosedError, LeaseLost, StorageError, TopicNotFound
+from bucketq.errors import BucketqError, ClosedError, LeaseLost, StorageError, TopicDeleted, TopicNotFound
 from bucketq.storage import Storage
 
 log = logging.getLogger("bucketq.consumer")
 
 DLQ_HEADER_PREFIX = "bucketq-dlq-"
 Handler = Callable[[Message], Awaitable[object]]
+# A prefetched message is handed to the app only while its durable lease has at least this long
+# (or a tenth of the visibility timeout, if less) left (invariant I4: a message reaches the app
+# only while its lease is durably held).
+HAND_OUT_MARGIN_S = 0.5
 
 
 @dataclass(slots=True)
@@ -46,10 +50,12 @@ class ConsumerCounters:
 class _TopicSub:
     """This member's view of one topic of the consumer."""
 
-    def __init__(self, topic: str, partitions: int, membership: Membership) -> None:
+    def __init__(self, topic: str, partitions: int, membership: Membership, incarnation: str = "") -> None:
         self.topic = topic
         self.partitions = partitions
         self.membership = membership
+        self.incarnation = incarnation
+        self.gone: TopicNotFound | None = None  # the topic was deleted: readers are told
         self.workers: dict[int, PartitionWorker] = {}
         self.max_deliveries: int | None = None
         self.dead_letter_topic: str | None = None
@@ -84,6 +90,7 @@ class Consumer:
         self._buffer: deque[Message] = deque()
         self._held: dict[str, Message] = {}
         self._settled: dict[str, str] = {}  # receipt -> "acked" | "nacked" | "dead"
+        self._extending: set[str] = set()  # prefetched receipts with an extend in flight
         self._wake = asyncio.Event()
         self._arrived = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -99,11 +106,12 @@ class Consumer:
 
     async def start(self) -> None:
         for topic in self.topics:
-            config = await self.catalog.config(topic)
+            marker = await self.catalog.marker(topic)
+            config = marker.config
             membership = Membership(
                 self.storage, self.keys, topic, self.name, self.member, self.settings.member_ttl_s
             )
-            sub = _TopicSub(topic, config.partitions, membership)
+            sub = _TopicSub(topic, config.partitions, membership, marker.incarnation)
             self._apply_config(sub, config.dead_letter.max_deliveries if config.dead_letter.enabled else None,
                                config.dead_letter_topic(topic))
             self._subs[topic] = sub
@@ -132,9 +140,13 @@ class Consumer:
         sub.dead_letter_topic = dlq
 
     def _worker(self, sub: _TopicSub, partition: int) -> PartitionWorker:
+        def siblings_started() -> bool:  # I5: a partition added later starts at its earliest
+            return any(w.loaded and w.state.started for p, w in sub.workers.items() if p != partition)
+
         return PartitionWorker(
             self.storage, self.keys, sub.topic, self.name, partition, self.member, self.settings,
             lambda: sub.max_deliveries, self._dead_letter,
+            subscription_started=siblings_started, incarnation=lambda: sub.incarnation,
         )
 
     async def close(self, *, drain: bool = True) -> None:
@@ -228,17 +240,42 @@ class Consumer:
             self._last_refresh = now
             for sub in self._subs.values():
                 await sub.membership.refresh()
-                with contextlib.suppress(TopicNotFound):
-                    config = await self.catalog.config(sub.topic)
-                    self._apply_config(
-                        sub, config.dead_letter.max_deliveries if config.dead_letter.enabled else None,
-                        config.dead_letter_topic(sub.topic),
-                    )
-                    for p in range(sub.partitions, config.partitions):
-                        sub.workers[p] = self._worker(sub, p)
-                    sub.partitions = config.partitions
+                await self._refresh_topic(sub)
         self._extend_prefetched()
         self._forget_expired()
+
+    async def _refresh_topic(self, sub: _TopicSub) -> None:
+        """Follow the topic's config; notice its deletion (readers are told) or re-creation (the
+        subscription starts over on the new topic: the old cursors were purged with it)."""
+        try:
+            marker = await self.catalog.marker(sub.topic)
+        except TopicNotFound as exc:
+            if sub.gone is None:
+                log.warning("consumer %s: topic %s was deleted", self.name, sub.topic)
+                self._drop_topic_messages(sub.topic)
+            sub.gone = exc
+            self._arrived.set()
+            return
+        config = marker.config
+        if marker.incarnation != sub.incarnation:
+            log.warning("consumer %s: topic %s was deleted and created again; starting over", self.name, sub.topic)
+            self._drop_topic_messages(sub.topic)
+            sub.incarnation = marker.incarnation
+            sub.workers = {}
+            sub.partitions = 0
+        sub.gone = None
+        self._apply_config(
+            sub, config.dead_letter.max_deliveries if config.dead_letter.enabled else None,
+            config.dead_letter_topic(sub.topic),
+        )
+        for p in range(sub.partitions, config.partitions):
+            sub.workers[p] = self._worker(sub, p)
+        sub.partitions = config.partitions
+
+    def _drop_topic_messages(self, topic: str) -> None:
+        self._buffer = deque(m for m in self._buffer if m.topic != topic)
+        for receipt in [r for r, m in self._held.items() if m.topic == topic]:
+            del self._held[receipt]
 
     def _forget_expired(self) -> None:
         """Delivered messages whose lease ran out no longer count against max_in_flight."""
@@ -255,13 +292,28 @@ class Consumer:
         return [p for p in mine if sub.workers[p].window_has_more]
 
     def _extend_prefetched(self) -> None:
-        """Keep leases of prefetched (not yet delivered) messages alive."""
+        """Keep leases of prefetched (not yet delivered) messages alive.
+
+        I4: ``lease_until`` is the *durable* deadline: it moves only when the extend is committed,
+        so a member paused (or slow) past its leases never hands out a message whose lease another
+        member may already hold. A failed extend drops the message (it is redelivered elsewhere).
+        """
         now = time.time()
         vt = self.settings.visibility_timeout_s
         for msg in self._buffer:
-            if msg.lease_until - now < vt / 2:
-                msg.lease_until = now + vt
-                self._intent(Receipt.decode(msg.receipt), "extend", until=msg.lease_until)
+            if msg.lease_until - now < vt / 2 and msg.receipt not in self._extending:
+                until = now + vt
+                self._extending.add(msg.receipt)
+                future = self._intent(Receipt.decode(msg.receipt), "extend", until=until)
+                future.add_done_callback(lambda f, m=msg, u=until: self._extended(m, u, f))  # type: ignore[misc]
+
+    def _extended(self, msg: Message, until: float, future: asyncio.Future[bool]) -> None:
+        self._extending.discard(msg.receipt)
+        ok = not future.cancelled() and future.exception() is None and future.result()
+        if ok:
+            msg.lease_until = max(msg.lease_until, until)
+        elif msg in self._buffer:
+            self._buffer.remove(msg)
 
     async def _tick(self) -> bool:
         await self._housekeeping()
@@ -269,6 +321,8 @@ class Consumer:
         jobs: list[tuple[PartitionWorker, int, bool]] = []
         now = time.monotonic()
         for sub in self._subs.values():
+            if sub.gone is not None:
+                continue
             mine = set(owned_partitions(self.member, sub.membership.members, sub.partitions))
             for p, worker in sub.workers.items():
                 if p in mine:
@@ -438,6 +492,9 @@ class Consumer:
             raise BucketqError(f"consumer loop failed: {self._error}") from self._error
         if self._closed:
             raise ClosedError("consumer is closed")
+        for sub in self._subs.values():
+            if sub.gone is not None:
+                raise TopicDeleted(sub.topic)
 
     async def poll(self, max_messages: int = 10, wait: float = 1.0) -> list[Message]:
         """Up to ``max_messages`` leased messages, waiting up to ``wait`` seconds for the first."""
@@ -454,10 +511,11 @@ class Consumer:
             self._check()
         out: list[Message] = []
         now = time.time()
+        margin = min(HAND_OUT_MARGIN_S, self.settings.visibility_timeout_s / 10)
         while self._buffer and len(out) < max_messages:
             msg = self._buffer.popleft()
-            if msg.lease_until <= now:
-                continue  # expired while prefetched: it will be redelivered
+            if msg.lease_until <= now + margin:
+                continue  # I4: the durable lease ran out while prefetched: it will be redelivered
             self._held[msg.receipt] = msg
             self.counters.delivered += 1
             out.append(msg)
@@ -506,6 +564,11 @@ class Consumer:
         while True:
             await asyncio.sleep(max(0.05, (msg.lease_until - time.time()) - vt / 2))
             await msg.extend(vt)
+
+    @property
+    def deleted_topics(self) -> list[str]:
+        """Subscribed topics found deleted (``poll`` raises TopicDeleted while any is)."""
+        return [sub.topic for sub in self._subs.values() if sub.gone is not None]
 
     @property
     def in_flight(self) -> int:

@@ -43,11 +43,13 @@ class Counters:
     released: int = 0
     dead: int = 0
     skipped: int = 0
+    collected: int = 0  # messages GC collected before this subscription read them (``expire``)
+    corrupt: int = 0  # segments that could not be decoded (``seen`` with ``corrupt``)
 
 
 @dataclass(slots=True)
 class Op:
-    """One delta op. ``kind`` is one of start, seen, claim, extend, ack, release, dead."""
+    """One delta op. ``kind`` is one of start, seen, expire, claim, extend, ack, release, dead."""
 
     kind: str
     seq: int = 0
@@ -62,6 +64,7 @@ class Op:
     base: int = 0
     delayed: dict[int, float] | None = None
     skip: list[int] | None = None
+    corrupt: bool = False
     ref: Any = field(default=None, compare=False, repr=False)  # the writer's bookkeeping, not stored
 
     @property
@@ -78,7 +81,11 @@ class Op:
                 out["delayed"] = {str(i): t for i, t in self.delayed.items()}
             if self.skip:
                 out["skip"] = self.skip
+            if self.corrupt:
+                out["corrupt"] = True
             return out
+        if k == "expire":
+            return {"op": k, "seq": self.seq, "base": self.base}
         out = {"op": k, "seq": self.seq, "idx": self.idx}
         if self.token is not None:
             out["token"] = self.token
@@ -111,6 +118,7 @@ class Op:
             base=int(obj.get("base", 0)),
             delayed={int(i): float(t) for i, t in delayed.items()} if delayed else None,
             skip=[int(i) for i in obj["skip"]] if obj.get("skip") else None,
+            corrupt=bool(obj.get("corrupt", False)),
         )
 
 
@@ -159,6 +167,9 @@ class CursorState:
     deliveries: dict[Pos, int] = field(default_factory=dict)
     delayed: dict[Pos, float] = field(default_factory=dict)
     counters: Counters = field(default_factory=Counters)
+    # member -> (id, at) of the newest delta it wrote: a member whose write outcome was unknown
+    # learns from any later state (even one loaded from a checkpoint) whether its delta landed.
+    ids: dict[str, tuple[str, float]] = field(default_factory=dict)
 
     # -- queries ---------------------------------------------------------------------------------
 
@@ -239,6 +250,7 @@ class CursorState:
             "counters": {
                 name: getattr(self.counters, name) for name in Counters.__dataclass_fields__
             },
+            "ids": [[member, i, at] for member, (i, at) in sorted(self.ids.items())],
         }
 
     @classmethod
@@ -260,6 +272,7 @@ class CursorState:
             deliveries={(int(s), int(i)): int(d) for s, i, d in obj["deliveries"]},
             delayed={(int(s), int(i)): float(t) for s, i, t in obj["delayed"]},
             counters=Counters(**obj.get("counters", {})),
+            ids={str(m): (str(i), float(at)) for m, i, at in obj.get("ids", [])},
         )
 
 
@@ -283,12 +296,26 @@ def _unranges(ranges: list[list[int]]) -> set[int]:
 # -- the rules ----------------------------------------------------------------------------------
 
 
+# How long a member's newest delta id is remembered: a member silent for longer cannot tell
+# whether its last write landed (it treats it as lost; its ops are validated again, never twice).
+MEMBER_ID_TTL_S = 24 * 3600.0
+
+
 def apply_delta(state: CursorState, delta: Delta) -> list[bool]:
-    """Apply ``delta`` (which must be number ``state.n + 1``) in place; return each op's validity."""
+    """Apply ``delta`` (which must be number ``state.n + 1``) in place; return each op's validity.
+
+    Callers never apply a delta twice: CursorLog resolves a write of unknown outcome through
+    ``state.ids`` instead of re-applying (a mismatched number is a bug, hence ValueError).
+    """
     if delta.n != state.n + 1:
         raise ValueError(f"delta {delta.n} applied to state at {state.n}")
     results = [apply_op(state, op, delta.at) for op in delta.ops]
     state.n = delta.n
+    if delta.member:
+        state.ids[delta.member] = (delta.id, delta.at)
+        horizon = delta.at - MEMBER_ID_TTL_S
+        for member in [m for m, (_, at) in state.ids.items() if at < horizon]:
+            del state.ids[member]
     return results
 
 
@@ -311,7 +338,15 @@ def _start(state: CursorState, op: Op, at: float) -> bool:
 
 
 def _seen(state: CursorState, op: Op, at: float) -> bool:
-    if not state.started or op.seq != state.frontier + 1 or op.count <= 0:
+    """Invariant: the window grows one segment at a time, in order (``seq == frontier + 1``); a
+    corrupt segment enters as an empty one so that one bad object never stalls the partition."""
+    if not state.started or op.seq != state.frontier + 1:
+        return False
+    if op.corrupt:
+        if op.count != 0:
+            return False
+        state.counters.corrupt += 1
+    elif op.count <= 0:
         return False
     seg = SegmentState(op.count, op.base)
     state.segments[op.seq] = seg
@@ -323,6 +358,29 @@ def _seen(state: CursorState, op: Op, at: float) -> bool:
         if 0 <= idx < op.count:
             seg.done.add(idx)
             state.counters.skipped += 1
+    _advance_floor(state)
+    return True
+
+
+def _expire(state: CursorState, op: Op, at: float) -> bool:
+    """GC collected segments below ``seq`` before this subscription read them (it started, or
+    fell, below the partition's floor fence). Invariant: only moves the floor forward; every
+    message skipped is counted in ``collected``."""
+    if not state.started or op.seq <= state.floor or op.base < state.floor_offset:
+        return False
+    done = sum(len(seg.done) for seq, seg in state.segments.items() if seq < op.seq)
+    known_end = max(state.end_offset, state.floor_offset)
+    state.counters.collected += max(0, min(op.base, known_end) - state.floor_offset - done) + max(
+        0, op.base - known_end
+    )
+    for seq in [s for s in state.segments if s < op.seq]:
+        del state.segments[seq]
+    for table in (state.leases, state.deliveries, state.delayed):
+        for pos in [p for p in table if p[0] < op.seq]:
+            del table[pos]
+    state.floor = op.seq
+    state.floor_offset = op.base
+    state.frontier = max(state.frontier, op.seq - 1)
     _advance_floor(state)
     return True
 
@@ -417,6 +475,7 @@ def _advance_floor(state: CursorState) -> None:
 _HANDLERS = {
     "start": _start,
     "seen": _seen,
+    "expire": _expire,
     "claim": _claim,
     "extend": _extend,
     "ack": _ack,

@@ -1,4 +1,19 @@
-"""Reading and appending one subscription partition's cursor log (deltas + checkpoints)."""
+"""Reading and appending one subscription partition's cursor log (deltas + checkpoints).
+
+Invariants this module enforces (docs/protocol.md):
+
+* I1 — a delta number that was ever taken is never taken again. GC frees deltas only below the
+  log's trim fence, and only once the fence is old (``core/fences.py``). A put-if-absent that
+  succeeded is accepted only when the number is at or above the fence, by a copy of it read less
+  than ``DELTA_TRUST_S`` before the put completed.
+* I2 — a replica only applies deltas it read while its fence copy was trusted, and reloads from a
+  checkpoint when it finds itself below the fence: a delta read after GC freed its number (an
+  orphan written there by a stale writer) is never applied.
+* I3 — every delta is applied exactly once per replica. A write whose outcome is unknown (lost
+  response, timeout) is resolved by reading the log: the member's delta id in ``state.ids``
+  (kept in checkpoints too) says whether it landed; it is retried byte for byte only while its
+  number is still free.
+"""
 
 from __future__ import annotations
 
@@ -11,18 +26,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bucketq.core.cursor import CursorState, Delta, Op, apply_delta
+from bucketq.core.fences import DELTA_GRACE_S, DELTA_TRUST_S, FenceView
 from bucketq.core.ids import token
-from bucketq.core.keys import Keys, parse_seq
+from bucketq.core.keys import Keys
 from bucketq.errors import AlreadyExists, Contended, StorageError
 from bucketq.storage import Storage
 
 log = logging.getLogger("bucketq.cursor")
 
-# A replica not synced with its log for this long reloads from the newest checkpoint before it
-# writes: garbage collection only deletes deltas older than GC_DELTA_GRACE_S (twice as long), so a
-# replica can never mistake a collected delta's 404 for the tip of the log.
-RELOAD_AFTER_S = 600.0
-GC_DELTA_GRACE_S = 2 * RELOAD_AFTER_S
+# Kept for callers that name the windows by their old meaning: GC frees deltas only below a trim
+# fence older than GC_DELTA_GRACE_S; replicas trust a fence copy for RELOAD_AFTER_S.
+GC_DELTA_GRACE_S = DELTA_GRACE_S
+RELOAD_AFTER_S = DELTA_TRUST_S
+# Another member's delta stamped further than this in our future means a clock is off by more
+# than the configured margin: reported (log + counter), since lease expiry relies on the margin.
+SKEW_REPORT_S = 5.0
 
 
 @dataclass(slots=True)
@@ -49,6 +67,7 @@ class CursorLog:
         checkpoint_every: int = 64,
         max_attempts: int = 50,
         clock: Callable[[], float] = time.time,
+        clock_skew_s: float = SKEW_REPORT_S,
     ) -> None:
         self.storage = storage
         self.keys = keys
@@ -59,79 +78,144 @@ class CursorLog:
         self.checkpoint_every = checkpoint_every
         self.max_attempts = max_attempts
         self.clock = clock
+        self.clock_skew_s = clock_skew_s
         self.state = CursorState()
-        self.synced_at = float("-inf")  # monotonic time the replica last reached the log's tip
+        self.fence = FenceView(storage, keys.log_trim(topic, consumer, partition), DELTA_TRUST_S)
         self.conflicts = 0
+        self.reloads = 0
+        self.orphans = 0
+        self.skew_seen = 0.0  # the largest lead of another member's clock over ours, in seconds
         self._inflight: Delta | None = None  # a delta whose write outcome is unknown
+        self._inflight_results: list[bool] | None = None  # set when a catch-up applied it
 
     def _delta_key(self, n: int) -> str:
         return self.keys.delta(self.topic, self.consumer, self.partition, n)
 
-    async def load(self) -> CursorState:
-        """Newest checkpoint, then every delta after it until the first missing one."""
-        newest: str | None = None
-        async for info in self.storage.list(
-            self.keys.checkpoints_prefix(self.topic, self.consumer, self.partition)
-        ):
-            newest = info.key
-        state = CursorState()
-        if newest is not None:
+    async def _newest_checkpoint(self, *, after: int = 0) -> CursorState | None:
+        """The newest checkpoint above ``after``; a checkpoint GC deletes between LIST and GET is
+        looked for again (never mistaken for an empty log)."""
+        prefix = self.keys.checkpoints_prefix(self.topic, self.consumer, self.partition)
+        start_after = self.keys.checkpoint(self.topic, self.consumer, self.partition, after) if after else None
+        for _ in range(10):
+            newest: str | None = None
+            async for info in self.storage.list(prefix, start_after=start_after):
+                newest = info.key
+            if newest is None:
+                return None
             blob = await self.storage.get(newest)
             if blob is not None:
-                state = CursorState.from_json(json.loads(blob.data))
+                return CursorState.from_json(json.loads(blob.data))
+        raise StorageError(f"cursor {self.topic}/{self.consumer}/p{self.partition}: checkpoints keep vanishing")
+
+    async def load(self) -> CursorState:
+        """Fence, newest checkpoint, then every delta after it until the first missing one."""
+        await self.fence.refresh()
+        state = await self._newest_checkpoint() or CursorState()
+        if state.n + 1 < self.fence.floor:
+            # deltas up to the fence may be gone, and no checkpoint covers them: cannot happen
+            # unless objects were deleted by hand; refuse rather than build a wrong state
+            raise StorageError(
+                f"cursor {self.topic}/{self.consumer}/p{self.partition}: newest checkpoint {state.n} is "
+                f"below the trim fence {self.fence.floor}"
+            )
         self.state = state
+        self.reloads += 1
         await self._tail()
         return self.state
 
     async def catch_up(self, *, via_checkpoint: bool = False) -> int:
         """Apply deltas after the local tip until a 404; return how many were applied.
 
-        A replica that lost touch with the log for long reloads from the newest checkpoint instead;
-        with ``via_checkpoint`` (a replica that only looks in now and then) a newer checkpoint, if
-        any, is loaded first, so catching up costs at most one checkpoint interval of GETs.
+        A replica whose fence copy is no longer trusted re-reads it, and reloads from the newest
+        checkpoint if it fell below it; with ``via_checkpoint`` (a replica that only looks in now
+        and then) a newer checkpoint, if any, is loaded first, so catching up costs at most one
+        checkpoint interval of GETs. Never while a write of ours is unresolved: its delta must be
+        seen, not jumped over, to learn its ops' results.
         """
-        if via_checkpoint and self.state.n:
-            newer: str | None = None
-            async for info in self.storage.list(
-                self.keys.checkpoints_prefix(self.topic, self.consumer, self.partition),
-                start_after=self.keys.checkpoint(self.topic, self.consumer, self.partition, self.state.n),
-            ):
-                newer = info.key
+        before = self.state.n
+        if via_checkpoint and self.state.n and self._inflight is None:
+            newer = await self._newest_checkpoint(after=self.state.n)
             if newer is not None:
-                blob = await self.storage.get(newer)
-                if blob is not None:
-                    before = self.state.n
-                    self.state = CursorState.from_json(json.loads(blob.data))
-                    return self.state.n - before + await self._tail()
-        if time.monotonic() - self.synced_at > RELOAD_AFTER_S:
-            before = self.state.n
+                self.state = newer
+        await self._tail()
+        return max(0, self.state.n - before)
+
+    async def _ensure_fence(self) -> None:
+        """I2: before reading forward, a trusted fence copy, and a state at or above it."""
+        if not self.fence.trusted_at(time.monotonic() + 1.0):
+            await self.fence.refresh()
+        if self.state.n + 1 < self.fence.floor:
+            log.info(
+                "cursor %s/%s/p%d: replica at %d is below the trim fence %d; reloading",
+                self.topic, self.consumer, self.partition, self.state.n, self.fence.floor,
+            )
             await self.load()
-            return max(0, self.state.n - before)
-        return await self._tail()
 
     async def _tail(self) -> int:
         applied = 0
+        await self._ensure_fence()
         while True:
             blob = await self.storage.get(self._delta_key(self.state.n + 1))
+            if not self.fence.trusted_at(time.monotonic()):
+                await self._ensure_fence()  # read too late to be sure it is not an orphan
+                continue
             if blob is None:
-                self.synced_at = time.monotonic()
                 return applied
-            apply_delta(self.state, Delta.from_json(json.loads(blob.data)))
+            delta = Delta.from_json(json.loads(blob.data))
+            self._check_clock(delta)
+            results = apply_delta(self.state, delta)
+            if self._inflight is not None and delta.id == self._inflight.id:
+                self._inflight_results = results  # our write landed; its response was lost
             applied += 1
+
+    def _check_clock(self, delta: Delta) -> None:
+        lead = delta.at - self.clock()
+        if lead > self.skew_seen:
+            self.skew_seen = lead
+        if lead > self.clock_skew_s and delta.member != self.member:
+            log.warning(
+                "cursor %s/%s/p%d: member %s's clock is %.1fs ahead of ours (margin %.1fs): lease "
+                "expiry may be early; check NTP on both hosts",
+                self.topic, self.consumer, self.partition, delta.member, lead, self.clock_skew_s,
+            )
+
+    async def _resolve_inflight(self) -> CommitOutcome | None:
+        """Learn whether the delta of unknown outcome landed (I3). Returns its outcome if it did;
+        clears it if it was lost; keeps it (to retry byte for byte) while its number is free."""
+        delta = self._inflight
+        assert delta is not None
+        self._inflight_results = None
+        await self._tail()
+        if self._inflight_results is not None:
+            return self._finish(delta, 0, self._inflight_results, applied=True)
+        if self.state.n >= delta.n:
+            if self.state.ids.get(self.member, ("", 0.0))[0] == delta.id:
+                # landed, and was covered by a checkpoint we loaded: judge each op by the state
+                return self._finish(delta, 0, [_held(self.state, op) for op in delta.ops], applied=True)
+            self._inflight = None  # another delta took the number: ours never landed
+        return None
 
     async def commit(self, build: Callable[[CursorState], list[Op]]) -> CommitOutcome | None:
         """Append one delta built by ``build`` from the current state; rebase and rebuild on 412.
 
-        Returns None when ``build`` had nothing to say. A delta whose write outcome is unknown
-        (timeout, lost response) is retried byte-for-byte first, so no op is ever written twice
-        under two numbers and a write that landed is recognised by its id.
+        Returns None when ``build`` had nothing to say. A delta whose write outcome is unknown is
+        resolved first (see ``_resolve_inflight``): a landed one is returned as this commit's
+        outcome (the caller's ops are then built again in the next cycle).
         """
         conflicts = 0
         attempt = 0
-        if self._inflight is None and time.monotonic() - self.synced_at > RELOAD_AFTER_S:
-            await self.load()
+        if self._inflight is not None:
+            resolved = await self._resolve_inflight()
+            if resolved is not None:
+                return resolved
+        else:
+            await self._ensure_fence()
         while True:
             attempt += 1
+            if attempt > self.max_attempts:
+                raise StorageError(
+                    f"cursor {self.topic}/{self.consumer}/p{self.partition}: gave up after {attempt - 1} attempts"
+                )
             delta = self._inflight
             if delta is None:
                 ops = build(self.state)
@@ -143,38 +227,42 @@ class CursorLog:
                 self._inflight = delta
                 await self.storage.create(self._delta_key(delta.n), body)
             except AlreadyExists:
-                if await self._landed(delta):
-                    return self._finish(delta, conflicts)
-                self._inflight = None
+                resolved = await self._resolve_inflight()
+                if resolved is not None:
+                    resolved.conflicts = conflicts
+                    return resolved
                 conflicts += 1
                 self.conflicts += 1
-                await self.catch_up()
+                continue
             except Contended:
                 await asyncio.sleep(random.uniform(0.05, 0.25))
+                continue
             except StorageError:
                 if attempt >= self.max_attempts:
                     raise
                 await asyncio.sleep(min(2.0, 0.05 * 2 ** min(attempt, 6)) * random.uniform(0.5, 1.0))
+                resolved = await self._resolve_inflight()
+                if resolved is not None:
+                    resolved.conflicts = conflicts
+                    return resolved
                 continue
-            else:
-                return self._finish(delta, conflicts)
-            if attempt >= self.max_attempts:
-                raise StorageError(
-                    f"cursor {self.topic}/{self.consumer}/p{self.partition}: "
-                    f"gave up after {attempt} contended attempts"
+            if not await self.fence.admits(delta.n, completed_at=time.monotonic()):
+                # I1: the number was freed by GC (this replica was stale); the write is an orphan
+                # below the fence that nobody reads. Reload and build the ops again.
+                self.orphans += 1
+                log.warning(
+                    "cursor %s/%s/p%d: delta %d landed below the trim fence %d; reloading",
+                    self.topic, self.consumer, self.partition, delta.n, self.fence.floor,
                 )
+                self._inflight = None
+                await self.load()
+                continue
+            return self._finish(delta, conflicts, apply_delta(self.state, delta), applied=True)
 
-    async def _landed(self, delta: Delta) -> bool:
-        blob = await self.storage.get(self._delta_key(delta.n))
-        if blob is None:
-            return False
-        return bool(json.loads(blob.data).get("id") == delta.id)
-
-    def _finish(self, delta: Delta, conflicts: int) -> CommitOutcome:
+    def _finish(self, delta: Delta, conflicts: int, results: list[bool], *, applied: bool) -> CommitOutcome:
         self._inflight = None
-        self.synced_at = time.monotonic()
-        results = apply_delta(self.state, delta)
-        if delta.n % self.checkpoint_every == 0:
+        self._inflight_results = None
+        if applied and delta.n % self.checkpoint_every == 0 and self.state.n == delta.n:
             self._checkpoint_soon()
         return CommitOutcome(delta, results, conflicts)
 
@@ -194,12 +282,20 @@ class CursorLog:
             log.warning("checkpoint %s not written (%s); the log stays complete", key, exc)
 
 
+def _held(state: CursorState, op: Op) -> bool:
+    """An op's validity judged from a later state (its delta was covered by a checkpoint).
+
+    Conservative where the state cannot tell: a claim or extend counts only if the lease is still
+    ours, so nothing is handed out or kept on a lease that might not be held.
+    """
+    lease = state.leases.get(op.pos)
+    if op.kind in ("claim", "extend"):
+        return lease is not None and lease.token == op.token and (op.until is None or lease.until >= op.until)
+    if op.kind in ("ack", "dead"):
+        return state.is_done(op.pos)
+    if op.kind == "release":
+        return lease is None or lease.token != op.token
+    return True
+
+
 _background: set[asyncio.Task[None]] = set()
-
-
-async def checkpoint_numbers(storage: Storage, keys: Keys, topic: str, consumer: str, partition: int) -> list[int]:
-    """The checkpoint numbers present, ascending (for GC)."""
-    return [
-        parse_seq(info.key)
-        async for info in storage.list(keys.checkpoints_prefix(topic, consumer, partition))
-    ]

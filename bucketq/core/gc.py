@@ -1,9 +1,20 @@
-"""Retention and garbage collection (DESIGN.md 2.5). Never on the hot path: the operator runs it.
+"""Retention and garbage collection (docs/protocol.md). Never on the hot path: the operator runs it.
 
-Deletes, in DeleteObjects batches: segments below every subscription's floor *and* past the
-topic's retention; cursor deltas and checkpoints older than the second-newest checkpoint (and
-older than ``GC_DELTA_GRACE_S``, see cursor_log); stale member heartbeats; expired dedup markers;
-leftover probe and csprng claim objects.
+GC frees numbers in two phases, so that a number that was ever taken is never taken again
+(invariant I1, ``core/fences.py``):
+
+1. **fence**: per partition, the floor fence rises to the first segment that must be kept
+   (below every started subscription's floor *and* past the topic's retention); per cursor log,
+   the trim fence rises to just above the second-newest checkpoint.
+2. **free**: objects below a fence are deleted only once the fence is ``grace`` old (normally in
+   a later collection). Writers and readers re-read a fence they have not read for ``trust``
+   (much shorter than ``grace``), so none of them can still act on a view that predates it.
+   A fence's age is measured on the store's clock (its last-modified time against that of an
+   object GC writes now), so no host's clock, GC's included, can make a fence look old early.
+
+A partition where any subscription has not started its cursor yet is left alone (its start
+position is being decided). Also collected: stale member heartbeats, expired dedup markers,
+leftover probe and csprng claim objects, and objects a fenced writer left under a deleted topic.
 """
 
 from __future__ import annotations
@@ -11,16 +22,23 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from bucketq.core.cursor_log import GC_DELTA_GRACE_S, CursorLog
+from bucketq.core.cursor_log import CursorLog
+from bucketq.core.fences import DELTA_GRACE_S, SEGMENT_GRACE_S, FenceValue, raise_fence, read_fence
 from bucketq.core.keys import Keys, parse_seq
+from bucketq.core.segment import decode_header
 from bucketq.core.topics import TopicCatalog
-from bucketq.errors import TopicNotFound
+from bucketq.core.txn import collect_transactions
+from bucketq.errors import StorageError, TopicNotFound
 from bucketq.storage import CLAIM_SUFFIX, Storage
+
+# Objects under a topic prefix without a marker (left by a writer fenced off by the topic's
+# deletion) are collected once this old; floor tombstones stay (they keep numbers unique).
+ORPHAN_AGE_S = 3600.0
 
 
 @dataclass(slots=True)
 class GcReport:
-    """What one collection deleted, by kind."""
+    """What one collection deleted, by kind, and the fences it raised."""
 
     segments: int = 0
     deltas: int = 0
@@ -29,13 +47,37 @@ class GcReport:
     dedup_markers: int = 0
     probes: int = 0
     claims: int = 0
+    orphans: int = 0
+    transactions: int = 0  # job commit records and Spark staging objects (core/txn.py)
+    fences_raised: int = 0
     kept_segments_unconsumed: int = 0
     deleted_keys: list[str] = field(default_factory=list)
 
     @property
     def total(self) -> int:
-        return self.segments + self.deltas + self.checkpoints + self.members + self.dedup_markers + \
-            self.probes + self.claims
+        return (
+            self.segments + self.deltas + self.checkpoints + self.members + self.dedup_markers
+            + self.probes + self.claims + self.orphans + self.transactions
+        )
+
+
+class _StoreClock:
+    """The store's current time: the last-modified time of an object written now (read once per
+    collection, lazily; fences raised during the collection are younger than it, never older)."""
+
+    def __init__(self, storage: Storage, keys: Keys) -> None:
+        self.storage = storage
+        self.key = keys.probe("gc-clock")
+        self._now: float | None = None
+
+    async def now(self) -> float:
+        if self._now is None:
+            await self.storage.overwrite(self.key, b"{}")
+            info = await self.storage.head(self.key)
+            if info is None:
+                raise StorageError(f"{self.key} vanished right after it was written")
+            self._now = info.last_modified
+        return self._now
 
 
 class _Deleter:
@@ -64,13 +106,18 @@ async def collect_garbage(
     member_ttl_s: float = 300.0,
     dedup_window_s: float = 3600.0,
     claim_timeout_s: float = 30.0,
-    delta_grace_s: float = GC_DELTA_GRACE_S,
+    delta_grace_s: float = DELTA_GRACE_S,
+    segment_grace_s: float = SEGMENT_GRACE_S,
     now: float | None = None,
 ) -> GcReport:
-    """Collect garbage for ``topics`` (default: every topic) plus the bucket-wide leftovers."""
+    """Collect garbage for ``topics`` (default: every topic) plus the bucket-wide leftovers.
+
+    ``now`` (unix seconds) stands for the clock: ages of objects and fences are measured with it.
+    """
     now = time.time() if now is None else now
     report = GcReport()
     deleter = _Deleter(storage, report)
+    clock = _StoreClock(storage, keys)
     catalog = TopicCatalog(storage, keys)
     for topic in topics if topics is not None else await catalog.names():
         try:
@@ -79,24 +126,22 @@ async def collect_garbage(
             continue
         consumers = await catalog.consumers(topic)
         for partition in range(config.partitions):
-            floors = []
+            floors: list[int] = []
+            unstarted = False
             for consumer in consumers:
                 cursor = CursorLog(storage, keys, topic, consumer, partition, member="gc")
                 state = await cursor.load()
                 if state.started:
                     floors.append(state.floor)
-                await _collect_log(storage, keys, topic, consumer, partition, now, delta_grace_s, deleter)
-            min_floor = min(floors) if floors else None
-            async for info in storage.list(keys.segments_prefix(topic, partition)):
-                seq = parse_seq(info.key)
-                expired = now - info.last_modified > config.retention_seconds
-                if not expired:
-                    break  # segments are written in order: the rest are younger
-                if min_floor is not None and seq >= min_floor:
-                    report.kept_segments_unconsumed += 1
-                    continue
-                await deleter.add(info.key)
-                report.segments += 1
+                else:
+                    unstarted = True
+                await _collect_log(storage, keys, topic, consumer, partition, clock, delta_grace_s, deleter)
+            if unstarted:
+                continue  # a subscription is choosing its start position here: free nothing
+            await _collect_segments(
+                storage, keys, topic, partition, min(floors) if floors else None,
+                config.retention_seconds, now, clock, segment_grace_s, deleter,
+            )
         async for info in storage.list(keys.dedup_prefix(topic)):
             if now - info.last_modified > dedup_window_s:
                 await deleter.add(info.key)
@@ -105,35 +150,118 @@ async def collect_garbage(
             if now - info.last_modified > member_ttl_s:
                 await deleter.add(info.key)
                 report.members += 1
+    if topics is None:
+        await _collect_deleted_topics(storage, keys, catalog, now, deleter)
     async for info in storage.list(keys.probes_prefix()):
-        if now - info.last_modified > 3600:
+        if now - info.last_modified > 3600 and info.key != clock.key:
             await deleter.add(info.key)
             report.probes += 1
+    await _collect_transactions(storage, keys, catalog, topics, now, deleter)
     await deleter.flush()
     await _collect_claims(storage, keys, now, claim_timeout_s, deleter, topics)
     await deleter.flush()
     return report
 
 
+async def _collect_segments(
+    storage: Storage, keys: Keys, topic: str, partition: int, min_floor: int | None,
+    retention_s: float, now: float, clock: _StoreClock, grace_s: float, deleter: _Deleter,
+) -> None:
+    """Raise the partition's floor fence (phase 1), then free below an old enough fence (phase 2)."""
+    fence_key = keys.segment_floor(topic, partition)
+    fence, _ = await read_fence(storage, fence_key)
+    floor = fence.floor if fence is not None else 0
+    new_floor, new_base = floor, fence.base if fence is not None else 0
+    kept = 0
+    start_after = keys.segment(topic, partition, floor - 1) if floor > 0 else None
+    async for info in storage.list(keys.segments_prefix(topic, partition), start_after=start_after):
+        seq = parse_seq(info.key)
+        if now - info.last_modified <= retention_s or (min_floor is not None and seq >= min_floor):
+            kept += 1
+            continue
+        if seq != new_floor:
+            break  # keep the freed range contiguous
+        blob = await storage.get(info.key)
+        if blob is None:
+            break
+        header = decode_header(blob.data)
+        new_floor, new_base = seq + 1, header.base + header.count
+    deleter.report.kept_segments_unconsumed += kept
+    if new_floor > floor and await raise_fence(storage, fence_key, FenceValue(new_floor, new_base, now)):
+        deleter.report.fences_raised += 1
+    fence, fence_modified = await read_fence(storage, fence_key)
+    if fence is None or fence_modified is None or await clock.now() - fence_modified < grace_s:
+        return
+    bound = fence.floor if min_floor is None else min(fence.floor, min_floor)
+    async for info in storage.list(keys.segments_prefix(topic, partition)):
+        if parse_seq(info.key) >= bound:
+            break
+        await deleter.add(info.key)
+        deleter.report.segments += 1
+
+
 async def _collect_log(
     storage: Storage, keys: Keys, topic: str, consumer: str, partition: int,
-    now: float, grace_s: float, deleter: _Deleter,
+    clock: _StoreClock, grace_s: float, deleter: _Deleter,
 ) -> None:
-    ckpts = [parse_seq(i.key) async for i in storage.list(keys.checkpoints_prefix(topic, consumer, partition))]
-    if len(ckpts) < 2:
+    """Raise the log's trim fence above the second-newest checkpoint (phase 1) and drop the older
+    checkpoints; free the deltas below an old enough fence (phase 2). The checkpoint a reload
+    starts from is always at or above the fence's floor minus one (the fence only rises to just
+    above the second-newest checkpoint, which is kept)."""
+    fence_key = keys.log_trim(topic, consumer, partition)
+    ckpts = sorted(
+        [parse_seq(i.key) async for i in storage.list(keys.checkpoints_prefix(topic, consumer, partition))]
+    )
+    if len(ckpts) >= 2 and await raise_fence(storage, fence_key, FenceValue(ckpts[-2] + 1, 0, time.time())):
+        deleter.report.fences_raised += 1
+    # checkpoints older than the second-newest are never loaded again: they go at once
+    for n in ckpts[:-2]:
+        await deleter.add(keys.checkpoint(topic, consumer, partition, n))
+        deleter.report.checkpoints += 1
+    fence, fence_modified = await read_fence(storage, fence_key)
+    if fence is None or fence_modified is None or await clock.now() - fence_modified < grace_s:
         return
-    keep_from = sorted(ckpts)[-2]
-    for n in ckpts:
-        if n < keep_from:
-            await deleter.add(keys.checkpoint(topic, consumer, partition, n))
-            deleter.report.checkpoints += 1
     async for info in storage.list(keys.deltas_prefix(topic, consumer, partition)):
-        n = parse_seq(info.key)
-        if n > keep_from:
+        if parse_seq(info.key) >= fence.floor:
             break
-        if now - info.last_modified > grace_s:
+        await deleter.add(info.key)
+        deleter.report.deltas += 1
+
+
+async def _collect_deleted_topics(
+    storage: Storage, keys: Keys, catalog: TopicCatalog, now: float, deleter: _Deleter
+) -> None:
+    """Objects a fenced writer left under a topic that no longer has a marker (floor fences stay:
+    they keep the topic's numbers unique if it is created again)."""
+    root = keys.topics_prefix()
+    for prefix in await storage.list_prefixes(root):
+        name = prefix[len(root) :].rstrip("/")
+        if name.startswith("_"):
+            continue
+        try:
+            if await storage.head(keys.topic_marker(name)) is not None:
+                continue
+        except StorageError:
+            continue
+        async for info in storage.list(prefix):
+            if info.key.endswith("/floor.json") or now - info.last_modified <= ORPHAN_AGE_S:
+                continue
             await deleter.add(info.key)
-            deleter.report.deltas += 1
+            deleter.report.orphans += 1
+
+
+async def _collect_transactions(
+    storage: Storage, keys: Keys, catalog: TopicCatalog, topics: list[str] | None, now: float, deleter: _Deleter
+) -> None:
+    """Job commits (core/txn.py): expired pending transactions are aborted; resolved records whose
+    segments are gone, and Spark staging areas nobody needs any more, are deleted."""
+
+    async def delete(key: str) -> None:
+        await deleter.add(key)
+        deleter.report.transactions += 1
+
+    names = topics if topics is not None else await catalog.names()
+    await collect_transactions(storage, keys, names, delete, now=now, include_staging=topics is None)
 
 
 async def _collect_claims(

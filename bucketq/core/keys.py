@@ -102,6 +102,10 @@ class Keys:
     def head(self, topic: str, partition: int) -> str:
         return self.partition_prefix(topic, partition) + "head.json"
 
+    def segment_floor(self, topic: str, partition: int) -> str:
+        """The partition's GC fence: segments below its ``seq`` may be freed (see core/fences.py)."""
+        return self.partition_prefix(topic, partition) + "floor.json"
+
     def dedup(self, topic: str, dedup_id: str) -> str:
         digest = hashlib.sha256(dedup_id.encode()).hexdigest()
         return self._k(f"{topic}/dedup/{digest}")
@@ -130,3 +134,41 @@ class Keys:
 
     def checkpoints_prefix(self, topic: str, consumer: str, partition: int) -> str:
         return self.sub_partition_prefix(topic, consumer, partition) + "ckpt/"
+
+    def log_trim(self, topic: str, consumer: str, partition: int) -> str:
+        """The cursor log's GC fence: deltas at or below its ``n`` may be freed (see core/fences.py)."""
+        return self.sub_partition_prefix(topic, consumer, partition) + "trim.json"
+
+    # job commits (transactions, docs/protocol.md "Job commits")
+    def txn_prefix(self, topic: str) -> str:
+        return self._k(f"{topic}/txn/")
+
+    def txn(self, topic: str, txn_id: str) -> str:
+        return self._k(f"{topic}/txn/{txn_id}.json")
+
+    # Spark jobs: per-run staging areas, abort markers, job reports and pipeline intents
+    def spark_prefix(self) -> str:
+        return self._k("_spark/")
+
+    def spark_staging_prefix(self) -> str:
+        return self._k("_spark/staging/")
+
+    def spark_staging(self, job: str, run: str, attempt: str | None = None) -> str:
+        """A write run's staging root (no trailing slash), or one task attempt's inside it."""
+        rest = f"_spark/staging/{job}/{run}" + (f"/{attempt}" if attempt else "")
+        return self._k(rest)
+
+    def spark_aborted_prefix(self) -> str:
+        return self._k("_spark/aborted/")
+
+    def spark_aborted(self, job: str, run: str) -> str:
+        return self._k(f"_spark/aborted/{job}/{run}")
+
+    def spark_job(self, job: str) -> str:
+        return self._k(f"_spark/jobs/{job}.json")
+
+    def spark_intents_prefix(self, kind: str) -> str:
+        return self._k(f"_spark/{kind}/")
+
+    def spark_intent(self, kind: str, name: str) -> str:
+        return self._k(f"_spark/{kind}/{name}.json")

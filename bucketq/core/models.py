@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from bucketq.core.keys import MAX_PARTITIONS, validate_name
@@ -52,3 +54,9 @@ class TopicMarker(BaseModel):
     created_at: float
     updated_at: float
     config: TopicConfig
+    # A random id per creation: writers bind their view of a partition's tail to it, so a topic
+    # deleted and created again is never appended to with a view of the old one (format 2).
+    # Format 1 markers have none ("").
+    incarnation: str = ""
+    # "deleting": the topic is fenced (no publish is acknowledged) while its objects are purged.
+    state: Literal["live", "deleting"] = "live"

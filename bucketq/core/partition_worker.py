@@ -9,13 +9,16 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from bucketq.config import ConsumerSettings
-from bucketq.core.cursor import CursorState, Op, Pos
+from bucketq.core.cursor import CursorState, Op, Pos, apply_op
 from bucketq.core.cursor_log import CursorLog
+from bucketq.core.fences import SEGMENT_TRUST_S, FenceView
 from bucketq.core.ids import token
 from bucketq.core.keys import Keys
 from bucketq.core.message import Message, Receipt
-from bucketq.core.segment import Record, Segment, decode_segment
+from bucketq.core.segment import Record, Segment, SegmentHeader, decode_header, decode_segment
 from bucketq.core.subscriptions import start_cursor
+from bucketq.core.txn import txn_visibility
+from bucketq.errors import StorageError
 from bucketq.storage import Storage
 
 log = logging.getLogger("bucketq.consumer")
@@ -27,10 +30,20 @@ MAX_WINDOW_SEGMENTS = 64
 DeadLetterFn = Callable[[str, int, Pos, Record, int, str], Awaitable[None]]
 
 
-def seen_op(segment: Segment, consumer: str) -> Op:
+def seen_op(segment: Segment, consumer: str, incarnation: str = "") -> Op:
     """The ``seen`` op recording a discovered segment for ``consumer``: its size and offset, its delayed
-    messages, and the redriven messages addressed to another consumer (which this one skips)."""
+    messages, and the redriven messages addressed to another consumer (which this one skips).
+
+    A corrupt segment (no records) enters as an empty one; a segment written for another
+    incarnation of the topic (a writer fenced off by its deletion) enters with every message
+    skipped (invariant I6)."""
     h = segment.header
+    if not segment.records and h.count > 0:
+        return Op("seen", h.seq, count=0, base=h.base, corrupt=True)
+    if incarnation and h.incarnation is not None and h.incarnation != incarnation:
+        return Op("seen", h.seq, count=h.count, base=h.base, skip=list(range(h.count)))
+    if segment.hidden:  # a job commit's segment its transaction does not show (core/txn.py)
+        return Op("seen", h.seq, count=h.count, base=h.base, skip=list(range(h.count)))
     delayed = {i: r.not_before for i, r in enumerate(segment.records) if r.not_before}
     skip = [i for i, r in enumerate(segment.records) if r.headers.get(REDRIVE_FOR_HEADER) not in (None, consumer)]
     return Op("seen", h.seq, count=h.count, base=h.base, delayed=delayed or None, skip=skip or None)
@@ -80,6 +93,9 @@ class PartitionWorker:
         settings: ConsumerSettings,
         max_deliveries: Callable[[], int | None],
         dead_letter: DeadLetterFn,
+        *,
+        subscription_started: Callable[[], bool] = lambda: False,
+        incarnation: Callable[[], str] = lambda: "",
     ) -> None:
         self.storage = storage
         self.keys = keys
@@ -90,10 +106,15 @@ class PartitionWorker:
         self.settings = settings
         self.max_deliveries = max_deliveries
         self.dead_letter = dead_letter
+        self.subscription_started = subscription_started
+        self.incarnation = incarnation
         self.log = CursorLog(
             storage, keys, topic, consumer, partition, member,
             checkpoint_every=settings.checkpoint_every, max_attempts=settings.max_commit_attempts,
+            clock_skew_s=settings.clock_skew_s,
         )
+        self.floor_fence = FenceView(storage, keys.segment_floor(topic, partition), SEGMENT_TRUST_S)
+        self._expire_to: tuple[int, int] | None = None
         self.intents: list[Intent] = []
         self.loaded = False
         self._segments: dict[int, Segment] = {}
@@ -116,21 +137,41 @@ class PartitionWorker:
     async def ensure_loaded(self) -> None:
         if self.loaded:
             return
-        await start_cursor(self.log, self.settings.start_position)
+        await start_cursor(
+            self.log, self.settings.start_position, subscription_started=self.subscription_started()
+        )
         self.loaded = True
 
     # -- discovery -------------------------------------------------------------------------------
 
     async def discover(self) -> int:
-        """GET the segments after the frontier until a 404 (bounded per cycle)."""
+        """GET the segments after the frontier until a 404 (bounded per cycle).
+
+        A 404 below the partition's floor fence means GC collected those segments before this
+        subscription read them (it started while GC was freeing them): the next commit records an
+        ``expire`` op that moves past them, counted (never a silent stall). The fence is read on
+        a 404 at most once per half trust window.
+        """
         found = 0
         nxt = max(self.state.frontier, self._discovered[-1].header.seq if self._discovered else -1) + 1
         nxt = max(nxt, self.state.floor)
         while found < MAX_DISCOVER_PER_CYCLE:
             blob = await self.storage.get(self.keys.segment(self.topic, self.partition, nxt))
             if blob is None:
+                fence = await self.floor_fence.fresh()
+                if nxt < fence.floor and not self._discovered:
+                    self._expire_to = (fence.floor, fence.base)
                 break
-            self._discovered.append(decode_segment(blob.data))
+            segment = _decode(blob.data, self.topic, self.partition, nxt)
+            if segment.header.txn is not None:
+                # Job commits (core/txn.py): shown only once its transaction committed this very
+                # segment; an unresolved transaction stops discovery here until it resolves.
+                verdict = await txn_visibility(self.storage, self.keys, self.topic, segment.header)
+                if verdict == "wait":
+                    break
+                if verdict == "skip":
+                    segment = Segment(segment.header, segment.records, hidden=True)
+            self._discovered.append(segment)
             found += 1
             nxt += 1
         return found
@@ -141,7 +182,7 @@ class PartitionWorker:
         for seq in wanted:
             blob = await self.storage.get(self.keys.segment(self.topic, self.partition, seq))
             if blob is not None:
-                self._segments[seq] = decode_segment(blob.data)
+                self._segments[seq] = _decode(blob.data, self.topic, self.partition, seq)
 
     # -- the cycle -------------------------------------------------------------------------------
 
@@ -183,6 +224,9 @@ class PartitionWorker:
         min_age = self.settings.steal_after_s if foreign else None
 
         def build(state: CursorState) -> list[Op]:
+            expire = self._expire_op(state)
+            if expire is not None:
+                state = _preview(state, expire)
             settle = [i.op() for i in intents if not i.future.done()]
             settle.extend(Op("dead", p[0], p[1], reason=r, ref="dead") for p, r in self._dead_ready.items())
             seen = self._seen_ops(state)
@@ -190,7 +234,7 @@ class PartitionWorker:
             leftover[0] = more
             if foreign and not claims and not settle:
                 return []
-            return [*seen, *settle, *claims]
+            return [*([expire] if expire is not None else []), *seen, *settle, *claims]
 
         try:
             outcome = await self.log.commit(build)
@@ -207,16 +251,33 @@ class PartitionWorker:
         self._absorb_discovered()
         return result
 
+    def _expire_op(self, state: CursorState) -> Op | None:
+        if self._expire_to is None:
+            return None
+        seq, base = self._expire_to
+        if seq <= state.floor:
+            self._expire_to = None
+            return None
+        log.warning(
+            "%s/%s/p%d: segments %d..%d were collected before this subscription read them; skipping",
+            self.topic, self.consumer, self.partition, state.floor, seq - 1,
+        )
+        return Op("expire", seq, base=base)
+
     def _seen_ops(self, state: CursorState) -> list[Op]:
         ops = []
         expected = state.frontier + 1
+        incarnation = self.incarnation()
         for seg in self._discovered:
             h = seg.header
             if h.seq < expected:
                 continue
             if h.seq != expected:
                 break
-            ops.append(seen_op(seg, self.consumer))
+            op = seen_op(seg, self.consumer, incarnation)
+            if op.corrupt and op.base < 0:
+                op.base = state.end_offset
+            ops.append(op)
             expected += 1
         return ops
 
@@ -262,11 +323,17 @@ class PartitionWorker:
             if available:
                 candidates.append((record.priority, pos, record))
 
+        complete = True  # every open position before the new segments was considered
         for pos in state.open_positions():
             if len(candidates) >= scan_limit:
+                complete = False
                 break
             record = self._record(pos)
             if record is None:
+                if ordered:
+                    # not loaded (beyond the window): a later record of its key must not pass it
+                    complete = False
+                    break
                 continue
             available = state.claimable(pos, now) and pos not in self._dead_ready
             lease = state.leases.get(pos)
@@ -275,7 +342,7 @@ class PartitionWorker:
             if available and limit is not None and state.prior_deliveries(pos) >= limit:
                 available = False  # the janitor dead-letters it instead
             consider(pos, record, available)
-        for seq, count, skip, delayed in new_segments:
+        for seq, count, skip, delayed in new_segments if complete or not ordered else ():
             for idx in range(count):
                 if len(candidates) >= scan_limit:
                     break
@@ -345,6 +412,8 @@ class PartitionWorker:
 
     def _absorb_discovered(self) -> None:
         """Move discovered segments the state now knows into the window cache; evict done ones."""
+        if self._expire_to is not None and self._expire_to[0] <= self.state.floor:
+            self._expire_to = None
         keep = []
         for seg in self._discovered:
             if seg.header.seq <= self.state.frontier:
@@ -367,3 +436,25 @@ class PartitionWorker:
     def busy(self) -> bool:
         """A cycle (and its commit) is in progress."""
         return self._lock.locked()
+
+
+def _decode(data: bytes, topic: str, partition: int, seq: int) -> Segment:
+    """The segment, or, when it cannot be decoded, an empty stand-in (logged) that lets the
+    partition move on: one bad object must not stall every consumer of the partition."""
+    try:
+        return decode_segment(data)
+    except (StorageError, ValueError, KeyError, TypeError) as exc:
+        log.error("%s/p%d: segment %d cannot be decoded (%s); its messages are skipped", topic, partition, seq, exc)
+        try:
+            header = decode_header(data)
+        except StorageError:
+            header = SegmentHeader(topic, partition, seq, 1, -1, None, 0.0, "")
+        return Segment(header, [])
+
+
+def _preview(state: CursorState, op: Op) -> CursorState:
+    """The state as it will be after ``op`` (validated the same way), for building the other ops."""
+    copy = CursorState.from_json(state.to_json())
+    copy.n = state.n
+    apply_op(copy, op, time.time())
+    return copy

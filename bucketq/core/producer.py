@@ -19,10 +19,11 @@ from bucketq.core.producer_peers import ProducerPeers
 from bucketq.core.segment import (
     Record,
     build_record,
+    decode_segment,
     encode_record,
 )
 from bucketq.core.segment_writer import SegmentWriter
-from bucketq.core.topics import TopicCatalog
+from bucketq.core.topics import TopicCatalog, find_tail
 from bucketq.errors import (
     AlreadyExists,
     BucketqError,
@@ -52,6 +53,13 @@ class PublishResult:
     duplicate: bool = False
 
 
+def _duplicate(topic: str, marker: dict[str, Any]) -> PublishResult:
+    return PublishResult(
+        marker["id"], topic, int(marker["partition"]), int(marker["seq"]),
+        int(marker["index"]), int(marker["offset"]), duplicate=True,
+    )
+
+
 def partition_for_key(key: str, partitions: int) -> int:
     """``hash(key) % partitions`` with a stable hash: the first 8 bytes of SHA-256, big-endian."""
     digest = hashlib.sha256(key.encode()).digest()
@@ -76,6 +84,7 @@ class PartitionAppender:
         partition: int,
         producer_id: str,
         settings: ProducerSettings,
+        catalog: TopicCatalog | None = None,
     ) -> None:
         self.storage = storage
         self.keys = keys
@@ -85,7 +94,7 @@ class PartitionAppender:
         self.settings = settings
         self.writer = SegmentWriter(
             storage, keys, topic, partition, producer_id,
-            timeout_s=settings.publish_timeout_s, max_attempts=settings.max_attempts,
+            timeout_s=settings.publish_timeout_s, max_attempts=settings.max_attempts, catalog=catalog,
         )
         self.segments_written = 0
         self._buffer: list[_Pending] = []
@@ -243,7 +252,7 @@ class Producer:
         key = (topic, partition)
         app = self._appenders.get(key)
         if app is None:
-            app = PartitionAppender(self.storage, self.keys, topic, partition, self.id, self.settings)
+            app = PartitionAppender(self.storage, self.keys, topic, partition, self.id, self.settings, self.catalog)
             app.on_conflict = lambda: self._move_on(topic, partition)
             self._appenders[key] = app
         return app
@@ -353,12 +362,26 @@ class Producer:
     async def _publish_dedup(
         self, topic: str, partition: int, record: Record, line: bytes, dedup_id: str
     ) -> PublishResult:
-        """Idempotent publish: a marker ``{topic}/dedup/{sha256}`` guards the dedup id in its window."""
+        """Idempotent publish (invariant I7: a dedup id is stored once within its window).
+
+        A marker ``{topic}/dedup/{sha256}`` guards the id: put-if-absent ``pending`` (with the
+        partition and the tail seq before the write) before the segment, overwritten ``committed``
+        (If-Match) once durable. A marker is never deleted by a publisher: a write whose outcome
+        is unknown may have landed. Whoever takes over a pending marker whose writer gave up
+        first scans the partition from the recorded seq for the record, and only publishes if it
+        is not there.
+        """
         marker_key = self.keys.dedup(topic, dedup_id)
         window = self.settings.dedup_window_s
         deadline = time.monotonic() + self.settings.publish_timeout_s
-        pending = json.dumps({"state": "pending", "id": record.id, "at": time.time()}).encode()
+        appender = self.appender(topic, partition)
         while True:
+            from_seq = appender.writer.next_seq
+            if from_seq is None:
+                from_seq, _ = await find_tail(self.storage, self.keys, topic, partition)
+            pending = json.dumps({
+                "state": "pending", "id": record.id, "at": time.time(), "partition": partition, "from_seq": from_seq,
+            }).encode()
             try:
                 etag = await self.storage.create(marker_key, pending)
                 break
@@ -373,37 +396,65 @@ class Producer:
             marker = json.loads(blob.data)
             age = time.time() - float(marker.get("at", 0))
             if marker.get("state") == "committed" and age <= window:
-                return PublishResult(
-                    marker["id"], topic, int(marker["partition"]), int(marker["seq"]),
-                    int(marker["index"]), int(marker["offset"]), duplicate=True,
-                )
+                return _duplicate(topic, marker)
             stale = age > window if marker.get("state") == "committed" else age > self.settings.publish_timeout_s
             if stale:  # take over an expired or abandoned marker
                 try:
                     etag = await self.storage.store.put(marker_key, pending, if_match=blob.etag)
-                    break
                 except PreconditionFailed:
                     continue
+                if marker.get("state") == "pending":
+                    found = await self._find_landed(topic, marker, dedup_id)
+                    if found is not None:
+                        await self._commit_marker(marker_key, found, etag, dedup_id)
+                        return replace(found, duplicate=True)
+                break
             if time.monotonic() >= deadline:
                 raise PublishTimeout(f"dedup id {dedup_id!r} is being published by another caller")
             await asyncio.sleep(0.1)
-        try:
-            result = await self._enqueue(topic, partition, record, line)
-        except BaseException:
+        result = await self._enqueue(topic, partition, record, line)
+        await self._commit_marker(marker_key, result, etag, dedup_id)
+        return result
+
+    async def _find_landed(self, topic: str, marker: dict[str, Any], dedup_id: str) -> PublishResult | None:
+        """Where an abandoned pending publish of ``dedup_id`` landed, if it did (scans forward from
+        the seq its marker recorded to the partition's tail)."""
+        partition = int(marker.get("partition", -1))
+        if partition < 0 or "from_seq" not in marker:
+            return None
+        seq = int(marker["from_seq"])
+        while True:
+            blob = await self.storage.get(self.keys.segment(topic, partition, seq))
+            if blob is None:
+                return None
             try:
-                await self.storage.delete([marker_key])
+                segment = decode_segment(blob.data)
             except StorageError:
-                pass
-            raise
-        committed = {
+                seq += 1
+                continue
+            for index, rec in enumerate(segment.records):
+                if rec.dedup_id == dedup_id:
+                    h = segment.header
+                    return PublishResult(rec.id, topic, partition, h.seq, index, h.base + index)
+            seq += 1
+
+    async def _commit_marker(self, marker_key: str, result: PublishResult, etag: str, dedup_id: str) -> None:
+        committed = json.dumps({
             "state": "committed", "id": result.id, "partition": result.partition, "seq": result.seq,
             "index": result.index, "offset": result.offset, "at": time.time(),
-        }
-        try:
-            await self.storage.store.put(marker_key, json.dumps(committed).encode(), if_match=etag)
-        except StorageError as exc:
-            log.warning("dedup marker for %r not committed: %s", dedup_id, exc)
-        return result
+        }).encode()
+        for attempt in range(5):
+            try:
+                await self.storage.store.put(marker_key, committed, if_match=etag)
+                return
+            except PreconditionFailed:
+                return  # taken over: the new owner scans and finds this write
+            except StorageError as exc:
+                if attempt == 4:
+                    # stays pending: whoever takes it over finds this write by scanning
+                    log.warning("dedup marker for %r not committed: %s", dedup_id, exc)
+                    return
+                await asyncio.sleep(0.05 * 2**attempt)
 
     async def flush(self) -> None:
         """Wait until everything published so far is durable (or failed)."""

@@ -6,6 +6,7 @@ import base64
 import json
 import math
 import time
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -151,9 +152,21 @@ class SegmentHeader:
     producer_id: str | None
     created_at: float
     batch: str
+    # The topic incarnation the writer appended to (absent in format 1 segments). Readers treat a
+    # segment of another incarnation as empty: a writer paused across a topic's deletion and
+    # re-creation must not add messages to the new topic (invariant I6, docs/protocol.md).
+    incarnation: str | None = None
+    # Job commits (docs/protocol.md, "Job commits"): the transaction whose record decides whether
+    # this segment is visible, and which chunk of that transaction's manifest it holds. Absent in
+    # ordinary segments, which are therefore byte-identical to segments written without them.
+    txn: str | None = None
+    chunk: int | None = None
+    # How the message lines after the header are encoded: absent = plain JSON Lines; "zlib" = one
+    # zlib stream of the same lines (the header line itself always stays plain JSON).
+    codec: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "v": FORMAT_VERSION,
             "topic": self.topic,
             "partition": self.partition,
@@ -164,16 +177,66 @@ class SegmentHeader:
             "base": self.base,
             "batch": self.batch,
         }
+        if self.incarnation is not None:
+            out["inc"] = self.incarnation
+        if self.txn is not None:
+            out["txn"] = self.txn
+        if self.chunk is not None:
+            out["chunk"] = self.chunk
+        if self.codec is not None:
+            out["codec"] = self.codec
+        return out
 
 
 @dataclass(frozen=True, slots=True)
 class Segment:
     header: SegmentHeader
     records: list[Record]
+    # Set by a reader that resolved the segment's transaction as not visible (aborted, or a chunk
+    # that is not part of its committed manifest): every message is skipped (core/txn.py).
+    hidden: bool = False
+
+
+CODECS = ("zlib",)
+ZLIB_LEVEL = 1  # JSON Lines shrink 5-10x already at level 1; higher levels cost more CPU than they save
+
+
+def encode_header(header: SegmentHeader) -> bytes:
+    """The header line (without newline)."""
+    return _dumps(header.to_json()).encode()
+
+
+def compress_body(plain: bytes, codec: str | None = None) -> bytes:
+    """Message lines (each ending in a newline) encoded with ``codec``."""
+    if codec is None:
+        return plain
+    if codec == "zlib":
+        return zlib.compress(plain, ZLIB_LEVEL)
+    raise ValueError(f"unknown segment codec {codec!r}: use one of {CODECS}")
+
+
+def encode_body(lines: list[bytes], codec: str | None = None) -> bytes:
+    """Everything after the header line: the message lines, encoded with ``codec``."""
+    return compress_body(b"\n".join(lines) + b"\n" if lines else b"", codec)
 
 
 def encode_segment(header: SegmentHeader, lines: list[bytes]) -> bytes:
-    return b"\n".join([_dumps(header.to_json()).encode(), *lines]) + b"\n"
+    if header.codec is not None:
+        return encode_header(header) + b"\n" + encode_body(lines, header.codec)
+    return b"\n".join([encode_header(header), *lines]) + b"\n"
+
+
+def segment_lines(data: bytes, header: SegmentHeader) -> list[bytes]:
+    """The message lines of an encoded segment (decompressed when the header names a codec)."""
+    body = data.split(b"\n", 1)[1] if b"\n" in data else b""
+    if header.codec == "zlib":
+        try:
+            body = zlib.decompress(body)
+        except zlib.error as exc:
+            raise StorageError(f"corrupt segment {header.topic}/p{header.partition}/{header.seq}: {exc}") from None
+    elif header.codec is not None:
+        raise StorageError(f"segment {header.topic}/p{header.partition}/{header.seq} has unknown codec {header.codec!r}")
+    return [line for line in body.split(b"\n") if line.strip()]
 
 
 def decode_header(data: bytes) -> SegmentHeader:
@@ -189,6 +252,10 @@ def decode_header(data: bytes) -> SegmentHeader:
             producer_id=obj.get("producer_id"),
             created_at=float(obj.get("created_at") or 0.0),
             batch=str(obj.get("batch", "")),
+            incarnation=obj.get("inc"),
+            txn=str(obj["txn"]) if obj.get("txn") is not None else None,
+            chunk=int(obj["chunk"]) if obj.get("chunk") is not None else None,
+            codec=str(obj["codec"]) if obj.get("codec") is not None else None,
         )
     except (ValueError, KeyError, TypeError) as exc:
         raise StorageError(f"corrupt segment header: {exc}") from None
@@ -196,8 +263,8 @@ def decode_header(data: bytes) -> SegmentHeader:
 
 def decode_segment(data: bytes) -> Segment:
     header = decode_header(data)
-    lines = data.split(b"\n")[1:]
-    records = [Record.from_json(json.loads(line)) for line in lines if line.strip()]
+    lines = segment_lines(data, header)
+    records = [Record.from_json(json.loads(line)) for line in lines]
     if len(records) != header.count:
         raise StorageError(
             f"corrupt segment {header.topic}/p{header.partition}/{header.seq}: "

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from bucketq.core.fences import SEGMENT_TRUST_S, FenceView
 from bucketq.core.keys import Keys
 from bucketq.core.segment import SegmentHeader, decode_header, encode_segment
-from bucketq.core.topics import find_tail
+from bucketq.core.topics import TopicCatalog, find_tail
 from bucketq.errors import AlreadyExists, Contended, PublishTimeout, StorageError
 from bucketq.storage import Storage
+
+log = logging.getLogger("bucketq.producer")
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +40,14 @@ class SegmentWriter:
 
     PUT ``seg/{next}`` with If-None-Match: on 412 the writer reads the segment there: its own batch id
     means a retried write had landed (done); another writer's means move past it. Contended claims
-    (csprng_verify) and storage errors are retried with jittered backoff until ``timeout_s``.
+    (csprng_verify), 412s and storage errors are all bounded by ``max_attempts`` and ``timeout_s``.
+
+    A successful put is acknowledged only after two checks (docs/protocol.md):
+    * I1, the floor fence: the number is at or above the partition's GC floor (a stale view of
+      the tail may point into numbers GC freed; such a write is an orphan nobody reads, and the
+      batch is written again at the real tail);
+    * I6, the topic fence (with a ``catalog``): the topic was live, as the incarnation written into
+      the header, by a marker read less than TOPIC_FENCE_S before the put completed.
     """
 
     def __init__(
@@ -50,6 +61,7 @@ class SegmentWriter:
         timeout_s: float = 60.0,
         max_attempts: int = 50,
         on_conflict: Callable[[], None] | None = None,
+        catalog: TopicCatalog | None = None,
     ) -> None:
         self.storage = storage
         self.keys = keys
@@ -59,39 +71,67 @@ class SegmentWriter:
         self.timeout_s = timeout_s
         self.max_attempts = max_attempts
         self.on_conflict = on_conflict
+        self.catalog = catalog
+        self.fence = FenceView(storage, keys.segment_floor(topic, partition), SEGMENT_TRUST_S)
         self.next_seq: int | None = None
         self.next_offset = 0
+        self.incarnation: str | None = None
         self.conflicts = 0
+        self.orphans = 0
 
-    async def append(self, lines: list[bytes], batch_id: str) -> Appended:
-        """Write ``lines`` as one segment at the tail; returns where it landed."""
-        if self.next_seq is None:
-            self.next_seq, self.next_offset = await find_tail(self.storage, self.keys, self.topic, self.partition)
+    async def _bind(self) -> str | None:
+        """The topic incarnation to write for; a new one (re-created topic) resets the tail."""
+        if self.catalog is None:
+            return self.incarnation
+        marker = await self.catalog.marker(self.topic)
+        if marker.incarnation != self.incarnation:
+            self.incarnation = marker.incarnation
+            self.next_seq = None
+        return self.incarnation
+
+    async def _find_tail(self) -> None:
+        await self.fence.refresh()
+        self.next_seq, self.next_offset = await find_tail(self.storage, self.keys, self.topic, self.partition)
+
+    async def append(
+        self, lines: list[bytes], batch_id: str, *, encode: Callable[[SegmentHeader], bytes] | None = None
+    ) -> Appended:
+        """Write ``lines`` as one segment at the tail; returns where it landed.
+
+        ``encode`` (bulk writers with pre-encoded bodies, e.g. the Spark job commit) builds the
+        object from the header this writer chose (seq, base, incarnation, batch id); then only
+        ``len(lines)`` is used, as the segment's message count.
+        """
         deadline = time.monotonic() + self.timeout_s
         attempt = 0
         while True:
             attempt += 1
+            if attempt > self.max_attempts or (attempt > 1 and time.monotonic() >= deadline):
+                raise PublishTimeout(
+                    f"publish to {self.topic}/p{self.partition} not durable after {attempt - 1} attempts"
+                )
+            incarnation = await self._bind()
+            if self.next_seq is None:
+                await self._find_tail()
+            assert self.next_seq is not None
             seq, base = self.next_seq, self.next_offset
             header = SegmentHeader(
-                self.topic, self.partition, seq, len(lines), base, self.producer_id, time.time(), batch_id
+                self.topic, self.partition, seq, len(lines), base, self.producer_id, time.time(), batch_id,
+                incarnation=incarnation or None,
             )
-            body = encode_segment(header, lines)
+            body = encode(header) if encode is not None else encode_segment(header, lines)
             key = self.keys.segment(self.topic, self.partition, seq)
+            taken = False  # the number was already taken (412): blob is what is there now
+            blob = None
             try:
-                await self.storage.create(key, body)
-            except AlreadyExists:
-                blob = await self.storage.get(key)
-                if blob is not None and decode_header(blob.data).batch == batch_id:
-                    break  # our own write landed; its response was lost
-                self.conflicts += 1
-                if self.on_conflict is not None:
-                    self.on_conflict()
-                if blob is not None:
-                    there = decode_header(blob.data)
-                    self.next_seq, self.next_offset = seq + 1, there.base + there.count
-                continue
+                try:
+                    await self.storage.create(key, body)
+                except AlreadyExists:
+                    taken = True
+                    blob = await self.storage.get(key)
             except Contended:
                 await asyncio.sleep(random.uniform(0.05, 0.3))
+                continue
             except StorageError as exc:
                 if time.monotonic() >= deadline:
                     raise PublishTimeout(
@@ -99,10 +139,32 @@ class SegmentWriter:
                     ) from exc
                 await asyncio.sleep(min(2.0, 0.05 * 2 ** min(attempt, 6)) * random.uniform(0.5, 1.0))
                 continue
-            else:
-                break
-            if attempt >= self.max_attempts or time.monotonic() >= deadline:
-                raise PublishTimeout(f"publish to {self.topic}/p{self.partition}: too many conflicts")
+            if taken:
+                if blob is not None and decode_header(blob.data).batch == batch_id:
+                    pass  # our own write landed; its response was lost: check it like a success
+                else:
+                    self.conflicts += 1
+                    if self.on_conflict is not None:
+                        self.on_conflict()
+                    if blob is not None:
+                        there = decode_header(blob.data)
+                        self.next_seq, self.next_offset = seq + 1, there.base + there.count
+                    else:  # taken, then freed (below the floor): find the real tail
+                        self.next_seq = None
+                    continue
+            completed = time.monotonic()
+            if not await self.fence.admits(seq, completed_at=completed):
+                # I1: a freed number below the floor; the write is an orphan (GC deletes it)
+                self.orphans += 1
+                log.warning(
+                    "%s/p%d: segment %d landed below the GC floor %d (stale tail); writing again at the tail",
+                    self.topic, self.partition, seq, self.fence.floor,
+                )
+                self.next_seq = None
+                continue
+            if self.catalog is not None and incarnation is not None:
+                await self.catalog.confirm_live(self.topic, incarnation, completed)
+            break
         self.next_seq, self.next_offset = seq + 1, base + len(lines)
         return Appended(seq, base, len(lines), len(body))
 

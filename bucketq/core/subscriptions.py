@@ -13,16 +13,22 @@ from bucketq.storage import Storage
 StartPosition = Literal["earliest", "latest"]
 
 
-async def start_cursor(cursor: CursorLog, start_position: StartPosition) -> None:
+async def start_cursor(
+    cursor: CursorLog, start_position: StartPosition, *, subscription_started: bool = False
+) -> None:
     """Load the cursor; if the subscription partition never started, write its ``start`` op.
 
-    ``earliest`` starts at the oldest segment still stored, ``latest`` after the newest one.
+    ``earliest`` starts at the oldest segment still kept (never below the GC floor fence),
+    ``latest`` after the newest one. A partition of a subscription that already started on
+    another partition (``subscription_started``) was added to the topic after the subscription
+    began, so every message in it is newer than the subscription: it starts at its earliest
+    (invariant I5: a subscription never skips a message its start position covers).
     Concurrent starters race on delta 1; the loser adopts the winner's start.
     """
     await cursor.load()
     if cursor.state.started:
         return
-    if start_position == "latest":
+    if start_position == "latest" and not subscription_started:
         seq, base = await find_tail(cursor.storage, cursor.keys, cursor.topic, cursor.partition)
     else:
         first = await first_segment(cursor.storage, cursor.keys, cursor.topic, cursor.partition)
@@ -41,9 +47,12 @@ async def init_subscription(
     validate_name(consumer, "consumer")
     config = await TopicCatalog(storage, keys).config(topic)
     floors = []
-    for partition in range(config.partitions):
-        cursor = CursorLog(storage, keys, topic, consumer, partition, member="init")
-        await start_cursor(cursor, start_position)
+    cursors = [CursorLog(storage, keys, topic, consumer, p, member="init") for p in range(config.partitions)]
+    for cursor in cursors:
+        await cursor.load()
+    started = any(c.state.started for c in cursors)
+    for cursor in cursors:
+        await start_cursor(cursor, start_position, subscription_started=started)
         floors.append(cursor.state.floor)
     return floors
 

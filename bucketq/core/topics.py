@@ -9,13 +9,21 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
+from bucketq.core.fences import FenceValue, raise_fence, read_fence
+from bucketq.core.ids import token
 from bucketq.core.keys import Keys, parse_seq, validate_name
 from bucketq.core.models import TopicConfig, TopicMarker
 from bucketq.core.segment import decode_header
-from bucketq.errors import AlreadyExists, BucketqError, Contended, TopicNotFound
+from bucketq.errors import AlreadyExists, BucketqError, Contended, TopicDeleted, TopicNotFound
 from bucketq.storage import Storage
 
 CONFIG_TTL_S = 10.0
+# Topic fence (invariant I6): a segment write is acknowledged only if the writer read the topic's
+# marker, live and of the same incarnation, less than TOPIC_FENCE_S before the write completed.
+# Deleting a topic marks it "deleting" and waits longer than that before purging, so every
+# acknowledged write landed before the purge started, and no write is acknowledged after it.
+TOPIC_FENCE_S = 5.0
+TOPIC_DELETE_WAIT_S = TOPIC_FENCE_S + 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,21 +49,30 @@ class TopicInfo:
 
 
 async def find_tail(storage: Storage, keys: Keys, topic: str, partition: int) -> tuple[int, int]:
-    """(next seq, next offset) of a partition: the head hint, then GETs forward until a 404."""
-    seq, offset = 0, 0
+    """(next seq, next offset) of a partition: the GC fence and the head hint, then GETs forward
+    until a 404.
+
+    Numbers below the partition's floor fence may have been freed by GC, so probing never starts
+    below it (a stale head hint would otherwise point into freed numbers). A 404 at or above the
+    floor is the tail: GC never frees numbers at or above the floor.
+    """
+    fence, _ = await read_fence(storage, keys.segment_floor(topic, partition))
+    seq, offset = (fence.floor, fence.base) if fence is not None else (0, 0)
     hint = await storage.get(keys.head(topic, partition))
     if hint is not None:
         try:
             obj = json.loads(hint.data)
-            seq, offset = int(obj["seq"]) + 1, int(obj["next_offset"])
+            hinted = int(obj["seq"]) + 1, int(obj["next_offset"])
         except (ValueError, KeyError, TypeError):
             hint = None
+        else:
+            if hinted[0] > seq:
+                seq, offset = hinted
     if hint is None:  # no hint: the last segment key tells where to start probing
         last: str | None = None
         async for info in storage.list(keys.segments_prefix(topic, partition)):
             last = info.key
-        if last is not None:
-            seq = parse_seq(last)
+        if last is not None and parse_seq(last) >= seq:
             blob = await storage.get(last)
             if blob is not None:
                 header = decode_header(blob.data)
@@ -69,12 +86,20 @@ async def find_tail(storage: Storage, keys: Keys, topic: str, partition: int) ->
 
 
 async def first_segment(storage: Storage, keys: Keys, topic: str, partition: int) -> tuple[int, int] | None:
-    """(seq, base offset) of the oldest segment still stored, or None for an empty partition."""
-    async for info in storage.list(keys.segments_prefix(topic, partition)):
+    """(seq, base offset) of the oldest segment still kept, or None for an empty partition.
+
+    Objects below the floor fence are freed or orphans (never part of the partition): skipped.
+    """
+    fence, _ = await read_fence(storage, keys.segment_floor(topic, partition))
+    floor = fence.floor if fence is not None else 0
+    start_after = keys.segment(topic, partition, floor - 1) if floor > 0 else None
+    async for info in storage.list(keys.segments_prefix(topic, partition), start_after=start_after):
         blob = await storage.get(info.key)
         if blob is not None:
             header = decode_header(blob.data)
             return header.seq, header.base
+    if fence is not None and fence.floor > 0:
+        return fence.floor, fence.base
     return None
 
 
@@ -84,7 +109,7 @@ class TopicCatalog:
     def __init__(self, storage: Storage, keys: Keys) -> None:
         self.storage = storage
         self.keys = keys
-        self._cache: dict[str, tuple[float, TopicMarker]] = {}
+        self._cache: dict[str, tuple[float, TopicMarker]] = {}  # monotonic read start, marker
         self._loading: dict[str, asyncio.Future[TopicMarker]] = {}
 
     async def marker(self, topic: str, *, fresh: bool = False) -> TopicMarker:
@@ -92,6 +117,8 @@ class TopicCatalog:
         validate_name(topic)
         cached = self._cache.get(topic)
         if cached is not None and not fresh and time.monotonic() - cached[0] < CONFIG_TTL_S:
+            if cached[1].state != "live":
+                raise TopicDeleted(topic, "it is being deleted")
             return cached[1]
         loading = self._loading.get(topic)
         if loading is not None and not fresh:
@@ -112,6 +139,7 @@ class TopicCatalog:
                 del self._loading[topic]
 
     async def _load(self, topic: str) -> TopicMarker:
+        started = time.monotonic()
         blob = await self.storage.get(self.keys.topic_marker(topic))
         if blob is None:
             self._cache.pop(topic, None)
@@ -120,11 +148,26 @@ class TopicCatalog:
             marker = TopicMarker.model_validate_json(blob.data)
         except ValidationError as exc:
             raise BucketqError(f"topic {topic!r} has a corrupt marker: {exc}") from None
-        self._cache[topic] = (time.monotonic(), marker)
+        self._cache[topic] = (started, marker)
+        if marker.state != "live":
+            raise TopicDeleted(topic, "it is being deleted")
         return marker
 
     async def config(self, topic: str) -> TopicConfig:
         return (await self.marker(topic)).config
+
+    async def confirm_live(self, topic: str, incarnation: str, completed_at: float) -> None:
+        """Raise TopicDeleted unless the topic was live, as ``incarnation``, by a marker read less
+        than TOPIC_FENCE_S before ``completed_at`` (monotonic): the topic fence of a write."""
+        cached = self._cache.get(topic)
+        if cached is None or completed_at - cached[0] >= TOPIC_FENCE_S:
+            await self.marker(topic, fresh=True)
+            cached = self._cache[topic]
+        marker = cached[1]
+        if marker.state != "live":
+            raise TopicDeleted(topic, "it is being deleted")
+        if marker.incarnation != incarnation:
+            raise TopicDeleted(topic, "it was deleted and created again")
 
     async def exists(self, topic: str) -> bool:
         try:
@@ -138,12 +181,13 @@ class TopicCatalog:
         validate_name(topic)
         config = config or TopicConfig()
         now = time.time()
-        marker = TopicMarker(name=topic, created_at=now, updated_at=now, config=config)
+        marker = TopicMarker(name=topic, created_at=now, updated_at=now, config=config, incarnation=token())
+        started = time.monotonic()
         try:
             await self.storage.create(self.keys.topic_marker(topic), marker.model_dump_json().encode())
         except (AlreadyExists, Contended):
             return await self.marker(topic, fresh=True), False
-        self._cache[topic] = (time.monotonic(), marker)
+        self._cache[topic] = (started, marker)
         return marker, True
 
     async def update(self, topic: str, config: TopicConfig) -> TopicMarker:
@@ -155,8 +199,9 @@ class TopicCatalog:
                 f"(asked for {config.partitions})"
             )
         marker = current.model_copy(update={"config": config, "updated_at": time.time()})
+        started = time.monotonic()
         await self.storage.overwrite(self.keys.topic_marker(topic), marker.model_dump_json().encode())
-        self._cache[topic] = (time.monotonic(), marker)
+        self._cache[topic] = (started, marker)
         return marker
 
     async def names(self) -> list[str]:
@@ -166,7 +211,8 @@ class TopicCatalog:
             name = prefix[len(self.keys.topics_prefix()) :].rstrip("/")
             if name.startswith("_"):
                 continue
-            if await self.storage.head(self.keys.topic_marker(name)) is not None:
+            blob = await self.storage.get(self.keys.topic_marker(name))
+            if blob is not None and b'"deleting"' not in blob.data:
                 names.append(name)
         return sorted(names)
 
@@ -183,22 +229,51 @@ class TopicCatalog:
             parts.append(PartitionInfo(p, seq, offset))
         return TopicInfo(topic, marker.config, marker.created_at, parts, await self.consumers(topic))
 
-    async def delete(self, topic: str, *, purge: bool = True) -> int:
-        """Remove the marker (the topic stops accepting publishes); with purge, every object under it.
+    async def delete(self, topic: str, *, purge: bool = True, fence_wait_s: float = TOPIC_DELETE_WAIT_S) -> int:
+        """Delete the topic; with purge, every object under it. Returns the number of objects deleted.
 
-        Returns the number of objects deleted.
+        1. The marker is overwritten ``deleting``: from then on no publish is acknowledged
+           (writers confirm the marker after each write, see ``confirm_live``).
+        2. Wait ``fence_wait_s`` (longer than the writers' TOPIC_FENCE_S): every write
+           acknowledged before step 1 has landed by then.
+        3. Each partition's floor fence becomes a tombstone at its tail: a re-created topic
+           continues the sequence numbers, so a write paused across the deletion can never take
+           a number of the new topic's log (invariant I1 across incarnations).
+        4. Purge everything else, then remove the marker.
+
+        A deletion interrupted anywhere is completed by deleting again (the marker stays
+        ``deleting`` until the end). Without purge, only the marker goes (data stays for tools).
         """
         validate_name(topic)
         marker_key = self.keys.topic_marker(topic)
-        if await self.storage.head(marker_key) is None:
+        blob = await self.storage.get(marker_key)
+        if blob is None:
             raise TopicNotFound(topic)
-        await self.storage.delete([marker_key])
+        try:
+            marker = TopicMarker.model_validate_json(blob.data)
+        except ValidationError:
+            marker = None
+        if marker is not None and marker.state != "deleting":
+            doomed = marker.model_copy(update={"state": "deleting", "updated_at": time.time()})
+            await self.storage.overwrite(marker_key, doomed.model_dump_json().encode())
+            await asyncio.sleep(fence_wait_s)
         self._cache.pop(topic, None)
-        deleted = 1
+        deleted = 0
         if purge:
+            partitions = marker.config.partitions if marker is not None else 0
+            for p in range(partitions):
+                seq, offset = await find_tail(self.storage, self.keys, topic, p)
+                await raise_fence(
+                    self.storage, self.keys.segment_floor(topic, p),
+                    FenceValue(seq, offset, time.time(), deleted=True),
+                )
+            keep = {self.keys.segment_floor(topic, p) for p in range(partitions)}
+            keep.add(marker_key)
             for prefix in (self.keys.topic_prefix(topic), self.keys.members_topic_prefix(topic)):
                 batch: list[str] = []
                 async for info in self.storage.list(prefix):
+                    if info.key in keep or info.key.endswith("/floor.json"):
+                        continue
                     batch.append(info.key)
                     if len(batch) >= 1000:
                         await self.storage.delete(batch)
@@ -207,4 +282,6 @@ class TopicCatalog:
                 if batch:
                     await self.storage.delete(batch)
                     deleted += len(batch)
-        return deleted
+        await self.storage.delete([marker_key])
+        return deleted + 1
+

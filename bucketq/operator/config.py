@@ -11,6 +11,8 @@ from typing import Annotated, Literal
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from bucketq.core.fences import DELTA_GRACE_S, DELTA_TRUST_S, SEGMENT_GRACE_S, SEGMENT_TRUST_S
+
 DEFAULT_SIDECAR_IMAGE = "ghcr.io/bucketq/bucketq:0.1.0"
 
 
@@ -27,6 +29,16 @@ class OperatorSettings(BaseSettings):
     gc_interval_s: float = Field(300.0, gt=0, description="Retention and garbage collection per topic.")
     member_ttl_s: float = Field(300.0, gt=0, description="Member heartbeats older than this are deleted.")
     dedup_window_s: float = Field(3600.0, gt=0, description="Dedup markers older than this are deleted.")
+    gc_segment_grace_s: float = Field(
+        SEGMENT_GRACE_S, ge=0,
+        description="GC frees segments this long after raising a partition's floor fence. Keep it above the "
+        f"writers' fence trust ({SEGMENT_TRUST_S:.0f} s) plus clock skew: lower values break the "
+        "never-reuse-a-number invariant (tests only).",
+    )
+    gc_delta_grace_s: float = Field(
+        DELTA_GRACE_S, ge=0,
+        description=f"The same for cursor deltas (writers trust a fence copy {DELTA_TRUST_S:.0f} s).",
+    )
     retry_min_s: float = Field(2.0, gt=0, description="First retry delay after a failed reconcile.")
     retry_max_s: float = Field(300.0, gt=0, description="Longest retry delay (exponential backoff).")
 

@@ -216,6 +216,7 @@ class Operator:
                 topics.append(f"{name}.dlq")
             report = await bq.collect_garbage(
                 topics=topics, member_ttl_s=self.settings.member_ttl_s, dedup_window_s=self.settings.dedup_window_s,
+                segment_grace_s=self.settings.gc_segment_grace_s, delta_grace_s=self.settings.gc_delta_grace_s,
             )
         except StorageError as exc:
             self.metrics.storage_reachable.labels(namespace).set(0)

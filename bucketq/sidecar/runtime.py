@@ -57,11 +57,14 @@ class Runtime:
         info: dict[str, Any] = {"state": self.state, "strategy": self.strategy}
         problem = self.store.problem if self.store is not None else None
         healthy = self.store is not None and problem is None
+        deleted = self._consumer.deleted_topics if self._consumer is not None else []
         if problem is not None:
             info["reason"] = f"the bucket is not answering: {problem}"
         elif self.state != "ready":
             info["reason"] = self.reason
-        ready = self.state == "ready" and healthy
+        elif deleted:
+            info["reason"] = f"subscribed topic {deleted[0]!r} was deleted"
+        ready = self.state == "ready" and healthy and not deleted
         info["ready"] = ready
         self.metrics.ready.set(1 if ready else 0)
         return ready, info

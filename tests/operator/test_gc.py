@@ -53,7 +53,9 @@ def test_gc_deletes_consumed_expired_segments_only(emulator: Any, kube: Kube, mo
     assert len(segments) == 5
     before = objects(moto_server, engine, "")
 
-    running = start_operator(emulator.url, engine, fast_settings([ns], gc_interval_s=0.5))
+    # GC frees in two phases: one run raises the fences, a run after the grace deletes below them
+    running = start_operator(emulator.url, engine, fast_settings(
+        [ns], gc_interval_s=0.5, gc_segment_grace_s=1.0, gc_delta_grace_s=1.0))
     try:
         status = wait_for(lambda: (o := kube.get("topics", ns, "logs")) and
                           (o.get("status") or {}).get("garbageCollectedObjects") and o["status"],

@@ -1,0 +1,136 @@
+"""GC fences: a segment or delta number that was ever taken is never taken again (invariant I1).
+
+Put-if-absent makes a number exclusive only while its object exists. Garbage collection deletes
+objects, which would make their numbers writable again: a producer with a stale view of a
+partition's tail, or a member retrying a delta after a long outage, would then write into a freed
+number *below* every reader's position — acknowledged, and never read. A fence closes that hole.
+
+* A fence is an overwrite object holding ``floor``: numbers below it may be freed. GC raises a
+  fence first (phase 1) and deletes below it only once the fence object is at least ``grace_s``
+  old (phase 2, a later collection). Fences only rise.
+* A writer whose put-if-absent of number ``n`` succeeded accepts the number only if ``n >= floor``
+  by a copy of the fence it read less than ``trust_s`` before the put *completed*; otherwise it
+  reads the fence again first. ``trust_s`` is well below ``grace_s``: for a freed ``n`` the fence
+  covering ``n`` was written after the writer's copy was read (fences only rise and the copy was
+  below ``n``) and the deletion came at least ``grace_s`` after that, so a put into a freed number
+  always completes more than ``grace_s`` (less the GC host's clock skew against the store) after
+  the copy was read — outside the trusted window. A rejected number is an orphan below the floor:
+  no reader reads it, and GC deletes it with the rest.
+* Readers apply the same rule before trusting that a missing number is the end of a log (a
+  collected delta looks like a missing one): see :class:`~bucketq.core.cursor_log.CursorLog`.
+
+Fences are cheap: an active writer re-reads its fence at most once per ``trust_s / 2``, and GC
+writes one per partition and cursor log when it frees something.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+
+from bucketq.errors import StorageError
+from bucketq.storage import Storage
+
+# Tests and simulations of whole processes only: scales every window below together (trust stays
+# below grace by the same ratio). Every process sharing a bucket must use the same scale.
+_SCALE = float(os.environ.get("BUCKETQ_FENCE_SCALE", "1"))
+# Segments: GC deletes below a partition's floor fence only when the fence is this old.
+SEGMENT_GRACE_S = 300.0 * _SCALE
+# Writers trust a copy of a segment fence this long (leaves 180 s for pauses in the store's clock).
+SEGMENT_TRUST_S = 120.0 * _SCALE
+# Cursor deltas: the same rule, with the longer windows the cursor logs always had.
+DELTA_GRACE_S = 1200.0 * _SCALE
+DELTA_TRUST_S = 600.0 * _SCALE
+
+
+@dataclass(frozen=True, slots=True)
+class FenceValue:
+    """A fence as stored: the first number kept, and when (writer's clock) it was raised."""
+
+    floor: int
+    base: int = 0  # segments: the partition offset of ``floor`` (0 for cursor logs)
+    at: float = 0.0
+    deleted: bool = False  # segments: the topic was deleted (a tombstone kept across re-creation)
+
+    def encode(self) -> bytes:
+        body: dict[str, object] = {"floor": self.floor, "base": self.base, "at": self.at}
+        if self.deleted:
+            body["deleted"] = True
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> FenceValue:
+        obj = json.loads(data)
+        return cls(int(obj["floor"]), int(obj.get("base", 0)), float(obj.get("at", 0.0)), bool(obj.get("deleted")))
+
+
+async def read_fence(storage: Storage, key: str) -> tuple[FenceValue | None, float | None]:
+    """The fence at ``key`` and its object's last-modified time (None, None when there is none).
+
+    A fence that cannot be decoded is an error, never "no fence": treating it as absent could
+    admit a freed number.
+    """
+    blob = await storage.get(key)
+    if blob is None:
+        return None, None
+    try:
+        return FenceValue.decode(blob.data), blob.last_modified
+    except (ValueError, KeyError, TypeError) as exc:
+        raise StorageError(f"fence {key} is unreadable: {exc}") from None
+
+
+async def raise_fence(storage: Storage, key: str, value: FenceValue) -> bool:
+    """Overwrite the fence with ``value`` if it is higher than the stored one; True if written."""
+    current, _ = await read_fence(storage, key)
+    if current is not None and current.floor >= value.floor and not value.deleted:
+        return False
+    await storage.overwrite(key, value.encode())
+    return True
+
+
+class FenceView:
+    """A writer's or reader's copy of one fence, with the (monotonic) time it was read."""
+
+    def __init__(self, storage: Storage, key: str, trust_s: float) -> None:
+        self.storage = storage
+        self.key = key
+        self.trust_s = trust_s
+        self.value = FenceValue(0)
+        self.read_at = float("-inf")
+        self.reads = 0
+
+    @property
+    def floor(self) -> int:
+        return self.value.floor
+
+    async def refresh(self) -> FenceValue:
+        """Read the fence now (the copy's time is when the read *started*: conservative)."""
+        started = time.monotonic()
+        value, _ = await read_fence(self.storage, self.key)
+        self.reads += 1
+        if value is not None and (value.floor >= self.value.floor or value.deleted):
+            self.value = value
+        self.read_at = started
+        return self.value
+
+    def trusted_at(self, when: float) -> bool:
+        """Whether the copy may be trusted for an operation that completed at ``when`` (monotonic)."""
+        return when - self.read_at < self.trust_s
+
+    async def fresh(self) -> FenceValue:
+        """The fence, re-read when the copy is older than half the trust window."""
+        if time.monotonic() - self.read_at >= self.trust_s / 2:
+            await self.refresh()
+        return self.value
+
+    async def admits(self, n: int, *, completed_at: float) -> bool:
+        """Whether a put-if-absent of number ``n`` that succeeded at ``completed_at`` took a number
+        never taken before (see the module docstring for why this is exact)."""
+        if n < self.value.floor:
+            return False
+        if self.trusted_at(completed_at):
+            return True
+        await self.refresh()
+        return n >= self.value.floor

@@ -1,0 +1,490 @@
+"""Regression tests for the protocol flaws found by review (docs/protocol.md, invariants I1–I7).
+
+Each test sets up the exact situation of one flaw and asserts the invariant it broke. GC frees in
+two phases with real grace periods (minutes); here the fences' trust windows are shortened and GC
+gets a matching short grace, so real waits of about a second stand for them — the same inequality
+(trust < grace) that makes the protocol safe holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+from engine_helpers import Backend, backend, drain, poll_one  # noqa: F401  (fixtures)
+
+from bucketq import Bucketq
+from bucketq.core import cursor_log, partition_worker, segment_writer
+from bucketq.core.cursor import Op
+from bucketq.core.cursor_log import CursorLog
+from bucketq.core.keys import Keys
+from bucketq.core.segment import encode_segment
+from bucketq.core.segment_writer import SegmentWriter
+from bucketq.errors import LeaseLost, PublishTimeout, StorageError, TopicDeleted, TopicNotFound
+from bucketq.storage import MemoryStore, Storage
+from bucketq.storage.faults import FaultyStore
+
+TRUST_S = 0.3
+GRACE_S = 1.0
+
+
+@pytest.fixture
+def short_fences(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Fence copies trusted for TRUST_S (GC is called with GRACE_S > TRUST_S)."""
+    monkeypatch.setattr(segment_writer, "SEGMENT_TRUST_S", TRUST_S)
+    monkeypatch.setattr(partition_worker, "SEGMENT_TRUST_S", TRUST_S)
+    monkeypatch.setattr(cursor_log, "DELTA_TRUST_S", TRUST_S)
+    yield
+
+
+async def collect_twice(bq: Bucketq, topic: str) -> None:
+    """A collection that raises fences, and one after the grace that frees below them."""
+    await bq.collect_garbage([topic], segment_grace_s=GRACE_S, delta_grace_s=GRACE_S)
+    await asyncio.sleep(GRACE_S + 1.1)  # store clocks may count whole seconds
+    report = await bq.collect_garbage([topic], segment_grace_s=GRACE_S, delta_grace_s=GRACE_S)
+    assert report.segments + report.deltas > 0, "the setup must really free numbers"
+
+
+# -- I1: a number once taken is never taken again ------------------------------------------------
+
+
+async def test_stale_cached_tail_after_gc_still_delivers(backend: Backend, short_fences: None) -> None:
+    """r1: a producer whose cached tail points into numbers GC freed must not lose its publish."""
+    bq = await backend.connect()
+    await bq.create_topic("t", retention_seconds=0.001)
+    stale = await bq.register_producer("stale")
+    await stale.publish("t", "a0")  # caches next_seq = 1
+    fresh = await bq.register_producer("fresh")
+    for i in range(3):
+        await fresh.publish("t", f"b{i}")
+    consumer = await bq.register_consumer("c", "t")
+    await drain(consumer, 4)
+    await asyncio.sleep(0.3)
+    await collect_twice(bq, "t")
+    result = await stale.publish("t", "after-gc")  # its cached number 1 was freed
+    assert result.seq == 4, "written again at the real tail"
+    assert stale.appender("t", 0).writer.orphans == 1
+    got = await poll_one(consumer)
+    assert got.payload == "after-gc"
+
+
+async def test_stale_head_hint_after_gc_still_delivers(backend: Backend, short_fences: None) -> None:
+    """r1b: a fresh producer trusting a stale head.json (left by a killed producer) must not write
+    into freed numbers."""
+    bq = await backend.connect()
+    await bq.create_topic("t", retention_seconds=0.001)
+    p = await bq.register_producer("p")
+    for i in range(3):
+        await p.publish("t", i)
+    consumer = await bq.register_consumer("c", "t")
+    await drain(consumer, 3)
+    await asyncio.sleep(0.3)
+    await collect_twice(bq, "t")
+    keys = Keys(bq.settings.root)
+    await bq.storage.overwrite(keys.head("t", 0), json.dumps({"seq": 0, "next_offset": 1, "at": 0}).encode())
+    newcomer = await bq.register_producer("newcomer")
+    result = await newcomer.publish("t", "new")
+    assert result.seq == 3
+    assert (await poll_one(consumer)).payload == "new"
+
+
+async def test_delta_put_into_a_freed_number_is_rejected_and_reloaded(short_fences: None) -> None:
+    """r2: a member whose delta write stalls past GC's grace lands in a freed number: the write is
+    an orphan, the member reloads, and its replica equals a fresh load (no fork)."""
+    faulty = FaultyStore(MemoryStore())
+    storage = Storage(faulty)
+    keys = Keys()
+    b = CursorLog(storage, keys, "t", "c", 0, "B", checkpoint_every=4)
+    await b.commit(lambda s: [Op("start", seq=0, base=0)])
+    a = CursorLog(storage, keys, "t", "c", 0, "A", checkpoint_every=4)
+    await a.load()
+    for _ in range(20):
+        await b.commit(lambda s: [Op("seen", s.frontier + 1, count=1, base=s.frontier + 1)])
+    await asyncio.sleep(0.1)  # background checkpoints
+    assert a.state.n == 1
+    # A's next PUT (delta 2) stalls; meanwhile GC fences and frees deltas below the trim fence
+    faulty.add(op="PUT", match="*/log/0000000000000002.json", kind="latency", latency_s=3.5, times=1)
+    bq = Bucketq.builder().memory().build(store=faulty)
+    await bq.open()
+    await bq.catalog.create("t")
+    commit = asyncio.create_task(a.commit(lambda s: [Op("seen", s.frontier + 1, count=1, base=s.frontier + 1)]))
+    await asyncio.sleep(0.05)
+    await bq.collect_garbage(["t"], delta_grace_s=GRACE_S)
+    await asyncio.sleep(GRACE_S + 1.1)
+    report = await bq.collect_garbage(["t"], delta_grace_s=GRACE_S)
+    assert report.deltas > 0 and await storage.get(keys.delta("t", "c", 0, 2)) is None
+    outcome = await commit
+    assert outcome is not None and a.orphans == 1
+    assert outcome.delta.n == 22, "written again at the real tip after a reload"
+    fresh = await CursorLog(storage, keys, "t", "c", 0, "X").load()
+    assert fresh.to_json() == a.state.to_json()
+
+
+async def test_recreated_topic_continues_numbers(backend: Backend) -> None:
+    """Deleting a topic leaves floor tombstones: the new topic's numbers never reuse the old ones."""
+    bq = await backend.connect()
+    await bq.create_topic("t")
+    p = await bq.register_producer("p")
+    for i in range(3):
+        await p.publish("t", i)
+    await bq.catalog.delete("t", fence_wait_s=0.2)
+    await bq.create_topic("t")
+    result = await p.publish("t", "new")
+    assert result.seq == 3
+    consumer = await bq.register_consumer("c", "t")
+    assert [m.payload for m in (await drain_messages(consumer, 1))] == ["new"]
+
+
+async def drain_messages(consumer, n: int):  # type: ignore[no-untyped-def]
+    out = []
+    deadline = time.monotonic() + 20
+    while len(out) < n and time.monotonic() < deadline:
+        for m in await consumer.poll(10, 0.2):
+            out.append(m)
+            await m.ack()
+    return out
+
+
+# -- I6: topic deletion fences writers and tells readers ----------------------------------------
+
+
+async def test_deleting_a_topic_fences_publishes_and_tells_consumers(
+    backend: Backend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from bucketq.core import topics
+
+    monkeypatch.setattr(topics, "TOPIC_FENCE_S", 0.5)  # the deleter waits longer: 1.0 s
+    bq = await backend.connect()
+    await bq.create_topic("t")
+    p = await bq.register_producer("p")
+    await p.publish("t", "before")
+    consumer = await bq.register_consumer("c", "t", heartbeat_interval_s=0.2)
+    await drain(consumer, 1)
+    other = await backend.connect()
+    deletion = asyncio.create_task(other.catalog.delete("t", fence_wait_s=1.0))
+    await asyncio.sleep(0.1)  # marked "deleting"; the producer's cached marker is older than that
+    acknowledged_at: list[float] = []
+    with pytest.raises(TopicNotFound):
+        for _ in range(50):
+            await p.publish("t", "during")  # acknowledged only within the topic fence window
+            acknowledged_at.append(time.monotonic())
+            await asyncio.sleep(0.05)
+    purge_started = time.monotonic()
+    await deletion
+    assert all(t < purge_started for t in acknowledged_at)
+    keys = Keys(bq.settings.root)
+    left = [i.key async for i in bq.storage.list(keys.topic_prefix("t"))]
+    assert all(k.endswith("/floor.json") for k in left), left
+    with pytest.raises(TopicNotFound):
+        for _ in range(50):
+            await consumer.poll(1, 0.2)
+
+
+async def test_write_paused_across_deletion_and_recreation_is_not_acknowledged(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A writer whose PUT completes after the topic was deleted and created again is told so,
+    and readers of the new topic skip what it wrote."""
+    from bucketq.core import topics
+
+    monkeypatch.setattr(topics, "TOPIC_FENCE_S", 0.3)  # the deleter below waits 0.5 s
+    faulty = FaultyStore(MemoryStore())
+    bq = Bucketq.builder().memory().build(store=faulty)
+    await bq.open()
+    await bq.create_topic("t")
+    writer = SegmentWriter(bq.storage, bq.keys, "t", 0, "w", catalog=bq.catalog)
+    await writer.append([b'{"id":"1","payload":1}'], "batch-1")
+    faulty.add(op="PUT", match="*/seg/*", kind="latency", latency_s=1.5, times=1)
+    write = asyncio.create_task(writer.append([b'{"id":"2","payload":"ghost"}'], "batch-2"))
+    await asyncio.sleep(0.1)
+    admin = Bucketq.builder().memory().build(store=faulty)
+    await admin.open()
+    await admin.catalog.delete("t", fence_wait_s=0.5)
+    await admin.create_topic("t")
+    with pytest.raises(TopicDeleted):
+        await write
+    p = await admin.register_producer("p")
+    await p.publish("t", "real")
+    consumer = await admin.register_consumer("c", "t")
+    got = [m.payload for m in await drain_messages(consumer, 1)]
+    await asyncio.sleep(0.5)
+    got += [m.payload for m in await consumer.poll(10, 0.3)]
+    assert got == ["real"], "the ghost write of the old topic is skipped"
+    await admin.close()
+    await bq.close()
+
+
+# -- I3: a delta is applied once, whatever happened to its response -----------------------------
+
+
+async def test_landed_delta_seen_by_catch_up_is_not_applied_twice() -> None:
+    """r5: the delta landed, its response was lost, retries failed, a catch-up applied it; the next
+    commit resolves it instead of applying it again (no ValueError, no dead loop)."""
+    faulty = FaultyStore(MemoryStore())
+    storage = Storage(faulty)
+    keys = Keys()
+    log = CursorLog(storage, keys, "t", "c", 0, "A", max_attempts=1)
+    await log.commit(lambda s: [Op("start", seq=0, base=0)])
+    faulty.add(op="PUT", match="*/log/*", kind="drop_after_write", times=1)
+    with pytest.raises(StorageError):
+        await log.commit(lambda s: [Op("seen", 0, count=2, base=0)])
+    assert log._inflight is not None
+    await log.catch_up(via_checkpoint=True)  # a foreign cycle's catch-up applies it
+    outcome = await log.commit(lambda s: [])
+    assert outcome is not None and outcome.delta.n == 2 and outcome.results == [True]
+    assert log.state.n == 2 and log.state.frontier == 0
+    assert (await CursorLog(storage, keys, "t", "c", 0, "X").load()).to_json() == log.state.to_json()
+
+
+async def test_ack_whose_response_was_lost_returns_ok(backend: Backend) -> None:
+    faulty = FaultyStore(MemoryStore()) if backend.name == "memory" else None
+    if faulty is None:
+        pytest.skip("fault injection wraps the in-memory store")
+    bq = await backend.connect(store=faulty)
+    await bq.create_topic("t")
+    p = await bq.register_producer("p")
+    await p.publish("t", 1)
+    c = await bq.register_consumer("c", "t")
+    msg = await poll_one(c)
+    faulty.add(op="PUT", match="*/log/*", kind="drop_after_write", times=1)
+    await msg.ack()
+    assert c._error is None
+    fresh = await CursorLog(bq.storage, bq.keys, "t", "c", 0, "X").load()
+    assert fresh.is_done((msg.seq, msg.index))
+
+
+async def test_newest_checkpoint_vanishing_during_load_is_looked_for_again() -> None:
+    """load() never mistakes a checkpoint deleted between LIST and GET for an empty log."""
+    store = MemoryStore()
+    storage = Storage(store)
+    keys = Keys()
+    writer = CursorLog(storage, keys, "t", "c", 0, "W", checkpoint_every=2)
+    await writer.commit(lambda s: [Op("start", seq=0, base=0)])
+    for _ in range(5):
+        await writer.commit(lambda s: [Op("seen", s.frontier + 1, count=1, base=s.frontier + 1)])
+    await asyncio.sleep(0.05)
+    original_get = store.get
+    vanished: list[str] = []
+
+    async def get(key: str):  # type: ignore[no-untyped-def]
+        if "/ckpt/" in key and not vanished:
+            vanished.append(key)
+            await store.delete([key])  # GC got there between our LIST and GET
+        return await original_get(key)
+
+    store.get = get  # type: ignore[method-assign]
+    state = await CursorLog(storage, keys, "t", "c", 0, "R").load()
+    assert vanished and state.n == writer.state.n and state.started
+
+
+# -- I4: a message reaches the app only while its lease is durably held ----------------------------
+
+
+async def test_prefetched_lease_not_extended_durably_is_never_handed_out(backend: Backend) -> None:
+    """r3: a member whose extends cannot commit (paused, cut off) must not hand out prefetched
+    messages once their durable lease ran out — another member may hold them."""
+    if backend.name != "memory":
+        pytest.skip("fault injection wraps the in-memory store")
+    faulty = FaultyStore(MemoryStore())
+    bq_a = await backend.connect(store=faulty)
+    await bq_a.create_topic("t")
+    p = await bq_a.register_producer("p")
+    for i in range(5):
+        await p.publish("t", i)
+    a = await bq_a.register_consumer("c", "t", visibility_timeout_s=1.0, clock_skew_s=0.0, max_in_flight=5)
+    deadline = time.monotonic() + 10
+    while len(a._buffer) < 5 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    assert len(a._buffer) == 5, "prefetched, not yet handed out"
+    faulty.add(op="PUT", match="*/log/*", kind="error", times=None)  # its extends never commit
+    await asyncio.sleep(1.3)
+    assert await a.poll(10, 0.1) == []
+    faulty.clear()
+    bq_b = await backend.connect(store=faulty)
+    b = await bq_b.register_consumer("c", "t", visibility_timeout_s=30, clock_skew_s=0.0)
+    got = await drain(b, 5)
+    assert len(got) == 5
+    assert await a.poll(10, 0.5) == [], "nothing B holds is handed out by A"
+
+
+# -- I5: a subscription never skips what its start position covers -------------------------------
+
+
+async def test_latest_subscription_gets_partitions_added_later(backend: Backend) -> None:
+    """r6: messages published to a partition added after a ``latest`` subscription began."""
+    bq = await backend.connect()
+    await bq.create_topic("t", partitions=1)
+    c = await bq.register_consumer("c", "t", start_position="latest", heartbeat_interval_s=0.3)
+    from bucketq import TopicConfig
+
+    await bq.update_topic("t", TopicConfig(partitions=3))
+    admin = await backend.connect()
+    p = await admin.register_producer("p")
+    ids = {(await p.publish("t", i, key=f"k{i}")).id for i in range(12)}
+    got = await drain(c, 12)
+    assert set(got) == ids
+
+
+async def test_new_earliest_subscription_racing_gc_moves_on(backend: Backend, short_fences: None) -> None:
+    """r4: a subscription whose start landed after GC freed its first segments skips them,
+    counted, instead of stalling."""
+    bq = await backend.connect()
+    await bq.create_topic("t", retention_seconds=0.001)
+    p = await bq.register_producer("p")
+    for i in range(4):
+        await p.publish("t", i)
+    first = await bq.register_consumer("first", "t")
+    await drain(first, 4)
+    await asyncio.sleep(0.3)
+    await collect_twice(bq, "t")
+    # the late subscription decided "earliest = segment 0" before GC freed it
+    late_log = CursorLog(bq.storage, bq.keys, "t", "late", 0, "init")
+    await late_log.commit(lambda s: [Op("start", seq=0, base=0)])
+    late = await bq.register_consumer("late", "t")
+    await p.publish("t", "fresh")
+    assert (await poll_one(late)).payload == "fresh"
+    state = late._subs["t"].workers[0].state
+    assert state.counters.collected == 4
+
+
+# -- I7: an idempotent publish is stored once ------------------------------------------------------
+
+
+async def test_dedup_publish_of_unknown_outcome_is_stored_once(backend: Backend) -> None:
+    """r7: the segment landed but the publish timed out; the retry with the same dedup id finds it."""
+    if backend.name != "memory":
+        pytest.skip("fault injection wraps the in-memory store")
+    faulty = FaultyStore(MemoryStore())
+    bq = await backend.connect(store=faulty, producer={"publish_timeout_s": 1.0})
+    await bq.create_topic("t")
+    p = await bq.register_producer("p")
+    await p.publish("t", "warm-up")  # the writer knows the tail
+    faulty.add(op="PUT", match="*/seg/*", kind="drop_after_write", times=1)
+    faulty.add(op="GET", match="*/seg/*", kind="error", times=None)
+    with pytest.raises(PublishTimeout):
+        await p.publish("t", "order-42", dedup_id="order-42")
+    faulty.clear()
+    await asyncio.sleep(1.1)  # the pending marker's writer has given up
+    again = await (await bq.register_producer("p2")).publish("t", "order-42", dedup_id="order-42")
+    assert again.duplicate
+    stored = []
+    async for info in bq.storage.list(bq.keys.segments_prefix("t", 0)):
+        blob = await bq.storage.get(info.key)
+        stored.append(blob.data.count(b"order-42"))  # type: ignore[union-attr]
+    assert sum(1 for n in stored if n) == 1
+
+
+# -- ordering, bounded loops, bad segments, clocks ----------------------------------------------------
+
+
+async def test_ordered_delivery_with_more_open_segments_than_the_window(backend: Backend) -> None:
+    """r8: a member restarting with > 64 open segments never delivers a later record of a key
+    before earlier ones."""
+    if backend.name not in ("memory", "file"):
+        pytest.skip("70 segments: the in-process backends suffice")
+    bq = await backend.connect()
+    await bq.create_topic("t")
+    p = await bq.register_producer("p")
+    for i in range(68):
+        await p.publish("t", f"o{i}", key="o")
+    for i in range(4):
+        await p.publish("t", f"K{i}", key="K")
+    c1 = await bq.register_consumer("c", "t", ordered=True, max_in_flight=1)
+    worker = c1._subs["t"].workers[0]
+    deadline = time.monotonic() + 30
+    while worker.state.frontier < 71 and time.monotonic() < deadline:
+        for m in await c1.poll(1, 0.5):
+            await m.ack()
+    await c1.close()
+    c2 = await (await backend.connect()).register_consumer("c", "t", ordered=True, max_in_flight=10)
+    await p.publish("t", "K4", key="K")
+    got: list[str] = []
+    for _ in range(10):
+        got += [m.payload for m in await c2.poll(10, 0.3)]
+    if "K4" in got:
+        assert all(f"K{i}" in got[: got.index("K4")] for i in range(4) if f"K{i}" in got), got
+
+
+async def test_segment_writer_gives_up_after_max_attempts_of_412() -> None:
+    faulty = FaultyStore(MemoryStore())
+    storage = Storage(faulty)
+    faulty.add(op="PUT", match="*/seg/*", kind="precondition", times=None)
+    writer = SegmentWriter(storage, Keys(), "t", 0, "w", max_attempts=5, timeout_s=60)
+    with pytest.raises(PublishTimeout, match="5 attempts"):
+        await writer.append([b'{"id":"1"}'], "b")
+
+
+async def test_undecodable_segment_is_skipped_and_counted(backend: Backend) -> None:
+    bq = await backend.connect()
+    await bq.create_topic("t")
+    keys = Keys(bq.settings.root)
+    await bq.storage.create(keys.segment("t", 0, 0), b'{"v":1,"topic":"t","partition":0,"seq":0,"count":2,"base":0}\nnot json\n')
+    p = await bq.register_producer("p")
+    await p.publish("t", "after")
+    c = await bq.register_consumer("c", "t")
+    assert (await poll_one(c)).payload == "after"
+    assert c._subs["t"].workers[0].state.counters.corrupt == 1
+
+
+async def test_clock_far_ahead_is_reported(caplog: pytest.LogCaptureFixture) -> None:
+    storage = Storage(MemoryStore())
+    keys = Keys()
+    ahead = CursorLog(storage, keys, "t", "c", 0, "ahead", clock=lambda: time.time() + 60)
+    await ahead.commit(lambda s: [Op("start", seq=0, base=0)])
+    reader = CursorLog(storage, keys, "t", "c", 0, "reader", clock_skew_s=2.0)
+    with caplog.at_level("WARNING", logger="bucketq.cursor"):
+        await reader.load()
+    assert reader.skew_seen > 50
+    assert "ahead of ours" in caplog.text
+
+
+async def test_lease_lost_after_outage_is_reported_not_forked(short_fences: None) -> None:
+    """r2b: a member cut off past its lease gets LeaseLost for its ack, and never a fork."""
+    faulty = FaultyStore(MemoryStore())
+    bq_a = Bucketq.builder().memory().consumer(visibility_timeout_s=1.0, clock_skew_s=0.0, max_commit_attempts=2).build(store=faulty)
+    await bq_a.open()
+    await bq_a.create_topic("t")
+    p = await bq_a.register_producer("p")
+    await p.publish("t", "m0")
+    a = await bq_a.register_consumer("c", "t")
+    msg = await poll_one(a)
+    faulty.add(op="*", match="*/log/*", kind="error", times=None)
+    ack = asyncio.create_task(msg.ack())
+    await asyncio.sleep(1.3)
+    bq_b = Bucketq.builder().memory().consumer(clock_skew_s=0.0).build(store=faulty.inner)
+    await bq_b.open()
+    b = await bq_b.register_consumer("c", "t")
+    again = await poll_one(b)
+    await again.ack()
+    faulty.clear()
+    with pytest.raises(LeaseLost):
+        await asyncio.wait_for(ack, 30)
+    fresh = await CursorLog(bq_b.storage, bq_b.keys, "t", "c", 0, "X").load()
+    replica = a._subs["t"].workers[0].log
+    await replica.catch_up()
+    assert fresh.to_json() == replica.state.to_json()
+
+
+def test_segment_header_round_trips_incarnation() -> None:
+    from bucketq.core.segment import SegmentHeader, decode_header
+
+    header = SegmentHeader("t", 0, 3, 1, 7, "p", 1.0, "b", incarnation="abc")
+    assert decode_header(encode_segment(header, [b"{}"])).incarnation == "abc"
+
+
+async def test_format_1_bucket_is_upgraded_and_newer_formats_are_refused() -> None:
+    from bucketq.errors import BucketqError
+
+    store = MemoryStore()
+    keys = Keys()
+    await store.put(keys.format_marker(), b'{"format": 1}')
+    bq = Bucketq.builder().memory().build(store=store)
+    await bq.open()
+    assert json.loads((await store.get(keys.format_marker())).data) == {"format": 2}  # type: ignore[union-attr]
+    await bq.close()
+    await store.put(keys.format_marker(), b'{"format": 3}')
+    with pytest.raises(BucketqError, match="format 3; this version speaks 2: upgrade bucketq"):
+        await Bucketq.builder().memory().build(store=store).open()
