@@ -161,3 +161,58 @@ async def test_bearer_token(moto_settings: Settings, sidecars: SidecarFactory, t
         assert client.ready()  # probes stay open
     with urllib.request.urlopen(sc.url + "/readyz", timeout=5) as resp:
         assert resp.status == 200
+
+
+async def test_topic_deleted_while_publishing_is_never_acknowledged(
+    moto_settings: Settings, sidecars: SidecarFactory
+) -> None:
+    """Deleting a topic fences the sidecar's publishes (no 200 once the purge began, nothing left
+    but the floor tombstones) and tells its consumers (pull 404, /readyz 503)."""
+    from bucketq import Bucketq
+    from bucketq.core.keys import Keys
+
+    await create_topics(moto_settings, "doomed")
+    sc = sidecars(moto_settings, "deleted", consumer="c", topics="doomed")
+    stop = threading.Event()
+    acknowledged_at: list[float] = []
+
+    def publish_loop() -> None:
+        with sc.client() as client:
+            while not stop.is_set():
+                try:
+                    client.publish("doomed", {"n": len(acknowledged_at)})
+                except TopicNotFoundError:
+                    pass
+                else:
+                    acknowledged_at.append(time.monotonic())
+                time.sleep(0.02)
+
+    publisher = threading.Thread(target=publish_loop)
+    publisher.start()
+    try:
+        eventually(lambda: len(acknowledged_at) > 5 or None, 20, "publishes before the deletion")
+        async with Bucketq(moto_settings) as admin:
+            await admin.delete_topic("doomed")  # marks it deleting, waits out the fence, purges
+            purged_at = time.monotonic()
+            time.sleep(2.0)  # keep publishing after the purge
+            stop.set()
+            publisher.join()
+            keys = Keys(moto_settings.root)
+            left = [i.key async for i in admin.storage.list(keys.topic_prefix("doomed"))]
+        assert all(t < purged_at for t in acknowledged_at), "a publish was acknowledged after the purge"
+        assert left and all(k.endswith("/floor.json") for k in left), left
+        with sc.client() as client, pytest.raises(TopicNotFoundError):
+            eventually(lambda: client.pull(max_messages=1, wait=0.2) and None, 30, "pull to report the deletion")
+        status, body, _ = raw_get(sc, "/readyz")
+        assert status == 503 and "deleted" in body["reason"]
+    finally:
+        stop.set()
+        publisher.join()
+
+
+def raw_get(sc: SidecarProc, path: str) -> tuple[int, dict[str, Any], dict[str, str]]:
+    try:
+        with urllib.request.urlopen(sc.url + path, timeout=10) as resp:
+            return resp.status, json.loads(resp.read()), dict(resp.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read()), dict(exc.headers)
