@@ -24,7 +24,7 @@ IMAGE ?= ghcr.io/bucketq/bucketq:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyp
 # The interpreter the image's dependency lock is resolved for: the Dockerfile's base image minor version.
 LOCK_PYTHON ?= python3.11
 
-.PHONY: help venv demo test lint bench clean tools crds chart image e2e lock
+.PHONY: help venv demo test lint bench clean tools crds chart image e2e lock soak mutate
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -84,6 +84,19 @@ lock: ## Regenerate requirements/image.txt and build.txt, the image's pinned dep
 
 e2e: tools ## End-to-end on a kind cluster: image, chart, CRs, worker, DLQ, metrics (needs Docker and kind)
 	BUCKETQ_E2E_KIND=1 PATH="$(CURDIR)/$(TOOLS_BIN):$$PATH" $(BIN)/pytest -v tests/e2e/test_kind.py
+
+# mutmut copies the package into mutants/ once and never refreshes the files it does not mutate:
+# start from a fresh copy, so a run never tests today's tests against an older package.
+# HYPOTHESIS_PROFILE=mutate: the `ci` examples without shrinking (tests/conftest.py).
+mutate: $(STAMP) ## Mutation testing of bucketq/core (pyproject [tool.mutmut]); lists the survivors (MUTATE_JOBS=2)
+	rm -rf mutants
+	HYPOTHESIS_PROFILE=mutate $(BIN)/mutmut run --max-children $(or $(MUTATE_JOBS),2)
+	@echo "Surviving mutants (mutmut show NAME for the diff):"
+	@$(BIN)/mutmut results
+
+SEEDS ?= 5000
+soak: $(STAMP) ## Deterministic simulation: SEEDS schedules (default 5000; START=n for other seeds)
+	PYTHONHASHSEED=0 $(BIN)/python -m tests.sim --seeds $(SEEDS) --start $(or $(START),0)
 
 bench: $(STAMP) ## Benchmark against a moto server, results in bench.json
 	$(BIN)/bucketq bench --backend moto --json bench.json

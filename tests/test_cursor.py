@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
-from bucketq.core.cursor import CursorState, Delta, Op, apply_delta
+from bucketq.core.cursor import MEMBER_ID_TTL_S, Counters, CursorState, Delta, Op, apply_delta
 
 T0 = 1_000_000.0
 
@@ -169,3 +170,318 @@ def test_state_and_delta_round_trip_through_json() -> None:
     delta = Delta(7, "m", "x", T0, [Op("seen", seq=3, count=2, base=9, delayed={0: 1.5}, skip=[1]),
                                     claim(0, 0, "t")])
     assert Delta.from_json(json.loads(json.dumps(delta.to_json()))).to_json() == delta.to_json()
+
+
+# -- exact boundaries: every time comparison in the rules, at equality and one float step past ----
+#
+# Floats next to a boundary are built with math.nextafter, so "just past" is the smallest step a
+# clock can take: a comparison flipped between < and <= (or > and >=) fails one of these.
+
+
+def after(t: float) -> float:
+    return math.nextafter(t, math.inf)
+
+
+def before(t: float) -> float:
+    return math.nextafter(t, -math.inf)
+
+
+def test_lease_is_live_at_its_until_and_claimable_just_after() -> None:
+    """I4 / docs/protocol.md: a claim is valid only with no lease with ``until >= at``."""
+    state = started(1)
+    apply(state, [claim(0, 0, "a", until=T0 + 10)])
+    assert state.live_lease((0, 0), T0 + 10) is not None
+    assert state.live_lease((0, 0), after(T0 + 10)) is None
+    assert not state.claimable((0, 0), T0 + 10)
+    assert state.claimable((0, 0), after(T0 + 10))
+    assert apply(state, [claim(0, 0, "b", until=T0 + 40)], at=T0 + 10) == [False]
+    assert apply(state, [claim(0, 0, "b", until=T0 + 40)], at=after(T0 + 10)) == [True]
+    assert state.leases[(0, 0)].token == "b"
+
+
+def test_dead_without_token_respects_a_lease_live_at_its_until() -> None:
+    state = started(1)
+    apply(state, [claim(0, 0, "a", until=T0 + 10)])
+    assert apply(state, [Op("dead", 0, 0, reason="max")], at=T0 + 10) == [False]
+    assert apply(state, [Op("dead", 0, 0, reason="max")], at=after(T0 + 10)) == [True]
+    assert state.is_done((0, 0))
+
+
+def test_delayed_message_is_claimable_exactly_at_not_before() -> None:
+    state = started()
+    apply(state, [Op("seen", seq=0, count=1, base=0, delayed={0: T0 + 50})])
+    assert not state.claimable((0, 0), before(T0 + 50))
+    assert state.claimable((0, 0), T0 + 50)
+    assert apply(state, [claim(0, 0, "a", until=T0 + 80)], at=before(T0 + 50)) == [False]
+    assert apply(state, [claim(0, 0, "a", until=T0 + 80)], at=T0 + 50) == [True]
+    assert (0, 0) not in state.delayed, "a claim consumes the delay"
+
+
+def test_release_not_before_equal_to_at_is_no_delay() -> None:
+    """``not_before`` delays only when it lies after the release's ``at``; at ``at`` itself the
+    message is visible at once (and nothing is kept in ``delayed``)."""
+    state = started(2)
+    apply(state, [claim(0, 0, "a"), claim(0, 1, "b")])
+    results = apply(
+        state,
+        [Op("release", 0, 0, token="a", not_before=T0 + 5), Op("release", 0, 1, token="b", not_before=after(T0 + 5))],
+        at=T0 + 5,
+    )
+    assert results == [True, True]
+    assert (0, 0) not in state.delayed
+    assert state.claimable((0, 0), T0 + 5)
+    assert state.delayed[(0, 1)] == after(T0 + 5)
+    assert not state.claimable((0, 1), T0 + 5)
+    assert state.claimable((0, 1), after(T0 + 5))
+
+
+def test_release_not_before_in_the_past_is_no_delay() -> None:
+    state = started(1)
+    apply(state, [claim(0, 0, "a"), Op("release", 0, 0, token="a", not_before=T0 - 100)])
+    assert state.delayed == {}
+    assert state.claimable((0, 0), T0)
+
+
+def test_member_ids_are_kept_exactly_for_the_ttl() -> None:
+    """A member's newest delta id survives ``MEMBER_ID_TTL_S`` of silence (I3: it can still learn
+    whether its last write landed), and is forgotten one step later."""
+    state = started(1)
+    apply_delta(state, Delta(state.n + 1, "old", "id-old", T0, []))
+    apply_delta(state, Delta(state.n + 1, "new", "id-1", T0 + MEMBER_ID_TTL_S, []))
+    assert state.ids["old"] == ("id-old", T0)
+    apply_delta(state, Delta(state.n + 1, "new", "id-2", after(T0 + MEMBER_ID_TTL_S), []))
+    assert "old" not in state.ids
+    assert state.ids["new"] == ("id-2", after(T0 + MEMBER_ID_TTL_S))
+
+
+def test_delta_without_member_records_no_id() -> None:
+    state = started(1)
+    before_ids = dict(state.ids)
+    apply_delta(state, Delta(state.n + 1, "", "anonymous", T0 + 2 * MEMBER_ID_TTL_S, []))
+    assert state.ids == before_ids, "an anonymous delta neither records nor expires ids"
+
+
+def test_expire_bounds_seq_above_floor_and_base_not_below_floor_offset() -> None:
+    """``expire`` is valid only when started, ``seq > floor`` and ``base >= floor_offset``: the
+    floor only moves forward."""
+    state = CursorState()
+    assert apply(state, [Op("expire", seq=6, base=50)]) == [False], "not started"
+    apply(state, [Op("start", seq=5, base=50)])
+    results = apply(state, [Op("expire", seq=5, base=60), Op("expire", seq=6, base=49), Op("expire", seq=6, base=50)])
+    assert results == [False, False, True]
+    assert (state.floor, state.floor_offset, state.frontier, state.end_offset) == (6, 50, 5, 50)
+    assert state.counters.collected == 0, "nothing lay between the old and the new floor"
+
+
+def test_expire_counts_exactly_what_it_skips_and_keeps_the_segment_at_seq() -> None:
+    """Only segments below ``seq`` go, with their leases, deliveries and delays; every message
+    skipped that was not done is counted in ``collected`` (I5)."""
+    state = started(2, 3)  # seq 0: offsets 0-1, seq 1: offsets 2-4
+    apply(state, [claim(0, 0, "a"), Op("ack", 0, 0, token="a"), claim(0, 1, "b"),
+                  claim(1, 0, "c"), Op("ack", 1, 0, token="c"), claim(1, 1, "d"),
+                  claim(1, 2, "e"), Op("release", 1, 2, token="e", not_before=T0 + 60)])
+    assert apply(state, [Op("expire", seq=1, base=2)]) == [True]
+    assert state.counters.collected == 1, "(0,1) was leased, not done: one message collected"
+    assert set(state.segments) == {1} and state.segments[1].done == {0}
+    assert set(state.leases) == {(1, 1)} and set(state.deliveries) == {(1, 2)} and set(state.delayed) == {(1, 2)}
+    assert (state.floor, state.floor_offset, state.frontier) == (1, 2, 1)
+    # past the frontier: the unseen offsets 5-8 count too, and everything below goes
+    assert apply(state, [Op("expire", seq=4, base=9)]) == [True]
+    assert state.counters.collected == 1 + 2 + 4
+    assert (state.segments, state.leases, state.deliveries, state.delayed) == ({}, {}, {}, {})
+    assert (state.floor, state.floor_offset, state.frontier, state.end_offset) == (4, 9, 3, 9)
+    assert apply(state, [Op("seen", seq=4, count=1, base=9)]) == [True], "the window goes on at the new floor"
+
+
+def test_expire_onto_a_complete_segment_moves_the_floor_past_it() -> None:
+    state = started(1, 1)
+    apply(state, [claim(1, 0, "a"), Op("ack", 1, 0, token="a")])
+    assert state.floor == 0
+    assert apply(state, [Op("expire", seq=1, base=1)]) == [True]
+    assert (state.floor, state.floor_offset, state.segments) == (2, 2, {})
+
+
+def test_seen_keeps_only_delays_and_skips_inside_the_segment() -> None:
+    state = started()
+    op = Op("seen", seq=0, count=2, base=0, delayed={-1: T0 + 9, 1: T0 + 9, 2: T0 + 9}, skip=[-1, 0, 2])
+    assert apply(state, [op]) == [True]
+    assert state.delayed == {(0, 1): T0 + 9}
+    assert state.segments[0].done == {0}
+    assert state.counters.skipped == 1
+
+
+def test_seen_count_and_corrupt_rules() -> None:
+    state = started()
+    results = apply(state, [Op("seen", seq=0, count=0), Op("seen", seq=0, count=-1),
+                            Op("seen", seq=0, count=1, corrupt=True), Op("seen", seq=0, count=0, corrupt=True)])
+    assert results == [False, False, False, True]
+    assert state.counters.corrupt == 1
+    assert (state.floor, state.frontier, state.segments) == (1, 0, {}), "an empty segment is complete at once"
+    assert apply(state, [Op("seen", seq=1, count=1, base=0)]) == [True]
+    assert apply(CursorState(), [Op("seen", seq=0, count=1)]) == [False], "not started"
+
+
+def test_window_and_done_bounds() -> None:
+    state = started(2, floor=5)
+    assert state.is_done((4, 0)), "below the floor is done"
+    assert not state.is_done((5, 0)) and not state.is_done((6, 0))
+    assert state.in_window((5, 0)) and state.in_window((5, 1))
+    assert not state.in_window((5, 2)) and not state.in_window((5, -1)) and not state.in_window((6, 0))
+    assert apply(state, [claim(5, -1, "a"), claim(5, 2, "b"), claim(4, 0, "c")]) == [False, False, False]
+
+
+def test_claim_needs_a_token_and_a_deadline() -> None:
+    state = started(1)
+    no_token = Op("claim", 0, 0, member="m1", until=T0 + 30)
+    no_until = Op("claim", 0, 0, token="a", member="m1")
+    assert apply(state, [no_token, no_until]) == [False, False]
+    assert state.leases == {} and state.counters.delivered == 0
+
+
+def test_first_claim_is_no_redelivery_and_records_the_member() -> None:
+    state = started(1)
+    apply(state, [claim(0, 0, "a", member="m7")])
+    assert state.leases[(0, 0)].member == "m7"
+    assert (state.counters.delivered, state.counters.redelivered, state.counters.expired) == (1, 0, 0)
+
+
+def test_extend_needs_the_token_and_a_deadline() -> None:
+    state = started(1)
+    apply(state, [claim(0, 0, "a", until=T0 + 10)])
+    results = apply(state, [Op("extend", 0, 0, token="a"), Op("extend", 0, 0, until=T0 + 99),
+                            Op("extend", 1, 0, token="a", until=T0 + 99)])
+    assert results == [False, False, False]
+    assert state.leases[(0, 0)].until == T0 + 10
+
+
+def test_counted_release_keeps_the_delivery_count_and_counts_released() -> None:
+    state = started(1)
+    apply(state, [claim(0, 0, "a"), Op("release", 0, 0, token="a")])
+    assert state.deliveries == {(0, 0): 1}
+    assert (state.counters.delivered, state.counters.released) == (1, 1)
+    apply(state, [claim(0, 0, "b"), Op("release", 0, 0, token="b", counted=False)])
+    assert state.deliveries == {(0, 0): 1}, "the uncounted second delivery is given back"
+    assert (state.counters.delivered, state.counters.released, state.counters.redelivered) == (1, 2, 1)
+
+
+def test_ack_and_dead_clear_every_trace_of_the_position() -> None:
+    state = started(3)
+    apply(state, [claim(0, 0, "a"), Op("release", 0, 0, token="a", not_before=T0 + 5)])
+    apply(state, [claim(0, 0, "b", until=T0 + 40), Op("ack", 0, 0, token="b")], at=T0 + 5)
+    apply(state, [claim(0, 1, "c"), Op("release", 0, 1, token="c", not_before=T0 + 500),
+                  Op("dead", 0, 1, reason="max")])
+    assert (state.leases, state.deliveries, state.delayed) == ({}, {}, {})
+    assert state.segments[0].done == {0, 1}
+    assert (state.counters.acked, state.counters.dead) == (1, 1)
+    assert apply(state, [Op("dead", 0, 1, reason="again"), Op("dead", 0, 3, reason="outside")]) == [False, False]
+
+
+def test_delta_and_state_json_are_the_documented_format() -> None:
+    """The delta and checkpoint bytes are the protocol (docs/protocol.md): every writer must
+    produce exactly these fields, or replicas and checkpoints of different writers disagree."""
+    ops = [
+        Op("start", seq=3, base=30),
+        Op("seen", seq=3, count=2, base=30),
+        Op("seen", seq=4, count=3, base=32, delayed={1: 7.5}, skip=[2]),
+        Op("seen", seq=5, count=0, base=35, corrupt=True),
+        Op("expire", seq=6, base=35),
+        claim(3, 0, "t1", until=99.5, member="m1"),
+        Op("extend", 3, 0, token="t1", until=120.0),
+        Op("ack", 3, 0, token="t1"),
+        Op("release", 3, 1, token="t2", not_before=50.0),
+        Op("release", 3, 1, token="t3", not_before=None, counted=False),
+        Op("dead", 3, 1, reason="nack"),
+    ]
+    assert Delta(9, "m1", "nonce", 12.5, ops).to_json() == {
+        "v": 1, "n": 9, "member": "m1", "id": "nonce", "at": 12.5,
+        "ops": [
+            {"op": "start", "seq": 3, "base": 30},
+            {"op": "seen", "seq": 3, "count": 2, "base": 30},
+            {"op": "seen", "seq": 4, "count": 3, "base": 32, "delayed": {"1": 7.5}, "skip": [2]},
+            {"op": "seen", "seq": 5, "count": 0, "base": 35, "corrupt": True},
+            {"op": "expire", "seq": 6, "base": 35},
+            {"op": "claim", "seq": 3, "idx": 0, "token": "t1", "member": "m1", "until": 99.5},
+            {"op": "extend", "seq": 3, "idx": 0, "token": "t1", "until": 120.0},
+            {"op": "ack", "seq": 3, "idx": 0, "token": "t1"},
+            {"op": "release", "seq": 3, "idx": 1, "token": "t2", "not_before": 50.0},
+            {"op": "release", "seq": 3, "idx": 1, "token": "t3", "not_before": None, "counted": False},
+            {"op": "dead", "seq": 3, "idx": 1, "reason": "nack"},
+        ],
+    }
+    decoded = Delta.from_json(json.loads(json.dumps(Delta(9, "m1", "nonce", 12.5, ops).to_json())))
+    assert decoded == Delta(9, "m1", "nonce", 12.5, ops)
+    bare = Delta.from_json({"n": 2, "at": 1.0, "ops": [{"op": "ack"}]})
+    assert (bare.member, bare.id, bare.ops) == ("", "", [Op("ack", seq=0, idx=0, counted=True, corrupt=False)])
+
+    state = started(3, 2)
+    apply(state, [claim(0, 0, "a", until=T0 + 30), claim(0, 1, "b"), Op("ack", 0, 1, token="b"),
+                  claim(0, 2, "c"), Op("release", 0, 2, token="c", not_before=T0 + 9),
+                  claim(1, 0, "d"), Op("ack", 1, 0, token="d"), claim(1, 1, "e"), Op("ack", 1, 1, token="e")])
+    assert state.to_json() == {
+        "v": 1, "n": 2, "started": True, "floor": 0, "floor_offset": 0, "frontier": 1,
+        "segments": {"0": {"count": 3, "base": 0, "done": [[1, 1]]}, "1": {"count": 2, "base": 3, "done": [[0, 1]]}},
+        "leases": [[0, 0, "a", "m1", T0 + 30, 1]],
+        "deliveries": [[0, 2, 1]],
+        "delayed": [[0, 2, T0 + 9]],
+        "counters": {"delivered": 5, "redelivered": 0, "expired": 0, "acked": 3, "released": 1, "dead": 0,
+                     "skipped": 0, "collected": 0, "corrupt": 0},
+        "ids": [["m", "id", T0]],
+    }
+    assert CursorState.from_json(json.loads(json.dumps(state.to_json()))) == state
+
+
+def test_done_indexes_are_stored_as_ranges() -> None:
+    state = started(10)
+    for i in (0, 1, 2, 4, 7, 8):
+        apply(state, [claim(0, i, f"t{i}"), Op("ack", 0, i, token=f"t{i}")])
+    assert state.to_json()["segments"]["0"]["done"] == [[0, 2], [4, 4], [7, 8]]
+    assert CursorState.from_json(state.to_json()).segments[0].done == {0, 1, 2, 4, 7, 8}
+
+
+def test_dead_with_a_stale_token_is_invalid_and_changes_nothing() -> None:
+    state = started(1)
+    apply(state, [claim(0, 0, "a", until=T0 + 10)])
+    apply(state, [claim(0, 0, "b", until=T0 + 40)], at=T0 + 11)
+    assert apply(state, [Op("dead", 0, 0, token="a", reason="nack")], at=T0 + 12) == [False]
+    assert not state.is_done((0, 0)) and state.counters.dead == 0
+    assert state.leases[(0, 0)].token == "b"
+
+
+def test_open_positions_skip_a_complete_segment_above_an_open_one() -> None:
+    """A segment completed above the floor stays in the window until the floor passes it; the
+    positions after it are still open."""
+    state = started(2, 1, 2)
+    apply(state, [claim(1, 0, "a"), Op("ack", 1, 0, token="a"), claim(0, 0, "b"), Op("ack", 0, 0, token="b")])
+    assert state.segments[1].complete and state.floor == 0
+    assert list(state.open_positions()) == [(0, 1), (2, 0), (2, 1)]
+
+
+def test_counters_count_every_event_not_just_the_first() -> None:
+    state = started(1)
+    for i in range(3):  # three deliveries, each lease left to expire
+        assert apply(state, [claim(0, 0, f"t{i}", until=T0 + 10 * i + 5)], at=T0 + 10 * i) == [True]
+    assert (state.counters.delivered, state.counters.redelivered, state.counters.expired) == (3, 2, 2)
+    apply(state, [Op("release", 0, 0, token="t2", counted=False)], at=T0 + 21)
+    assert state.counters.delivered == 2
+    assert state.deliveries == {(0, 0): 2}
+
+
+def test_claim_after_a_release_moves_the_count_into_the_lease() -> None:
+    state = started(1)
+    apply(state, [claim(0, 0, "a"), Op("release", 0, 0, token="a")])
+    assert state.deliveries == {(0, 0): 1}
+    apply(state, [Op("claim", 0, 0, token="b", until=T0 + 30)])  # no member given
+    assert state.deliveries == {}, "the lease holds the count now"
+    assert (state.leases[(0, 0)].member, state.leases[(0, 0)].deliveries) == ("", 2)
+
+
+def test_state_round_trips_away_from_zero_and_reads_format_1_checkpoints() -> None:
+    state = started(2, 3, floor=5)
+    apply(state, [claim(5, 0, "a"), Op("ack", 5, 0, token="a"), claim(5, 1, "b"), Op("ack", 5, 1, token="b")])
+    assert (state.floor, state.floor_offset) == (6, 2)
+    assert CursorState.from_json(json.loads(json.dumps(state.to_json()))) == state
+    # a format-1 checkpoint has neither counters nor ids
+    old = state.to_json()
+    del old["counters"], old["ids"]
+    loaded = CursorState.from_json(old)
+    assert (loaded.counters, loaded.ids, loaded.floor, loaded.frontier) == (Counters(), {}, 6, 6)

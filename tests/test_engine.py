@@ -202,7 +202,7 @@ async def test_dead_letter_after_max_deliveries_exactly_as_published(backend: Ba
         await m.nack()
     dlq = await bq.register_consumer("inspect", "jobs.dlq")
     dead = await poll_one(dlq, timeout=15)
-    assert (dead.id, dead.payload, dead.key, dead.created_at) == (sent.id, {"poison": True}, "k", dead.created_at)
+    assert (dead.id, dead.payload, dead.key, dead.created_at) == (sent.id, {"poison": True}, "k", m.created_at)
     assert dead.producer_id == p.id
     assert dead.headers["trace"] == "abc"
     assert dead.headers["bucketq-dlq-source-topic"] == "jobs"

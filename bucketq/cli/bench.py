@@ -190,7 +190,7 @@ async def _bench_server(
             )
     keys = ("scenario", "messages", "msgs_per_s", "s3_requests_per_message", "p50_ms", "p99_ms",
             "duplicates", "lost", "rss_peak_mib") if kind == "sidecar" else (
-            "scenario", "messages", "msgs_per_s", "mb_per_s", "s3_requests_per_message")
+            "scenario", "messages", "seconds", "msgs_per_s", "vs_json", "bytes_per_message", "s3_requests_per_message")
     from rich.table import Table
 
     table = Table(*keys, title=f"bucketq bench ({kind}, {backend})")

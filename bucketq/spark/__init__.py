@@ -22,23 +22,11 @@ __all__ = ["PUSHDOWN_CONF", "register"]
 
 
 def register(spark: SparkSession) -> None:
-    """Register the ``bucketq`` format with ``spark``.
+    """Register the ``bucketq`` format with ``spark`` (once per session).
 
-    Where the session allows SQL filter pushdown into Python data sources (Spark >= 4.1), it is
-    switched on unless the session explicitly set it to false, and partition, seq and created_at
-    predicates of ``where`` clauses then narrow what is read.
+    The session's filter pushdown setting (:data:`PUSHDOWN_CONF`) is left as it is: the source
+    takes no filters from Spark either way, so every query's answer is the same as without it.
     """
-    from bucketq.spark.source import BucketqDataSource, PushdownDataSource
+    from bucketq.spark.source import BucketqDataSource
 
-    source: type[BucketqDataSource] = BucketqDataSource
-    try:
-        current = spark.conf.get(PUSHDOWN_CONF, None)
-    except Exception:  # the conf does not exist in this Spark version
-        current = "false"
-    if current is None or current.lower() == "true":
-        try:
-            spark.conf.set(PUSHDOWN_CONF, "true")
-            source = PushdownDataSource
-        except Exception:
-            source = BucketqDataSource
-    spark.dataSource.register(source)
+    spark.dataSource.register(BucketqDataSource)

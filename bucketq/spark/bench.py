@@ -1,16 +1,20 @@
 """``bucketq bench --spark``: Spark write and read throughput of small messages, S3 requests per message.
 
 ``spark_bench(settings)`` writes N generated messages into a fresh topic through the data source
-(tasks stage with the engine's producer, the job commit appends), then reads them all back.
-Write requests are counted by the engine's storage adapters in every task and in the commit.
+(tasks encode and stage chunks, the job commit appends them as one transaction), again with zlib
+segments, then reads them all back; and, as the baseline, writes and reads the same rows with
+``df.write.json`` / ``spark.read.json`` on local disk. Write requests are counted by the engine's
+storage adapters in every task and in the commit.
 """
 
 from __future__ import annotations
 
 import asyncio
+import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bucketq import Bucketq
@@ -24,20 +28,26 @@ REQUESTS_PER_MESSAGE_TARGET = 0.01
 
 @dataclass
 class SparkBenchResult:
-    """Throughput of one write and one full read of ``messages`` messages."""
+    """Throughput of writes and one full read of ``messages`` messages, and the plain-JSON baseline."""
 
     messages: int
     payload_bytes: int
     partitions: int
     master: str
-    bytes: int = 0  # segment bytes written (and read back)
+    bytes: int = 0  # segment bytes written (and read back), uncompressed write
+    line_bytes: int = 0  # message lines (envelope + payload) before compression
+    zlib_bytes: int = 0  # segment bytes of the same messages written with compression=zlib
     segments: int = 0
     write_s: float = 0.0
+    write_zlib_s: float = 0.0
     read_s: float = 0.0
     read_rows: int = 0
+    json_write_s: float = 0.0  # df.write.json of the same rows to local disk
+    json_read_s: float = 0.0  # spark.read.json of those files, counted
+    json_bytes: int = 0
     write_requests: dict[str, int] = field(default_factory=dict)
-    write_task_s: float = 0.0  # the slowest write task (staging through the producer)
-    write_commit_s: float = 0.0  # the job commit (appending the staged segments)
+    write_task_s: float = 0.0  # the slowest write task (encoding and staging)
+    write_commit_s: float = 0.0  # the job commit (appending the staged chunks)
 
     @property
     def write_msgs_per_s(self) -> float:
@@ -75,6 +85,10 @@ async def _create(settings: Settings, topic: str, partitions: int) -> None:
         await bq.create_topic(topic, partitions=partitions)
 
 
+def _dir_bytes(path: str) -> int:
+    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file() and not f.name.startswith((".", "_")))
+
+
 def spark_bench(
     settings: Settings,
     *,
@@ -85,7 +99,8 @@ def spark_bench(
     spark: SparkSession | None = None,
     topic: str | None = None,
 ) -> SparkBenchResult:
-    """Write ``messages`` JSON messages of about ``payload_bytes`` each, then read them back.
+    """Write ``messages`` JSON messages of about ``payload_bytes`` each (plain, then zlib segments),
+    read them back, and do the same rows with ``df.write.json`` / ``spark.read.json`` on local disk.
 
     A small warm-up write and read run first (Python workers started), so the numbers are a
     steady-state measurement of the data source, not of Spark's start-up.
@@ -95,8 +110,8 @@ def spark_bench(
 
     spark = spark or local_session("bucketq-bench", master=master)
     topic = topic or f"spark-bench-{uuid.uuid4().hex[:8]}"
-    asyncio.run(_create(settings, topic, partitions))
-    asyncio.run(_create(settings, topic + "-warmup", partitions))
+    for name in (topic, topic + "-zlib", topic + "-warmup"):
+        asyncio.run(_create(settings, name, partitions))
     result = SparkBenchResult(messages, payload_bytes, partitions, master)
     pad = max(0, payload_bytes - len('{"n":,"pad":""}') - len(str(messages)))
     tasks = max(2, spark.sparkContext.defaultParallelism)
@@ -106,17 +121,36 @@ def spark_bench(
             f"to_json(named_struct('n', id, 'pad', repeat('x', {pad}))) AS payload"
         )
 
-    # warm up: Python workers started, code paths compiled (a steady-state measurement)
-    write_topic(generated(1000), settings, topic + "-warmup", description="bench warm-up", show=False)
-    read_topic(spark, settings, topic + "-warmup").groupBy().count().first()
-    df = generated(messages)
-    started = time.perf_counter()
-    report = write_topic(df, settings, topic, description="bench write", show=False)
-    result.write_s = time.perf_counter() - started
-    result.bytes, result.segments = int(report.get("bytes", 0)), int(report.get("segments", 0))
-    result.write_requests = dict(report.get("requests", {}))
-    result.write_task_s = float(report.get("task_seconds", 0.0))
-    result.write_commit_s = float(report.get("commit_seconds", 0.0))
+    with tempfile.TemporaryDirectory(prefix="bucketq-bench-") as tmp:
+        # warm up: Python workers started, code paths compiled (a steady-state measurement)
+        write_topic(generated(1000), settings, topic + "-warmup", description="bench warm-up", show=False)
+        read_topic(spark, settings, topic + "-warmup").groupBy().count().first()
+        generated(1000).write.json(f"{tmp}/warmup")
+
+        started = time.perf_counter()
+        generated(messages).write.json(f"{tmp}/json")
+        result.json_write_s = time.perf_counter() - started
+        result.json_bytes = _dir_bytes(f"{tmp}/json")
+        started = time.perf_counter()
+        spark.read.schema("payload STRING").json(f"{tmp}/json").groupBy().count().first()
+        result.json_read_s = time.perf_counter() - started
+
+        started = time.perf_counter()
+        report = write_topic(generated(messages), settings, topic, description="bench write", show=False)
+        result.write_s = time.perf_counter() - started
+        result.bytes, result.segments = int(report.get("bytes", 0)), int(report.get("segments", 0))
+        result.line_bytes = int(report.get("payload_bytes", 0))
+        result.write_requests = dict(report.get("requests", {}))
+        result.write_task_s = float(report.get("task_seconds", 0.0))
+        result.write_commit_s = float(report.get("commit_seconds", 0.0))
+
+        started = time.perf_counter()
+        zipped = write_topic(
+            generated(messages), settings, topic + "-zlib", description="bench write (zlib)", show=False,
+            compression="zlib",
+        )
+        result.write_zlib_s = time.perf_counter() - started
+        result.zlib_bytes = int(zipped.get("bytes", 0))
 
     started = time.perf_counter()
     counted = read_topic(spark, settings, topic).groupBy().count().first()
@@ -136,28 +170,52 @@ def run_spark_bench(
     secret_key: str | None = None,
     master: str = "local[2]",
 ) -> list[dict[str, Any]]:
-    """``bucketq bench --spark``: the write and the read as two benchmark records.
+    """``bucketq bench --spark``: the writes, the read and the plain-JSON baseline as records.
 
-    Read requests are not counted (executors do not report them back); about one GET per
-    segment plus one LIST per 1000 segments and a HEAD per task.
+    ``vs_json`` is the bucketq time over the ``df.write.json`` / ``spark.read.json`` time of the
+    same rows on local disk. Read requests are not counted (executors do not report them back):
+    about one GET per segment plus one LIST per 1000 segments and a HEAD per task.
     """
     data: dict[str, Any] = {"backend": "s3", "s3_endpoint_url": endpoint_url, "s3_bucket": bucket, "strategy": "auto"}
     if access_key is not None:
         data.update(s3_access_key_id=access_key, s3_secret_access_key=secret_key)
-    result = spark_bench(
+    r = spark_bench(
         Settings.from_dict(data), messages=messages, payload_bytes=payload_bytes, partitions=partitions, master=master
     )
+    n = max(1, messages)
     common = {"messages": messages, "payload_bytes": payload_bytes, "partitions": partitions, "master": master}
+
+    def ratio(a: float, b: float) -> float:
+        return round(a / b, 2) if b else 0.0
+
     return [
         common | {
-            "scenario": "spark-write", "seconds": round(result.write_s, 3),
-            "msgs_per_s": round(result.write_msgs_per_s, 1), "mb_per_s": round(result.write_mb_per_s, 2),
-            "s3_requests_per_message": round(result.write_requests_per_message, 5),
-            "s3_requests": result.write_requests, "segments": result.segments, "bytes": result.bytes,
-            "task_s": result.write_task_s, "commit_s": result.write_commit_s,
+            "scenario": "spark-write", "seconds": round(r.write_s, 3),
+            "msgs_per_s": round(r.write_msgs_per_s, 1), "mb_per_s": round(r.write_mb_per_s, 2),
+            "vs_json": ratio(r.write_s, r.json_write_s),
+            "s3_requests_per_message": round(r.write_requests_per_message, 5),
+            "s3_requests": r.write_requests, "segments": r.segments, "bytes": r.bytes,
+            "bytes_per_message": round(r.bytes / n, 1), "line_bytes_per_message": round(r.line_bytes / n, 1),
+            "task_s": r.write_task_s, "commit_s": r.write_commit_s,
         },
         common | {
-            "scenario": "spark-read", "seconds": round(result.read_s, 3), "rows": result.read_rows,
-            "msgs_per_s": round(result.read_msgs_per_s, 1), "mb_per_s": round(result.read_mb_per_s, 2),
+            "scenario": "spark-write-zlib", "seconds": round(r.write_zlib_s, 3),
+            "msgs_per_s": round(messages / r.write_zlib_s, 1) if r.write_zlib_s else 0.0,
+            "vs_json": ratio(r.write_zlib_s, r.json_write_s),
+            "bytes": r.zlib_bytes, "bytes_per_message": round(r.zlib_bytes / n, 1),
+        },
+        common | {
+            "scenario": "spark-read", "seconds": round(r.read_s, 3), "rows": r.read_rows,
+            "msgs_per_s": round(r.read_msgs_per_s, 1), "mb_per_s": round(r.read_mb_per_s, 2),
+            "vs_json": ratio(r.read_s, r.json_read_s),
+        },
+        common | {
+            "scenario": "json-write-local", "seconds": round(r.json_write_s, 3),
+            "msgs_per_s": round(messages / r.json_write_s, 1) if r.json_write_s else 0.0,
+            "bytes": r.json_bytes, "bytes_per_message": round(r.json_bytes / n, 1),
+        },
+        common | {
+            "scenario": "json-read-local", "seconds": round(r.json_read_s, 3),
+            "msgs_per_s": round(messages / r.json_read_s, 1) if r.json_read_s else 0.0,
         },
     ]

@@ -110,10 +110,18 @@ def backfill_command(
         "json", "--payload-format", help="A string 'payload' column holds: json (JSON text) or string."
     ),
     batch_messages: int = typer.Option(5000, "--batch-messages", min=1, help="Messages per segment."),
+    dedup: bool = typer.Option(
+        True, "--dedup/--no-dedup", help="Skip rows whose 'id' the topic already has (or the dataset repeats)."
+    ),
+    job_id: str | None = typer.Option(
+        None, "--job-id", help="Write job id (default: derived from the topic, options and input files)."
+    ),
     master: str = MASTER,
     quiet: bool = QUIET,
 ) -> None:
-    """Bulk-load a dataset into a topic: all of it becomes visible at once, or nothing on failure."""
+    """Bulk-load a dataset into a topic: all of it becomes visible at once, or nothing on failure.
+
+    Running the same backfill again adds nothing (same job id; rows with known ids skipped)."""
     from bucketq.spark import pipelines
 
     try:
@@ -121,10 +129,13 @@ def backfill_command(
         spark = _session(ctx, master)
         report = pipelines.backfill(
             spark, _settings(ctx), source, fmt.value, topic, partitions=partitions, show=not quiet,
-            payloadFormat=payload_format, batchMessages=batch_messages,
+            dedup=dedup, job=job_id, payloadFormat=payload_format, batchMessages=batch_messages,
         )
     except Exception as exc:
         _fail(ctx, exc)
+    if report.get("skipped"):
+        out().print(f"nothing to do: job {report['job']} already published {report['messages']} messages to {topic}")
+        return
     out().print(
         f"published {report['messages']} messages to {topic} in {report['segments']} segments "
         f"({report['bytes'] / 1e6:.1f} MB) in {time.monotonic() - started:.1f}s"

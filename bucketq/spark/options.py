@@ -7,6 +7,7 @@ with the reader or writer, so every task sees the same bucket whatever its envir
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import uuid
@@ -36,6 +37,32 @@ CONNECTION_OPTIONS: dict[str, str] = {
     "filepath": "file_path",
 }
 
+# Every option a bucketq read, stream or write understands (lower case; Spark's are case-insensitive)
+COMMON_OPTIONS = frozenset({*CONNECTION_OPTIONS, "config", "topic"})
+READ_OPTIONS = frozenset({
+    "consumer", "partitions", "startseq", "endseq", "since", "until", "splitbytes", "minpartitions",
+    "deadletters", "pushdown",
+})
+STREAM_OPTIONS = frozenset({
+    "partitions", "since", "until", "splitbytes", "minpartitions", "startingoffsets", "maxsegmentspertrigger",
+})
+WRITE_OPTIONS = frozenset({
+    "batchmessages", "batchbytes", "payloadformat", "keepids", "jobid", "compression", "txntimeout",
+})
+# How the options are spelled in the docs (for error messages)
+SPELLING = {
+    name.lower(): name
+    for name in (
+        "endpoint", "endpointUrl", "bucket", "accessKeyId", "secretAccessKey", "region", "root", "strategy",
+        "backend", "filePath", "config", "topic", "consumer", "partitions", "startSeq", "endSeq", "since",
+        "until", "splitBytes", "minPartitions", "deadLetters", "pushdown", "startingOffsets",
+        "maxSegmentsPerTrigger", "batchMessages", "batchBytes", "payloadFormat", "keepIds", "jobId",
+        "compression", "txnTimeout",
+    )
+}
+COMPRESSIONS = ("none", "zlib")
+DEFAULT_TXN_TIMEOUT_S = 900.0
+
 DEFAULT_SPLIT_BYTES = 32 * 1024 * 1024
 DEFAULT_MIN_PARTITIONS = 4
 DEFAULT_BATCH_MESSAGES = 5000
@@ -46,6 +73,24 @@ MAX_BATCH_MESSAGES = 100_000  # ProducerSettings.max_batch_messages
 def lower(options: Mapping[str, str]) -> dict[str, str]:
     """The options with lower-case names (Spark's option names are case-insensitive)."""
     return {str(k).lower(): str(v) for k, v in options.items() if v is not None}
+
+
+def check_options(options: Mapping[str, str], kind: str, allowed: frozenset[str]) -> None:
+    """Refuse options this ``kind`` of use does not know: a misspelled one would be ignored silently."""
+    known = COMMON_OPTIONS | allowed
+    unknown = sorted(str(k) for k in options if str(k).lower() not in known)
+    if not unknown:
+        return
+    valid = sorted(SPELLING.get(k, k) for k in known)
+    hints = []
+    for name in unknown:
+        close = difflib.get_close_matches(name.lower(), list(known), n=1, cutoff=0.7)
+        if close:
+            hints.append(f"{name!r} (did you mean {SPELLING.get(close[0], close[0])!r}?)")
+        else:
+            hints.append(repr(name))
+    raise ConfigError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(hints)} for a bucketq {kind}; "
+                      f"valid options: {', '.join(valid)}")
 
 
 def resolve_settings(options: Mapping[str, str]) -> dict[str, Any]:
@@ -152,9 +197,13 @@ def _topic(opts: dict[str, str]) -> str:
     return validate_name(topic)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ReadConfig:
-    """What to read: the topic, an optional consumer, and the filters (all picklable)."""
+    """What to read: the topic, an optional consumer, and the filters (all picklable).
+
+    Immutable: a reader's configuration is fixed when Spark makes the reader, so nothing one
+    query does can change what another query of the same DataFrame reads.
+    """
 
     settings: dict[str, Any]
     topic: str
@@ -171,11 +220,17 @@ class ReadConfig:
     dead_letters: bool = True
     starting_offsets: str = "earliest"
     max_segments_per_trigger: int | None = None
-    empty: bool = False  # a pushed filter matches nothing
 
     @classmethod
-    def from_options(cls, options: Mapping[str, str]) -> ReadConfig:
+    def from_options(cls, options: Mapping[str, str], *, stream: bool = False) -> ReadConfig:
+        check_options(options, "stream" if stream else "read", STREAM_OPTIONS if stream else READ_OPTIONS)
         opts = lower(options)
+        if _bool(opts, "pushdown", False):
+            raise ConfigError(
+                "option pushdown=true is not supported: Spark reuses a scan planned with pushed filters for "
+                "later queries of the same DataFrame, which would then return too few rows; narrow reads with "
+                "the options partitions, startSeq/endSeq and since/until instead"
+            )
         consumer = opts.get("consumer") or None
         if consumer is not None:
             validate_name(consumer, "consumer")
@@ -229,16 +284,26 @@ class WriteConfig:
     partitions: int = 1  # the topic's, read on the driver
     max_message_bytes: int = 256 * 1024
     producer_id: str = ""
+    compression: str | None = None  # segment codec ("zlib"), None: plain JSON Lines
+    txn_timeout_s: float = DEFAULT_TXN_TIMEOUT_S
+    run: str = ""  # this write run (set on the driver): names its staging area
+    incarnation: str = ""  # the topic's incarnation when the run started (set on the driver)
+    done: dict[str, Any] | None = None  # the job was committed before: its report (tasks do nothing)
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> WriteConfig:
+        check_options(options, "write", WRITE_OPTIONS)
         opts = lower(options)
+        compression = opts.get("compression", "none").lower() or "none"
+        if compression not in COMPRESSIONS:
+            raise ConfigError(f"option compression={compression!r}: use one of {', '.join(COMPRESSIONS)}")
+        timeout = _int(opts, "txnTimeout", int(DEFAULT_TXN_TIMEOUT_S), 10) or int(DEFAULT_TXN_TIMEOUT_S)
         fmt = opts.get("payloadformat", "json").lower()
         if fmt not in ("json", "string"):
             raise ConfigError(f"option payloadFormat={fmt!r}: use json or string")
         job = opts.get("jobid") or uuid.uuid4().hex
-        if not job.replace("-", "").isalnum():
-            raise ConfigError(f"option jobId={job!r}: use letters, digits and '-'")
+        if not job.replace("-", "").isalnum() or not job.isascii() or len(job) > 128:
+            raise ConfigError(f"option jobId={job!r}: use up to 128 ASCII letters, digits and '-'")
         return cls(
             settings=resolve_settings(options),
             topic=_topic(opts),
@@ -247,6 +312,8 @@ class WriteConfig:
             batch_bytes=_int(opts, "batchBytes", DEFAULT_BATCH_BYTES, 1024) or DEFAULT_BATCH_BYTES,
             payload_format=fmt,
             keep_ids=_bool(opts, "keepIds", True),
+            compression=None if compression == "none" else compression,
+            txn_timeout_s=float(timeout),
         )
 
 

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -11,7 +14,7 @@ from bucketq import Bucketq
 from bucketq.config import Settings
 from bucketq.errors import ConfigError, TopicNotFound
 from bucketq.spark import redrive as cursor_ops
-from bucketq.spark.commit import read_report
+from bucketq.spark.commit import committed_report, read_report
 from bucketq.spark.options import resolve_settings, settings_options
 from bucketq.spark.planning import DLQ_PREFIX, Pos
 from bucketq.spark.rows import FIELD_COLUMNS
@@ -37,10 +40,16 @@ def read_topic(spark: SparkSession, settings: Settings, topic: str, **options: A
 
 
 def write_topic(
-    df: DataFrame, settings: Settings, topic: str, *, description: str, show: bool = True, **options: Any
+    df: DataFrame, settings: Settings, topic: str, *, description: str, show: bool = True,
+    job: str | None = None, **options: Any,
 ) -> dict[str, Any]:
-    """Append ``df`` to ``topic``; returns the job commit's report (messages, segments, requests)."""
-    job = uuid.uuid4().hex
+    """Append ``df`` to ``topic`` as write job ``job`` (random when None); returns the job commit's
+    report (messages, segments, requests). A ``job`` committed before is not run again: its
+    first report is returned (with ``"skipped": true``)."""
+    job = job or uuid.uuid4().hex
+    earlier = asyncio.run(committed_report(resolve_settings(settings_options(settings)), topic, job))
+    if earlier is not None:
+        return earlier | {"skipped": True}
     writer = df.write.format("bucketq").options(**settings_options(settings)).option("topic", topic)
     for key, value in options.items():
         if value is not None:
@@ -51,24 +60,94 @@ def write_topic(
     return report or {"job": job, "topic": topic, "messages": 0, "segments": 0, "bytes": 0}
 
 
+def _hadoop(spark: SparkSession) -> tuple[Any, Any]:
+    """The JVM gateway and the Hadoop configuration (file system calls for any URI scheme)."""
+    sc: Any = spark.sparkContext
+    return sc._jvm, sc._jsc.hadoopConfiguration()
+
+
+def stable_job_id(kind: str, *parts: Any) -> str:
+    """A job id derived from what a pipeline run does: running the same thing again is a no-op."""
+    digest = hashlib.sha256(json.dumps([kind, *parts], sort_keys=True, default=str).encode()).hexdigest()
+    return f"{kind}-{digest[:32]}"
+
+
+def _input_fingerprint(spark: SparkSession, df: DataFrame) -> list[tuple[str, int, int]]:
+    """(file, size, modification time) of every input file of ``df``: a changed file is another job."""
+    out = []
+    jvm, conf = _hadoop(spark)
+    for uri in sorted(df.inputFiles()):
+        path = jvm.org.apache.hadoop.fs.Path(uri)
+        status = path.getFileSystem(conf).getFileStatus(path)
+        out.append((uri, int(status.getLen()), int(status.getModificationTime())))
+    return out
+
+
 # -- export / backfill -----------------------------------------------------------------------------
+
+
+EXPORT_MANIFEST = "_bucketq_export"  # Spark's readers skip names starting with "_"
+SPARK_OUTPUT = ("part-", "_SUCCESS", ".part-", "._SUCCESS", "_temporary", ".crc")
+
+
+def _export_manifest(spark: SparkSession, path: str) -> dict[str, Any] | None:
+    try:
+        rows = spark.read.text(f"{path.rstrip('/')}/{EXPORT_MANIFEST}").collect()
+    except Exception:  # no manifest (or no directory)
+        return None
+    try:
+        return dict(json.loads("".join(r[0] for r in rows)))
+    except ValueError:
+        return None
+
+
+def _spark_output_only(spark: SparkSession, path: str) -> bool | None:
+    """Whether ``path`` holds nothing but Spark output files (None: it does not exist)."""
+    jvm, conf = _hadoop(spark)
+    target = jvm.org.apache.hadoop.fs.Path(path)
+    fs = target.getFileSystem(conf)
+    if not fs.exists(target):
+        return None
+    names = [status.getPath().getName() for status in fs.listStatus(target)]
+    return all(n.startswith(SPARK_OUTPUT) or n.endswith(".crc") for n in names)
 
 
 def export(
     spark: SparkSession, settings: Settings, topic: str, path: str, fmt: str = "parquet", *,
     since: str | None = None, until: str | None = None, overwrite: bool = False, show: bool = True,
 ) -> int:
-    """Archive ``topic`` (or a dead-letter topic) to files; returns the number of messages written."""
+    """Archive ``topic`` (or a dead-letter topic) to files; returns the number of messages written.
+
+    Idempotent: a finished export leaves a manifest next to its files, and running the same
+    export (topic, format, window) to the same place again returns its count without writing. An
+    export that died half-way left only Spark output files: the next run replaces them.
+    """
     if fmt not in ("parquet", "json"):
         raise ConfigError(f"export format {fmt!r}: use parquet or json")
     asyncio.run(_check_topics(settings, topic))
+    what = {"topic": topic, "format": fmt, "since": since, "until": until}
+    manifest = None if overwrite else _export_manifest(spark, path)
+    if manifest is not None:
+        if {k: manifest.get(k) for k in what} == what:
+            return int(manifest["messages"])
+        raise ConfigError(
+            f"{path} holds another export ({manifest.get('topic')!r}, {manifest.get('format')}, since "
+            f"{manifest.get('since')}, until {manifest.get('until')}): use another path or --overwrite"
+        )
+    existing = _spark_output_only(spark, path)
+    replace = overwrite or existing is True  # a dead run's leftovers: nothing but Spark output
     df = read_topic(spark, settings, topic, since=since, until=until)
-    writer = df.write.mode("overwrite" if overwrite else "errorifexists").format(fmt)
+    writer = df.write.mode("overwrite" if replace else "errorifexists").format(fmt)
     if fmt == "json":
         writer = writer.options(**JSON_TIMESTAMPS)
     with progress(spark, f"export {topic}", enabled=show):
         writer.save(path)
-    return int(spark.read.format(fmt).load(path).count())
+    count = int(spark.read.format(fmt).load(path).count())
+    body = json.dumps(what | {"messages": count, "at": time.time()})
+    spark.createDataFrame([(body,)], "value STRING").coalesce(1).write.mode("overwrite").text(
+        f"{path.rstrip('/')}/{EXPORT_MANIFEST}"
+    )
+    return count
 
 
 def load_dataset(spark: SparkSession, path: str, fmt: str) -> DataFrame:
@@ -87,15 +166,45 @@ def load_dataset(spark: SparkSession, path: str, fmt: str) -> DataFrame:
 
 def backfill(
     spark: SparkSession, settings: Settings, path: str, fmt: str, topic: str, *,
-    partitions: int | None = None, show: bool = True, **options: Any,
+    partitions: int | None = None, show: bool = True, dedup: bool = True, job: str | None = None,
+    **options: Any,
 ) -> dict[str, Any]:
-    """Bulk-load a dataset into ``topic`` (created with ``partitions`` when given and missing)."""
+    """Bulk-load a dataset into ``topic`` (created with ``partitions`` when given and missing).
+
+    Idempotent on rerun, twice over:
+
+    * the job id is derived from the topic, the options and every input file (name, size,
+      modification time): the same backfill run again is a no-op, and one whose driver died is
+      finished (or rolled back and redone) exactly once;
+    * with ``dedup`` (default) and an ``id`` column (an export has one), rows whose id is already
+      in the topic, or repeated in the dataset, are dropped: a changed or overlapping dataset adds
+      only the messages that are not there yet.
+    """
     if partitions is not None:
         asyncio.run(_create_topic(settings, topic, partitions))
     else:
         asyncio.run(_check_topics(settings, topic))
     df = load_dataset(spark, path, fmt)
-    return write_topic(df, settings, topic, description=f"backfill {topic}", show=show, **options)
+    if job is None:
+        job = stable_job_id("backfill", topic, fmt, dedup, sorted(options.items()), _input_fingerprint(spark, df))
+    keep_ids = str(options.get("keepIds", "true")).lower() != "false"
+    if dedup and keep_ids and "id" in df.columns:
+        df = _without_known_ids(spark, settings, topic, df)
+    return write_topic(df, settings, topic, description=f"backfill {topic}", show=show, job=job, **options)
+
+
+def _without_known_ids(spark: SparkSession, settings: Settings, topic: str, df: DataFrame) -> DataFrame:
+    """``df`` without rows whose id the topic already has or an earlier row repeats, in its order."""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as F
+
+    order = "__bucketq_row"
+    rows = df.withColumn(order, F.monotonically_increasing_id())
+    first = rows.withColumn("__bucketq_n", F.row_number().over(Window.partitionBy("id").orderBy(order)))
+    rows = first.where(F.col("id").isNull() | (F.col("__bucketq_n") == 1)).drop("__bucketq_n")
+    known = read_topic(spark, settings, topic).select("id").distinct()
+    # keep the dataset's order: keyed messages of one key must stay in it
+    return rows.join(known, "id", "left_anti").orderBy(order).drop(order).select(*df.columns)
 
 
 async def _create_topic(settings: Settings, topic: str, partitions: int) -> None:
@@ -138,6 +247,11 @@ def redrive(
     asyncio.run(_check_topics(settings, dlq, topic))
     report = RedriveReport(dlq, topic, consumer)
     member = f"spark-redrive-{uuid.uuid4().hex[:12]}"
+    # rounds of a run that died between claiming and acking: finish them first, exactly once
+    for intent in asyncio.run(cursor_ops.open_intents(settings, dlq, consumer)):
+        if intent.topic == topic:
+            report.rounds += 1
+            _finish_round(spark, settings, intent, report, show=show)
     while True:
         pending = read_topic(spark, settings, dlq, consumer=consumer, deadLetters="false")
         pending = pending.where(F.col("state") == "pending").where(
@@ -157,15 +271,33 @@ def redrive(
         report.claimed += claims.count
         if not claims.count:
             break  # everything selected is leased elsewhere
-        job = _copy_claimed(spark, settings, dlq, topic, claims, show=show, round_no=report.rounds)
-        report.moved += int(job.get("messages", 0))
-        report.jobs.append(str(job.get("job")))
-        acked, lost = asyncio.run(cursor_ops.ack(settings, dlq, consumer, claims))
-        report.acked += acked
-        report.lost += lost
+        positions = sorted((p, s, i) for p, toks in claims.tokens.items() for (s, i) in toks)
+        job = stable_job_id("redrive", dlq, topic, consumer, positions)
+        _finish_round(spark, settings, cursor_ops.RoundIntent(dlq, topic, consumer, job, claims), report, show=show)
         if len(rows) < batch:
             break
     return report
+
+
+def _finish_round(
+    spark: SparkSession, settings: Settings, intent: cursor_ops.RoundIntent, report: RedriveReport, *, show: bool
+) -> None:
+    """Record the round, write its copies as job ``intent.job``, ack, forget the round.
+
+    A crash anywhere leaves the intent: the next run repeats the write with the same job id (a
+    no-op if it committed) and the acks, so every dead letter moves exactly once.
+    """
+    asyncio.run(cursor_ops.save_intent(settings, intent))
+    job = _copy_claimed(
+        spark, settings, intent.dlq, intent.topic, intent.claims, show=show, round_no=report.rounds, job=intent.job
+    )
+    if not job.get("skipped"):
+        report.moved += int(job.get("messages", 0))
+    report.jobs.append(str(job.get("job")))
+    acked, lost = asyncio.run(cursor_ops.ack(settings, intent.dlq, intent.consumer, intent.claims))
+    report.acked += acked
+    report.lost += lost
+    asyncio.run(cursor_ops.drop_intent(settings, intent))
 
 
 async def _check_topics(settings: Settings, *topics: str) -> None:
@@ -177,7 +309,7 @@ async def _check_topics(settings: Settings, *topics: str) -> None:
 
 def _copy_claimed(
     spark: SparkSession, settings: Settings, dlq: str, topic: str, claims: cursor_ops.Claims, *,
-    show: bool, round_no: int,
+    show: bool, round_no: int, job: str,
 ) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
@@ -193,7 +325,9 @@ def _copy_claimed(
         kept
     )
     df = df.withColumn("headers", headers).select(*FIELD_COLUMNS)
-    return write_topic(df, settings, topic, description=f"redrive {dlq} → {topic} (round {round_no})", show=show)
+    return write_topic(
+        df, settings, topic, description=f"redrive {dlq} → {topic} (round {round_no})", show=show, job=job
+    )
 
 
 # -- stats -----------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from pyspark.sql.datasource import InputPartition
 from bucketq.core.keys import Keys, parse_seq
 from bucketq.core.segment import decode_segment
 from bucketq.core.topics import TopicCatalog
+from bucketq.core.txn import TxnResolver, stable_limits
 from bucketq.errors import TopicNotFound
 from bucketq.spark.options import ReadConfig
 from bucketq.storage import Storage
@@ -94,8 +95,7 @@ async def plan_read(
     storage: Storage, keys: Keys, cfg: ReadConfig, ranges: dict[int, tuple[int, int | None]] | None = None
 ) -> Plan:
     """Splits for a batch read (``ranges`` None: the config's filters) or a stream micro-batch."""
-    if cfg.empty:
-        return Plan()
+    batch = ranges is None
     if ranges is None:
         count = await topic_partitions(storage, keys, cfg.topic)
         ranges = {p: (cfg.start_seq, cfg.end_seq) for p in selected_partitions(count, cfg)}
@@ -103,6 +103,12 @@ async def plan_read(
     for p, (start, end) in sorted(ranges.items()):
         if end is None or start < end:
             segments.extend(await list_segments(storage, keys, cfg.topic, p, start, end))
+    if batch and segments:
+        # Job commits: stop each partition below its first unresolved transaction (the limits are
+        # read after the listing, so a transaction begun later starts above every listed segment).
+        # A stream's offsets are already below these limits (stream.py).
+        limits = await stable_limits(storage, keys, cfg.topic)
+        segments = [s for s in segments if s.seq < limits.get(s.partition, s.seq + 1)]
     total = sum(s.size for s in segments)
     dead = await dead_positions(storage, keys, cfg) if cfg.consumer and cfg.dead_letters else {}
     plan = Plan(segments=len(segments), bytes=total)
@@ -132,12 +138,16 @@ async def dead_positions(storage: Storage, keys: Keys, cfg: ReadConfig) -> dict[
     except TopicNotFound:
         return {}
     out: dict[int, set[Pos]] = {}
+    resolver = TxnResolver(storage, keys, dlq, abort_expired=False)
     for p in range(partitions):
         for ref in await list_segments(storage, keys, dlq, p, 0, None):
             blob = await storage.get(keys.segment(dlq, p, ref.seq))
             if blob is None:
                 continue
-            for r in decode_segment(blob.data).records:
+            segment = decode_segment(blob.data)
+            if await resolver.visibility(segment.header) != "visible":
+                continue  # a redriven copy nobody committed is no dead letter
+            for r in segment.records:
                 h = r.headers
                 if h.get(DLQ_PREFIX + "source-topic") != cfg.topic or h.get(DLQ_PREFIX + "consumer") != cfg.consumer:
                     continue

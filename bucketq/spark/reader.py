@@ -13,6 +13,7 @@ from bucketq.core.cursor import CursorState
 from bucketq.core.cursor_log import CursorLog
 from bucketq.core.partition_worker import REDRIVE_FOR_HEADER
 from bucketq.core.segment import Segment, decode_segment
+from bucketq.core.txn import TxnResolver
 from bucketq.spark.options import ReadConfig
 from bucketq.spark.planning import Pos, SegmentSplit
 from bucketq.spark.runtime import READ_STRATEGY, keys_of, paused_gc, settings_of
@@ -78,12 +79,21 @@ def read_split(cfg: ReadConfig, schema: StructType, split: SegmentSplit) -> Iter
                 states = runner.run(_load_states(storage, cfg, {p for p, _ in split.segments}))
             dead = {p: set(pos) for p, pos in split.dead.items()}
             now = time.time()
+            # job commits: executors only read records (the planner aborts expired transactions)
+            txns = TxnResolver(storage, keys_of(cfg.settings), cfg.topic, abort_expired=False)
+            stopped: set[int] = set()  # partitions that reached an unresolved transaction
             for start in range(0, len(split.segments), FETCH_CONCURRENCY):
                 refs = split.segments[start : start + FETCH_CONCURRENCY]
                 for segment in runner.run(_fetch(storage, cfg, refs)):
-                    if segment is None:
+                    if segment is None or segment.header.partition in stopped:
                         continue
                     h = segment.header
+                    if h.txn is not None:
+                        verdict = runner.run(txns.visibility(h))
+                        if verdict == "wait":  # not planned past one; if it happens, stop there
+                            stopped.add(h.partition)
+                        if verdict != "visible":
+                            continue
                     keep = [i for i, r in enumerate(segment.records) if cfg.wants_time(r.created_at)]
                     if not keep:
                         continue

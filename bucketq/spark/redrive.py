@@ -9,6 +9,7 @@ positions pending: the next redrive moves them again (at least once, same messag
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 
@@ -18,8 +19,9 @@ from bucketq.core.cursor_log import CursorLog
 from bucketq.core.ids import token
 from bucketq.core.keys import Keys
 from bucketq.core.partition_worker import seen_op
-from bucketq.core.segment import decode_segment
+from bucketq.core.segment import Segment, decode_segment
 from bucketq.core.subscriptions import start_cursor
+from bucketq.core.txn import txn_visibility
 from bucketq.spark.planning import Pos
 from bucketq.storage import Storage, open_storage
 
@@ -47,7 +49,11 @@ async def _seen_ops(
         blob = await storage.get(keys.segment(topic, partition, seq))
         if blob is None:
             break
-        ops.append(seen_op(decode_segment(blob.data), consumer))
+        segment = decode_segment(blob.data)
+        verdict = await txn_visibility(storage, keys, topic, segment.header)
+        if verdict == "wait":
+            break  # an unresolved job commit: the cursor does not go past it (core/txn.py)
+        ops.append(seen_op(Segment(segment.header, segment.records, hidden=verdict == "skip"), consumer))
     return ops
 
 
@@ -99,15 +105,21 @@ async def claim(
 
 
 async def ack(settings: Settings, dlq: str, consumer: str, claims: Claims) -> tuple[int, int]:
-    """Ack every claimed position; returns (acked, lost) (lost: the lease was taken over)."""
+    """Ack every claimed position; returns (acked, lost) (lost: the lease was taken over).
+
+    A position already done counts as acked: a round resumed after a crash may find its acks
+    written before the crash.
+    """
     acked = lost = 0
     storage = await open_storage(settings)
     try:
         keys = Keys(settings.root)
         for p, tokens in sorted(claims.tokens.items()):
             cursor = CursorLog(storage, keys, dlq, consumer, p, member=claims.member)
-            await cursor.load()
-            items = sorted(tokens.items())
+            state = await cursor.load()
+            done = [pos for pos in tokens if state.is_done(pos)]
+            acked += len(done)
+            items = sorted((pos, tok) for pos, tok in tokens.items() if pos not in done)
             for start in range(0, len(items), OPS_PER_DELTA):
                 chunk = items[start : start + OPS_PER_DELTA]
                 ops = [Op("ack", s, i, token=tok) for (s, i), tok in chunk]
@@ -123,3 +135,61 @@ async def ack(settings: Settings, dlq: str, consumer: str, claims: Claims) -> tu
     finally:
         await storage.close()
     return acked, lost
+
+
+# -- round intents: a redrive round that dies is finished by the next run ------------------------
+
+
+@dataclass
+class RoundIntent:
+    """A redrive round between claim and ack: its copies are write job ``job`` of ``topic``.
+
+    Stored before the copies are written and deleted after the acks, so the next redrive finds
+    the round of a run that died, writes the copies with the same job id (a no-op when they were
+    committed, else exactly once) and acks the positions with the round's own lease tokens.
+    """
+
+    dlq: str
+    topic: str
+    consumer: str
+    job: str
+    claims: Claims
+
+    def encode(self) -> bytes:
+        tokens = {str(p): [[s, i, t] for (s, i), t in sorted(toks.items())] for p, toks in self.claims.tokens.items()}
+        body = {"dlq": self.dlq, "topic": self.topic, "consumer": self.consumer, "job": self.job,
+                "member": self.claims.member, "tokens": tokens}
+        return json.dumps(body, separators=(",", ":")).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> RoundIntent:
+        obj = json.loads(data)
+        claims = Claims(str(obj["member"]))
+        for p, items in obj["tokens"].items():
+            claims.tokens[int(p)] = {(int(s), int(i)): str(t) for s, i, t in items}
+        return cls(str(obj["dlq"]), str(obj["topic"]), str(obj["consumer"]), str(obj["job"]), claims)
+
+    def key(self, keys: Keys) -> str:
+        return keys.spark_intent("redrive", f"{self.dlq}/{self.consumer}/{self.job}")
+
+
+async def save_intent(settings: Settings, intent: RoundIntent) -> None:
+    async with await open_storage(settings) as storage:
+        await storage.overwrite(intent.key(Keys(settings.root)), intent.encode())
+
+
+async def drop_intent(settings: Settings, intent: RoundIntent) -> None:
+    async with await open_storage(settings) as storage:
+        await storage.delete([intent.key(Keys(settings.root))])
+
+
+async def open_intents(settings: Settings, dlq: str, consumer: str) -> list[RoundIntent]:
+    """Rounds of ``consumer`` on ``dlq`` that an earlier run started and did not finish."""
+    keys = Keys(settings.root)
+    out = []
+    async with await open_storage(settings) as storage:
+        async for info in storage.list(keys.spark_intents_prefix("redrive") + f"{dlq}/{consumer}/"):
+            blob = await storage.get(info.key)
+            if blob is not None:
+                out.append(RoundIntent.decode(blob.data))
+    return out

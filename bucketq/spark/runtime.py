@@ -56,23 +56,3 @@ def paused_gc() -> Iterator[None]:
 
 def keys_of(data: dict[str, Any]) -> Keys:
     return Keys(str(data.get("root") or "").strip("/"))
-
-
-def join_root(root: str, *parts: str) -> str:
-    """A key prefix under the root ``R`` (no leading or trailing slash)."""
-    return "/".join(p.strip("/") for p in (root, *parts) if p.strip("/"))
-
-
-def staging_root(root: str, job: str, attempt: str | None = None) -> str:
-    """``R/_spark/staging/{job}[/{attempt}]``: where write tasks stage their segments."""
-    return join_root(root, "_spark/staging", job, *([attempt] if attempt else []))
-
-
-def aborted_key(root: str, job: str) -> str:
-    """``R/_spark/aborted/{job}``: written by an aborted job so late tasks clean up after themselves."""
-    return join_root(root, "_spark/aborted", job)
-
-
-def job_report_key(root: str, job: str) -> str:
-    """``R/_spark/jobs/{job}.json``: the counts a write job's commit reports."""
-    return join_root(root, "_spark/jobs", f"{job}.json")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import (
@@ -21,8 +21,8 @@ from bucketq.core.ids import stable_id
 from bucketq.core.registry import Registry
 from bucketq.core.topics import TopicCatalog
 from bucketq.errors import ConfigError
-from bucketq.spark import filters, stream
-from bucketq.spark.commit import abort_job, commit_job
+from bucketq.spark import stream
+from bucketq.spark.commit import abort_job, commit_job, prepare_job
 from bucketq.spark.options import ReadConfig, WriteConfig
 from bucketq.spark.planning import SegmentSplit, plan_read
 from bucketq.spark.reader import read_split
@@ -38,13 +38,12 @@ PRODUCER_NAME = "spark"
 class BucketqDataSource(DataSource):
     """``spark.read.format("bucketq")``, ``df.write.format("bucketq")``, ``spark.readStream...``.
 
-    SQL filters on partition, seq and created_at are pushed down when the session enables
-    ``spark.sql.python.filterPushdown.enabled`` (:func:`bucketq.spark.register` does) or with
-    ``option("pushdown", "true")``; the ``partitions``/``startSeq``/``endSeq``/``since``/``until``
-    options always work.
+    The source and its readers keep no state between queries: every scan is planned from the
+    options alone. Reads are narrowed with the ``partitions``/``startSeq``/``endSeq``/``since``/
+    ``until`` options; SQL filters are evaluated by Spark (the source implements no filter
+    pushdown: Spark >= 4.1 keeps the scan a pushdown planned on the DataFrame and reuses it for
+    later queries that have nothing to push, which would then see the earlier query's rows only).
     """
-
-    pushdown_default = False
 
     @classmethod
     def name(cls) -> str:
@@ -54,17 +53,8 @@ class BucketqDataSource(DataSource):
         opts = {str(k).lower(): v for k, v in self.options.items()}
         return message_schema(with_state=bool(opts.get("consumer")))
 
-    def _pushdown(self) -> bool:
-        opts = {str(k).lower(): str(v).lower() for k, v in self.options.items()}
-        if "pushdown" in opts:
-            return opts["pushdown"] == "true"
-        return self.pushdown_default
-
     def reader(self, schema: StructType) -> DataSourceReader:
-        cfg = ReadConfig.from_options(self.options)
-        if self._pushdown():
-            return PushdownReader(cfg, schema)
-        return BucketqReader(cfg, schema)
+        return BucketqReader(ReadConfig.from_options(self.options), schema)
 
     def writer(self, schema: StructType, overwrite: bool) -> BucketqWriter:
         if overwrite:
@@ -75,33 +65,33 @@ class BucketqDataSource(DataSource):
         return BucketqWriter(cfg, schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        cfg = ReadConfig.from_options(self.options)
-        if cfg.consumer:
-            raise ConfigError("option consumer is for batch reads; a stream reads every message once")
+        cfg = ReadConfig.from_options(self.options, stream=True)
         return stream.BucketqStreamReader(cfg, schema)
 
 
-class PushdownDataSource(BucketqDataSource):
-    """The same source with SQL filter pushdown on (registered when the session allows it)."""
-
-    pushdown_default = True
-
-
 async def _prepare_write(cfg: WriteConfig) -> None:
-    """On the driver: check the topic, copy its limits, settle the put-if-absent strategy once."""
+    """On the driver: check the topic, copy its limits, settle the put-if-absent strategy once, and
+    settle what earlier runs of the same job left (the job may already be committed)."""
     settings = settings_of(cfg.settings)
     async with storage_for(cfg.settings, strategy=READ_STRATEGY) as storage:
         keys = keys_of(cfg.settings)
-        config = await TopicCatalog(storage, keys).config(cfg.topic)
-        cfg.partitions, cfg.max_message_bytes = config.partitions, config.max_message_bytes
+        marker = await TopicCatalog(storage, keys).marker(cfg.topic, fresh=True)
+        cfg.partitions, cfg.max_message_bytes = marker.config.partitions, marker.config.max_message_bytes
+        cfg.incarnation = getattr(marker, "incarnation", "") or ""
         if settings.strategy == "auto":
             cfg.settings["strategy"] = await probe_strategy(storage.store, settings.root)
         await Registry(storage, keys).register("producer", PRODUCER_NAME, component="spark")
     cfg.producer_id = stable_id("producer", PRODUCER_NAME)
+    cfg.run = uuid.uuid4().hex[:16]
+    async with storage_for(cfg.settings) as storage:
+        cfg.done = await prepare_job(storage, keys_of(cfg.settings), cfg)
 
 
 class BucketqReader(DataSourceReader):
-    """Plans splits on the driver (segments grouped by size) and reads them on executors."""
+    """Plans splits on the driver (segments grouped by size) and reads them on executors.
+
+    Stateless: ``cfg`` is immutable and fixed when the reader is made, once per scan.
+    """
 
     def __init__(self, cfg: ReadConfig, schema: StructType) -> None:
         self.cfg = cfg
@@ -121,15 +111,8 @@ class BucketqReader(DataSourceReader):
             yield from read_split(self.cfg, self.schema, partition)
 
 
-class PushdownReader(BucketqReader):
-    """A reader that also takes partition, seq and created_at predicates from Spark."""
-
-    def pushFilters(self, filters_: list[Any]) -> list[Any]:
-        return filters.push(self.cfg, filters_)
-
-
 class BucketqWriter(DataSourceArrowWriter):
-    """Tasks stage through the engine's producer; the job commit appends; abort removes."""
+    """Tasks stage chunks; the job commit appends them as one transaction; abort removes them."""
 
     def __init__(self, cfg: WriteConfig, schema: StructType) -> None:
         self.cfg = cfg
@@ -140,12 +123,14 @@ class BucketqWriter(DataSourceArrowWriter):
 
         ctx = TaskContext.get()
         task, attempt = (ctx.partitionId(), ctx.attemptNumber()) if ctx is not None else (0, 0)
-        mapper = RowMapper(self.schema, self.cfg)
-        return asyncio.run(stage_task(self.cfg, task, attempt, iterator, mapper))
+        if self.cfg.done is not None:
+            for _ in iterator:  # the job was committed before: write nothing again
+                pass
+            return TaskCommit(task, "")
+        return stage_task(self.cfg, self.schema, task, attempt, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         asyncio.run(commit_job(self.cfg, [m if isinstance(m, TaskCommit) else None for m in messages]))
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
         asyncio.run(abort_job(self.cfg))
-

@@ -19,6 +19,7 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
 from bucketq.core.topics import find_tail, first_segment
+from bucketq.core.txn import stable_limits
 from bucketq.errors import ConfigError
 from bucketq.spark.options import ReadConfig, offsets_json, parse_offsets
 from bucketq.spark.planning import SegmentSplit, plan_read, selected_partitions, topic_partitions
@@ -60,6 +61,12 @@ class BucketqStreamReader(DataSourceStreamReader, _AvailableNow):
                     out[p] = found[0] if found is not None else 0
                 else:
                     out[p] = (await find_tail(storage, keys, self.cfg.topic, p))[0]
+            if not first:
+                # Job commits: an offset never passes an unresolved transaction, so every batch
+                # [start, end) holds only resolved segments and reads the same on every replay.
+                # The limits are read after the tails: a transaction begun later starts above them.
+                limits = await stable_limits(storage, keys, self.cfg.topic)
+                out = {p: min(seq, limits.get(p, seq)) for p, seq in out.items()}
             return out
 
     def initialOffset(self) -> dict[str, Any]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import re
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -62,3 +64,85 @@ async def keys_under(settings: Settings, prefix: str) -> list[str]:
         return [info.key async for info in storage.store.list(prefix)]
     finally:
         await storage.close()
+
+
+class RefusingProxy:
+    """An HTTP proxy in front of an S3 server, in its own thread, that refuses or slows chosen requests.
+
+    ``refuse(method, pattern)``: requests whose method matches and whose path matches the regex
+    get 403 AccessDenied without reaching the server. ``delay(method, pattern, seconds)``: such
+    requests are forwarded after a pause. ``seen`` counts the refused requests.
+    """
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.url = ""
+        self.refusals: list[tuple[str, re.Pattern[str]]] = []
+        self.delays: list[tuple[str, re.Pattern[str], float]] = []
+        self.refused = 0
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._runner: Any = None
+        self._session: Any = None
+
+    def refuse(self, method: str, pattern: str) -> None:
+        self.refusals.append((method, re.compile(pattern)))
+
+    def delay(self, method: str, pattern: str, seconds: float) -> None:
+        self.delays.append((method, re.compile(pattern), seconds))
+
+    def clear(self) -> None:
+        self.refusals, self.delays = [], []
+
+    def __enter__(self) -> RefusingProxy:
+        self._thread.start()
+        asyncio.run_coroutine_threadsafe(self._start(), self._loop).result(timeout=10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(timeout=10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=5)
+
+    async def _start(self) -> None:
+        import aiohttp
+        from aiohttp import web
+        from servers import free_ports
+
+        self._session = aiohttp.ClientSession(auto_decompress=False)
+        app = web.Application(client_max_size=256 * 1024 * 1024)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        (port,) = free_ports(1)
+        await web.TCPSite(self._runner, "127.0.0.1", port).start()
+        self.url = f"http://127.0.0.1:{port}"
+
+    async def _stop(self) -> None:
+        await self._runner.cleanup()
+        await self._session.close()
+
+    async def _handle(self, request: Any) -> Any:
+        from aiohttp import web
+
+        path = request.path
+        body = await request.read()
+        for method, pattern in self.refusals:
+            if request.method == method and pattern.search(path):
+                self.refused += 1
+                xml = (
+                    '<?xml version="1.0" encoding="UTF-8"?><Error><Code>AccessDenied</Code>'
+                    "<Message>Access Denied</Message></Error>"
+                )
+                return web.Response(status=403, body=xml.encode(), content_type="application/xml")
+        for method, pattern, seconds in self.delays:
+            if request.method == method and pattern.search(path):
+                await asyncio.sleep(seconds)
+        hop = {"host", "content-length", "transfer-encoding", "connection"}
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in hop}
+        async with self._session.request(
+            request.method, self.upstream + request.path_qs, headers=headers, data=body
+        ) as upstream:
+            payload = await upstream.read()
+            out = {k: v for k, v in upstream.headers.items() if k.lower() not in hop}
+            return web.Response(status=upstream.status, body=payload, headers=out)

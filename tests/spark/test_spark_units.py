@@ -2,19 +2,23 @@
 
 from __future__ import annotations
 
+import json
+import uuid
+from dataclasses import FrozenInstanceError
 from datetime import UTC, datetime
 
 import pyarrow as pa
 import pytest
-from pyspark.sql.datasource import EqualTo, GreaterThan, GreaterThanOrEqual, In, LessThan, Not
 from pyspark.sql.types import MapType, StringType, StructField, StructType, TimestampType
 
+from bucketq.core.producer import partition_for_key
+from bucketq.core.segment import Record, decode_segment
 from bucketq.errors import ConfigError, InvalidMessage
-from bucketq.spark import filters
 from bucketq.spark.options import ReadConfig, WriteConfig, offsets_json, parse_offsets
 from bucketq.spark.planning import SegmentRef, group, target_size
 from bucketq.spark.rows import RowMapper
 from bucketq.spark.schema import arrow_schema, message_schema
+from bucketq.spark.staging import ChunkWriter, LineEncoder
 from bucketq.spark.stream import _cap
 
 pytestmark = [pytest.mark.spark]
@@ -41,20 +45,107 @@ def test_time_window_is_exact_to_the_microsecond() -> None:
     assert cfg.wants_time(start + 59.999999) and not cfg.wants_time(start + 60)
 
 
-def test_pushdown_takes_what_it_applies_exactly() -> None:
+def test_unknown_options_fail_with_the_valid_ones() -> None:
+    with pytest.raises(ConfigError, match=r"unknown option 'partition' \(did you mean 'partitions'\?\) for a bucketq read; valid options: .*partitions"):
+        ReadConfig.from_options({**CONN, "topic": "t", "partition": "0"})
+    with pytest.raises(ConfigError, match=r"'jobid2'.* for a bucketq write; valid options: .*jobId"):
+        WriteConfig.from_options({**CONN, "topic": "t", "jobid2": "x"})
+    with pytest.raises(ConfigError, match=r"'consumer' for a bucketq stream"):
+        ReadConfig.from_options({**CONN, "topic": "t", "consumer": "c"}, stream=True)
+    with pytest.raises(ConfigError, match="batchMessages"):  # a write option on a read
+        ReadConfig.from_options({**CONN, "topic": "t", "batchMessages": "5"})
+    # case does not matter, as everywhere in Spark
+    assert ReadConfig.from_options({**CONN, "TOPIC": "t", "PARTITIONS": "1"}).partitions == frozenset({1})
+    with pytest.raises(ConfigError, match="pushdown=true is not supported"):
+        ReadConfig.from_options({**CONN, "topic": "t", "pushdown": "true"})
+    assert ReadConfig.from_options({**CONN, "topic": "t", "pushdown": "false"}).topic == "t"
+    with pytest.raises(ConfigError, match="compression"):
+        WriteConfig.from_options({**CONN, "topic": "t", "compression": "lz4"})
+    with pytest.raises(ConfigError, match="jobId"):
+        WriteConfig.from_options({**CONN, "topic": "t", "jobId": "a.b"})  # a dot would break txn ids
+
+
+def test_read_config_is_immutable() -> None:
     cfg = ReadConfig.from_options({**CONN, "topic": "t"})
-    when = datetime(2024, 1, 1, tzinfo=UTC)
-    kept = [Not(EqualTo(("partition",), 1)), EqualTo(("key",), "a")]
-    pushed = [
-        In(("partition",), (0, 1, 3)), LessThan(("partition",), 3), GreaterThanOrEqual(("seq",), 5),
-        LessThan(("seq",), 9), GreaterThan(("created_at",), when),
-    ]
-    assert filters.push(cfg, kept + pushed) == kept
-    assert cfg.partitions == frozenset({0, 1}) and (cfg.start_seq, cfg.end_seq) == (5, 9)
-    assert cfg.since == when.timestamp() and cfg.since_exclusive
-    assert not cfg.empty
-    filters.push(cfg, [EqualTo(("seq",), 20)])
-    assert cfg.empty
+    with pytest.raises(FrozenInstanceError):
+        cfg.partitions = frozenset({1})  # type: ignore[misc]
+
+
+def test_fast_lines_decode_like_the_engine_and_reject_what_it_rejects() -> None:
+    cfg = WriteConfig.from_options({**CONN, "topic": "t"})
+    cfg.partitions, cfg.producer_id, cfg.run = 4, "pid", "run"
+    schema = StructType([StructField("payload", StringType()), StructField("key", StringType())])
+    encoder = LineEncoder(schema, cfg, 0)
+    assert encoder.fast
+    texts = ['{"n": 1}', "[1, 2.5, null]", '"s\\u00e9"', "7", None, '{"nested": {"a": [true]}}']
+    keys = ["k-1", None, 'q"uote', "k-1", None, "é"]
+    batch = pa.RecordBatch.from_pylist([{"payload": t, "key": k} for t, k in zip(texts, keys, strict=True)],
+                                       schema=arrow_schema(schema))
+    records = []
+    for partition, lines in encoder.encode(batch):  # mixed payload types: message by message
+        for line in _lines(lines):
+            record = Record.from_json(json.loads(line))
+            records.append(record)
+            if record.key is not None:
+                assert partition == partition_for_key(record.key, 4)
+    by_key = sorted((r.key or "", json.dumps(r.payload)) for r in records)
+    want = sorted(((k or "", json.dumps(json.loads(t) if t is not None else None)) for t, k in zip(texts, keys, strict=True)))
+    assert by_key == want
+    ids = [r.id for r in records]
+    assert len(set(ids)) == len(ids) and all(uuid.UUID(i).version == 7 for i in ids)
+    assert all(r.producer_id == "pid" and r.content_type == "application/json" for r in records)
+    uniform = pa.RecordBatch.from_pylist([{"payload": f'{{"n": {i}}}', "key": f"k{i}"} for i in range(50)],
+                                         schema=arrow_schema(schema))
+    out = list(encoder.encode(uniform))
+    assert all(isinstance(lines, pa.Array) for _, lines in out)  # the bulk path
+    got = sorted(Record.from_json(json.loads(line)).payload["n"] for _, lines in out for line in _lines(lines))
+    assert got == list(range(50))
+    # what is not exactly one JSON value fails the task as the engine's encoder would
+    for bad in ["1}{\"p\":2", "1,\"q\":2", "NaN", "{\"a\":1,}", "", "[1", "1 2", "{\n\"a\": NaN}"]:
+        broken = pa.RecordBatch.from_pylist([{"payload": "1", "key": None}, {"payload": bad, "key": None}],
+                                            schema=arrow_schema(schema))
+        with pytest.raises(InvalidMessage, match="not JSON"):
+            list(encoder.encode(broken))
+    # line breaks inside a payload are valid JSON: stored re-encoded on one line
+    multi = pa.RecordBatch.from_pylist([{"payload": '{\n "a": 1\n}', "key": None}], schema=arrow_schema(schema))
+    ((_, lines),) = list(encoder.encode(multi))
+    assert [Record.from_json(json.loads(line)).payload for line in _lines(lines)] == [{"a": 1}]
+
+
+def _lines(lines: pa.Array | list[bytes]) -> list[str | bytes]:
+    return list(lines.to_pylist()) if isinstance(lines, pa.Array) else list(lines)
+
+
+def test_chunks_respect_message_and_byte_limits() -> None:
+    cfg = WriteConfig.from_options({**CONN, "topic": "t", "batchMessages": "7", "batchBytes": "2000"})
+    cfg.partitions, cfg.run = 1, "run"
+
+    class Store:
+        def __init__(self) -> None:
+            self.objects: dict[str, bytes] = {}
+
+        def put(self, key: str, body: bytes) -> None:
+            self.objects[key] = body
+
+        def wait(self) -> None:
+            pass
+
+    store = Store()
+    writer = ChunkWriter(cfg, "root", store)  # type: ignore[arg-type]
+    lines = pa.array([f'{{"id":"{i}","payload":"{"x" * (i % 400)}"}}\n' for i in range(100)])
+    writer.add(0, lines)
+    writer.finish()
+    chunks = writer.chunks[0]
+    assert sum(c.count for c in chunks) == 100
+    numbers = []
+    for chunk in chunks:
+        segment = decode_segment(store.objects[chunk.key])
+        assert segment.header.count == chunk.count <= 7
+        assert len(store.objects[chunk.key]) == chunk.bytes
+        body = sum(len(json.dumps(r.to_json())) for r in segment.records)
+        assert chunk.count == 1 or body <= 2000 * 2
+        numbers += [int(r.id) for r in segment.records]
+    assert numbers == list(range(100))  # in order, each once
 
 
 def test_segments_are_grouped_by_size() -> None:

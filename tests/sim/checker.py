@@ -1,0 +1,515 @@
+"""The invariants, checked by a pure function over a recorded history (see ``history.py``).
+
+:func:`check` reads only the events (no engine, no store), so a history recorded by real processes
+can be checked the same way. Times are the history's ``t`` (true time, not any process's skewed
+clock); a lease's ``until`` is in its holder's clock and is converted with the holder's ``skew``.
+
+Each invariant is one function below; its docstring is the rule it enforces.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .history import Event
+
+EPS = 1e-6
+DEFAULT_HANG_LIMIT_S = 600.0
+DEFAULT_MAX_DELIVERIES = 5
+
+MsgKey = tuple[str, str, int, int, int, str]  # group, topic, partition, seq, idx, tag
+
+
+@dataclass
+class Violation:
+    invariant: str
+    message: str
+    events: list[Event] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"invariant": self.invariant, "message": self.message, "events": self.events}
+
+
+class Index:
+    """The history, indexed the ways the invariants read it."""
+
+    def __init__(self, events: list[Event]) -> None:
+        self.events = events
+        run = next((e for e in events if e["ev"] == "run"), None)
+        self.params: dict[str, Any] = (run or {}).get("params", {})
+        # wall-clock time at t=0: lease deadlines (``until``) are wall-clock times of their holder
+        self.epoch0 = float((run or {}).get("epoch", 0.0))
+        self.end = events[-1]["t"] if events else 0.0
+        self.calls: dict[int, Event] = {}
+        self.rets: dict[int, Event] = {}
+        self.deliveries: list[Event] = []
+        self.pauses: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        self.crashes: dict[str, list[float]] = defaultdict(list)
+        for e in events:
+            kind = e["ev"]
+            if kind == "call":
+                self.calls[e["cid"]] = e
+            elif kind == "ret":
+                self.rets[e["cid"]] = e
+            elif kind == "deliver":
+                self.deliveries.append(e)
+            elif kind == "pause":
+                self.pauses[e["proc"]].append((e["t"], e["until"]))
+            elif kind == "crash":
+                self.crashes[e["proc"]].append(e["t"])
+        self.by_op: dict[str, list[tuple[Event, Event | None]]] = defaultdict(list)
+        for cid, call in self.calls.items():
+            self.by_op[call["op"]].append((call, self.rets.get(cid)))
+        self.lifecycle = self._lifecycle()
+        self.subs = self._subscriptions()
+
+    # -- topics: existence periods ---------------------------------------------------------------
+
+    def _lifecycle(self) -> dict[str, list[tuple[str, float, float]]]:
+        """Per topic, its successful create/delete calls as (kind, call t, return t), in order."""
+        out: dict[str, list[tuple[str, float, float]]] = defaultdict(list)
+        for op, kind in (("create_topic", "create"), ("delete_topic", "delete")):
+            for call, ret in self.by_op.get(op, []):
+                if ret is not None and ret["outcome"] == "ok":
+                    out[call["topic"]].append((kind, call["t"], ret["t"]))
+        for ops in out.values():
+            ops.sort(key=lambda o: o[1])
+        return out
+
+    def epoch(self, topic: str, start: float, end: float) -> int | None:
+        """The topic incarnation that surely existed during [start, end] (created before start, not
+        being deleted before end), or None when the interval overlaps a deletion or creation."""
+        ops = self.lifecycle.get(topic)
+        if not ops:
+            return 0  # created outside the history (a real deployment): one incarnation
+        epoch = -1
+        for i, (kind, _call_t, ret_t) in enumerate(ops):
+            if kind != "create":
+                continue
+            epoch += 1
+            nxt = next((o for o in ops[i + 1 :] if o[0] == "delete"), None)
+            if ret_t <= start and (nxt is None or end < nxt[1]):
+                return epoch
+        return None
+
+    def final_epoch(self, topic: str, epoch: int) -> bool:
+        """No deletion after the epoch's creation (its subscriptions live to the end)."""
+        ops = self.lifecycle.get(topic, [])
+        creates = [i for i, o in enumerate(ops) if o[0] == "create"]
+        if not creates:
+            return True
+        first = creates[epoch] if epoch < len(creates) else len(ops)
+        return not any(o[0] == "delete" for o in ops[first + 1 :])
+
+    def in_gap(self, topic: str, start: float, end: float) -> bool:
+        """[start, end] lies wholly after a deletion finished and before the next creation began."""
+        ops = self.lifecycle.get(topic, [])
+        for i, (kind, _call_t, ret_t) in enumerate(ops):
+            if kind != "delete":
+                continue
+            nxt = next((o for o in ops[i + 1 :] if o[0] == "create"), None)
+            if ret_t <= start and (nxt is None or end < nxt[1]):
+                return True
+        return False
+
+    def has_deletes(self, topic: str) -> bool:
+        return any(o[0] == "delete" for o in self.lifecycle.get(topic, []))
+
+    # -- subscriptions ---------------------------------------------------------------------------
+
+    def _subscriptions(self) -> dict[tuple[str, str, int], float]:
+        """(group, topic, epoch) -> when it surely existed: the first successful join's return."""
+        out: dict[tuple[str, str, int], float] = {}
+        for call, ret in self.by_op.get("join", []):
+            if ret is None or ret["outcome"] != "ok":
+                continue
+            epoch = self.epoch(call["topic"], call["t"], ret["t"])
+            if epoch is None:
+                continue
+            key = (call["group"], call["topic"], epoch)
+            out[key] = min(out.get(key, ret["t"]), ret["t"])
+        return out
+
+    def ordered_groups(self) -> set[tuple[str, str]]:
+        return {(c["group"], c["topic"]) for c, _ in self.by_op.get("join", []) if c.get("ordered")}
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def paused(self, proc: str, start: float, end: float) -> float:
+        """Seconds of [start, end] during which ``proc`` was paused."""
+        total = 0.0
+        for p_start, p_end in self.pauses.get(proc, []):
+            total += max(0.0, min(end, p_end) - max(start, p_start))
+        return total
+
+    def lease_end(self, d: Event, extended: float = 0.0) -> float:
+        """When delivery ``d``'s lease expires, in history time (its holder's clock corrected by
+        the holder's skew); ``extended`` is a later ``until`` granted by a successful extend."""
+        return max(float(d["until"]), extended) - float(d.get("skew", 0.0)) - self.epoch0
+
+    def publishes(self) -> list[tuple[Event, Event | None]]:
+        return self.by_op.get("publish", [])
+
+
+def msg_key(e: Event) -> MsgKey:
+    return (e["group"], e["topic"], int(e["partition"]), int(e["seq"]), int(e["idx"]), str(e["tag"]))
+
+
+def _settlements(ix: Index) -> dict[str, list[tuple[Event, Event | None]]]:
+    """receipt -> its ack/nack calls with their returns."""
+    out: dict[str, list[tuple[Event, Event | None]]] = defaultdict(list)
+    for op in ("ack", "nack"):
+        for call, ret in ix.by_op.get(op, []):
+            out[call["receipt"]].append((call, ret))
+    return out
+
+
+def _maybe_applied(ret: Event | None) -> bool:
+    """A settlement that may have reached the log: anything but a definite 'lease lost'."""
+    return ret is None or ret["outcome"] != "error" or ret.get("error") != "LeaseLost"
+
+
+# -- the invariants --------------------------------------------------------------------------------
+
+
+def undelivered(events: list[Event], ix: Index | None = None) -> list[tuple[str, Event, Event]]:
+    """(group, publish call, publish return) for every covered acknowledged publish not yet delivered
+    to that group (the runner's quiesce phase waits for this to be empty)."""
+    ix = ix or Index(events)
+    delivered = {(d["group"], d["tag"]) for d in ix.deliveries}
+    # a message the janitor dead-lettered (max deliveries reached by claims the app never saw, e.g.
+    # prefetches of crashed members) was settled for that group, not lost
+    for e in ix.events:
+        if e["ev"] == "stored" and "dlq_for" in e:
+            delivered.update((g, t) for g, t in zip(e["dlq_for"], e["tags"], strict=True) if g is not None)
+    # a message is as old as the first attempt to publish it: a retry answered "duplicate" (or one
+    # after an unknown outcome) may name a copy written before the subscription existed
+    first_try: dict[tuple[str, str], float] = {}
+    for call, _ret in ix.publishes():
+        key = (call["topic"], call["tag"])
+        first_try[key] = min(first_try.get(key, call["t"]), call["t"])
+    out = []
+    for call, ret in ix.publishes():
+        if ret is None or ret["outcome"] != "ok":
+            continue
+        topic = call["topic"]
+        began = first_try[(topic, call["tag"])]
+        epoch = ix.epoch(topic, call["t"], ret["t"])
+        if epoch is None or not ix.final_epoch(topic, epoch):
+            continue
+        for (group, sub_topic, sub_epoch), since in ix.subs.items():
+            if sub_topic == topic and sub_epoch == epoch and since <= began and (group, call["tag"]) not in delivered:
+                out.append((group, call, ret))
+    return out
+
+
+def acked_publish_delivered(ix: Index) -> list[Violation]:
+    """Every acknowledged publish is delivered to every subscription that covers it.
+
+    A subscription (group, topic incarnation) covers a publish whose first attempt (retries of a
+    message reuse it) started after the subscription surely existed (a join of the group had
+    returned) and before any deletion of the topic. After the quiesce phase (no faults, every member draining) each such publish must
+    have been delivered at least once to the group, or be found dead-lettered for that group (a
+    settlement, not a loss: the janitor dead-letters after max_deliveries claims, some of which
+    the app may never have seen). A publish acknowledged into a topic incarnation
+    that was later deleted is not required (deletion destroys it).
+    """
+    return [
+        Violation("acked_publish_delivered",
+                  f"publish {call['tag']} acknowledged at p{ret.get('partition')}/seg {ret.get('seq')}/{ret.get('index')} "
+                  f"was never delivered to group {group}", [call, ret])
+        for group, call, ret in undelivered(ix.events, ix)
+    ]
+
+
+def exclusive_lease(ix: Index) -> list[Violation]:
+    """Never two live leases on one message.
+
+    A delivery's lease lives from its hand-out until the earliest of: its expiry (the latest
+    ``until`` the app was given, at delivery or by a successful extend, converted from the holder's
+    clock with its skew) and the start of a settlement that may have been applied (ack, nack, or
+    the member leaving the group). A crashed holder's lease stays live until it expires. A delivery
+    of the same message (group, position, tag) to any member while an earlier one is live is a
+    violation; so is the same receipt handed out twice.
+    """
+    settle = _settlements(ix)
+    extends: dict[str, float] = {}
+    for call, ret in ix.by_op.get("extend", []):
+        if ret is not None and ret["outcome"] == "ok" and "until" in ret:
+            extends[call["receipt"]] = max(extends.get(call["receipt"], 0.0), float(ret["until"]))
+    leaves: dict[str, float] = {}
+    for call, _ret in ix.by_op.get("leave", []):
+        member = call.get("member")
+        if member is not None:
+            leaves[member] = min(leaves.get(member, call["t"]), call["t"])
+    out: list[Violation] = []
+    by_msg: dict[MsgKey, list[Event]] = defaultdict(list)
+    for d in ix.deliveries:
+        by_msg[msg_key(d)].append(d)
+    for ds in by_msg.values():
+        ds.sort(key=lambda e: (e["t"], e["i"]))
+        for j, d2 in enumerate(ds):
+            for d1 in ds[:j]:
+                if d1["receipt"] == d2["receipt"]:
+                    out.append(Violation("exclusive_lease", f"receipt {d1['receipt']} handed out twice", [d1, d2]))
+                    continue
+                expiry = ix.lease_end(d1, extends.get(d1["receipt"], 0.0))
+                end = expiry
+                starts = [c["t"] for c, r in settle.get(d1["receipt"], []) if _maybe_applied(r)]
+                if d1["member"] in leaves and leaves[d1["member"]] >= d1["t"]:
+                    starts.append(leaves[d1["member"]])
+                if starts:
+                    end = min(end, min(starts))
+                if d2["t"] < end - EPS:
+                    out.append(Violation(
+                        "exclusive_lease",
+                        f"message {d2['tag']} (p{d2['partition']} seg {d2['seq']}/{d2['idx']}) delivered to "
+                        f"{d2['member']} at t={d2['t']:.3f} while {d1['member']} held a live lease until "
+                        f"t={expiry:.3f} (unsettled)", [d1, d2],
+                    ))
+    return out
+
+
+def no_delivery_after_ack(ix: Index) -> list[Violation]:
+    """Nothing is handed out after an OK ack.
+
+    Once an ack (or a dead-letter nack) of a message returned OK to the app, no member of that
+    group may receive the same message (group, position, tag) again.
+    """
+    acked: dict[MsgKey, tuple[Event, Event]] = {}
+    for op in ("ack", "nack"):
+        for call, ret in ix.by_op.get(op, []):
+            if ret is None or ret["outcome"] != "ok" or (op == "nack" and call.get("requeue", True)):
+                continue
+            k = msg_key(call)
+            if k not in acked or ret["t"] < acked[k][1]["t"]:
+                acked[k] = (call, ret)
+    out = []
+    for d in ix.deliveries:
+        hit = acked.get(msg_key(d))
+        if hit is not None and d["t"] > hit[1]["t"] + EPS:
+            out.append(Violation(
+                "no_delivery_after_ack",
+                f"message {d['tag']} delivered to {d['member']} at t={d['t']:.3f} after its "
+                f"{hit[0]['op']} returned OK at t={hit[1]['t']:.3f}", [hit[0], hit[1], d],
+            ))
+    return out
+
+
+def replicas_converge(ix: Index) -> list[Violation]:
+    """Every replica converges with a fresh ``load()`` of its cursor log.
+
+    At the end (no writer left), each live member's in-memory cursor state, caught up with the
+    log, equals the state a new reader loads from the bucket.
+    """
+    fresh = {(e["topic"], e["group"], e["partition"]): e for e in ix.events if e["ev"] == "fresh"}
+    out = []
+    for e in ix.events:
+        if e["ev"] != "replica":
+            continue
+        f = fresh.get((e["topic"], e["group"], e["partition"]))
+        if f is None or f["state"] == e["state"]:
+            continue
+        out.append(Violation(
+            "replicas_converge",
+            f"member {e['member']}'s replica of {e['topic']}/{e['group']}/p{e['partition']} "
+            f"({_state_summary(e['state'])}) differs from a fresh load ({_state_summary(f['state'])})", [e, f],
+        ))
+    return out
+
+
+def _state_summary(state: dict[str, Any]) -> str:
+    if not isinstance(state, dict):
+        return str(state)[:100]
+    return (f"n={state.get('n')} floor={state.get('floor')} frontier={state.get('frontier')} "
+            f"leases={len(state.get('leases', []))}")
+
+
+def engine_alive(ix: Index) -> list[Violation]:
+    """No engine loop dies and every app call returns.
+
+    No consumer background loop ends with an exception (``loop_died``); no app call raises an
+    exception outside the engine's documented errors (``bug``) or leaves the app unable to go on
+    (``proc_error``); no app call takes longer than the hang limit, not counting time its process
+    was paused (a call with no return counts until the end of the history, unless its process
+    crashed meanwhile).
+    """
+    limit = float(ix.params.get("hang_limit_s", DEFAULT_HANG_LIMIT_S))
+    out = []
+    for e in ix.events:
+        if e["ev"] == "loop_died":
+            out.append(Violation("engine_alive", f"consumer loop of {e['member']} died: {e['error']}: {e['msg']}", [e]))
+        elif e["ev"] == "proc_error":
+            out.append(Violation("engine_alive", f"{e['proc']} failed: {e['error']}: {e['msg']}", [e]))
+    for cid, call in ix.calls.items():
+        ret = ix.rets.get(cid)
+        if ret is not None and ret["outcome"] == "bug":
+            out.append(Violation("engine_alive", f"{call['op']} raised {ret['error']}: {ret['msg']}", [call, ret]))
+            continue
+        if ret is not None and ret["outcome"] == "crashed":
+            continue
+        end = ret["t"] if ret is not None else ix.end
+        if ret is None and any(t >= call["t"] for t in ix.crashes.get(call["proc"], [])):
+            continue
+        waited = end - call["t"] - ix.paused(call["proc"], call["t"], end)
+        if waited > limit:
+            out.append(Violation(
+                "engine_alive",
+                f"{call['op']} by {call['proc']} {'returned' if ret else 'still open'} after {waited:.0f}s "
+                f"(limit {limit:.0f}s, paused time excluded)", [call] + ([ret] if ret else []),
+            ))
+    return out
+
+
+def per_key_order(ix: Index) -> list[Violation]:
+    """Per-key order for ordered consumers.
+
+    For a group consuming with ``ordered``, a message of key K at position p is delivered only
+    after every earlier position of K in the same partition that the group must see (delivered to
+    it at some point, or published after it subscribed) was settled for good: an ack or
+    dead-letter that may have been applied started before, or it reached the topic's
+    max_deliveries and its last lease had expired (the janitor's dead-letter). Topics that were
+    deleted during the history are skipped (positions are reused).
+    """
+    ordered = ix.ordered_groups()
+    if not ordered:
+        return []
+    limits = {t["name"]: int(t.get("max_deliveries", DEFAULT_MAX_DELIVERIES)) for t in ix.params.get("topics", [])}
+    # the key of each known position, from acknowledged publishes and from deliveries
+    keys: dict[tuple[str, int], dict[tuple[int, int], str]] = defaultdict(dict)
+    covered: dict[tuple[str, int, int, int], float] = {}
+    for call, ret in ix.publishes():
+        if ret is not None and ret["outcome"] == "ok" and call.get("key") is not None and not ret.get("duplicate"):
+            keys[(call["topic"], ret["partition"])][(ret["seq"], ret["index"])] = call["key"]
+            covered[(call["topic"], ret["partition"], ret["seq"], ret["index"])] = call["t"]
+    for d in ix.deliveries:
+        if d.get("key") is not None:
+            keys[(d["topic"], d["partition"])][(d["seq"], d["idx"])] = d["key"]
+    settle = _settlements(ix)
+    settled_at: dict[tuple[str, str, int, int, int], float] = {}
+    delivered_to: set[tuple[str, str, int, int, int]] = set()
+    for d in ix.deliveries:
+        pos = (d["group"], d["topic"], d["partition"], d["seq"], d["idx"])
+        delivered_to.add(pos)
+        times = [c["t"] for c, r in settle.get(d["receipt"], []) if c["op"] == "ack" or not c.get("requeue", True)
+                 if _maybe_applied(r)]
+        if int(d.get("deliveries", 0)) >= limits.get(d["topic"], DEFAULT_MAX_DELIVERIES):
+            times.append(ix.lease_end(d))
+        if times:
+            settled_at[pos] = min(settled_at.get(pos, min(times)), min(times))
+    out = []
+    for d in ix.deliveries:
+        group, topic = d["group"], d["topic"]
+        if (group, topic) not in ordered or d.get("key") is None or ix.has_deletes(topic):
+            continue
+        since = min((t for (g, tp, _e), t in ix.subs.items() if g == group and tp == topic), default=None)
+        here = (d["seq"], d["idx"])
+        for q, key in keys[(topic, d["partition"])].items():
+            if key != d["key"] or q >= here:
+                continue
+            qpos = (group, topic, d["partition"], q[0], q[1])
+            published = covered.get((topic, d["partition"], q[0], q[1]))
+            relevant = qpos in delivered_to or (published is not None and since is not None and published >= since)
+            if not relevant:
+                continue
+            done = settled_at.get(qpos)
+            if done is None or done > d["t"] + EPS:
+                out.append(Violation(
+                    "per_key_order",
+                    f"ordered group {group}: key {key!r} at seg {here[0]}/{here[1]} delivered at t={d['t']:.3f} "
+                    f"before the earlier seg {q[0]}/{q[1]} of the same key was settled"
+                    + (f" (settled at t={done:.3f})" if done is not None else " (never settled)"), [d],
+                ))
+                break
+    return out
+
+
+def dedup_stored_once(ix: Index) -> list[Violation]:
+    """An idempotent publish (same dedup_id) is stored once.
+
+    All evidence of where a dedup id's message lives (acknowledged publishes, including those
+    answered as duplicates, deliveries, and the segments found in the bucket at the end) names
+    a single position. Topics deleted during the history are skipped (deletion drops markers).
+    """
+    def deleted(topic: str) -> bool:  # a dead-letter topic inherits its source's deletions
+        return ix.has_deletes(topic) or (topic.endswith(".dlq") and ix.has_deletes(topic[: -len(".dlq")]))
+
+    dedup_of: dict[str, tuple[str, str]] = {}
+    positions: dict[tuple[str, str], dict[tuple[int, int, int], Event]] = defaultdict(dict)
+    for call, ret in ix.publishes():
+        if call.get("dedup_id") is None or deleted(call["topic"]):
+            continue
+        dedup_of[call["tag"]] = (call["topic"], call["dedup_id"])
+        if ret is not None and ret["outcome"] == "ok":
+            positions[(call["topic"], call["dedup_id"])].setdefault((ret["partition"], ret["seq"], ret["index"]), ret)
+    for d in ix.deliveries:
+        k = dedup_of.get(d["tag"])
+        if k is not None and k[0] == d["topic"]:
+            positions[k].setdefault((d["partition"], d["seq"], d["idx"]), d)
+    for e in ix.events:
+        if e["ev"] != "stored" or deleted(e["topic"]):
+            continue
+        for idx, dedup in enumerate(e["dedups"]):
+            if dedup is not None:  # includes the engine's own (dead-letter copies)
+                positions[(e["topic"], dedup)].setdefault((e["partition"], e["seq"], idx), e)
+    out = []
+    for (topic, dedup), where in positions.items():
+        if len(where) > 1:
+            out.append(Violation(
+                "dedup_stored_once",
+                f"dedup id {dedup!r} on {topic} is stored at {len(where)} positions: {sorted(where)}",
+                list(where.values())[:6],
+            ))
+    return out
+
+
+def no_publish_into_deleted_topic(ix: Index) -> list[Violation]:
+    """A publish into a topic that does not exist is never acknowledged.
+
+    A publish that started after a deletion of its topic had finished, and returned OK before the
+    topic was created again, was acknowledged for a message no subscription can ever receive.
+    """
+    out = []
+    for call, ret in ix.publishes():
+        if ret is not None and ret["outcome"] == "ok" and ix.in_gap(call["topic"], call["t"], ret["t"]):
+            out.append(Violation(
+                "no_publish_into_deleted_topic",
+                f"publish {call['tag']} into deleted topic {call['topic']} was acknowledged", [call, ret],
+            ))
+    return out
+
+
+def no_phantom_delivery(ix: Index) -> list[Violation]:
+    """Only published messages are delivered: every delivered tag was published to that topic."""
+    published = {(c["topic"], c["tag"]) for c, _ in ix.publishes()}
+    return [
+        Violation("no_phantom_delivery", f"delivered {d['tag']!r} on {d['topic']} was never published", [d])
+        for d in ix.deliveries
+        if (d["topic"], d["tag"]) not in published
+    ]
+
+
+INVARIANTS: dict[str, Callable[[Index], list[Violation]]] = {
+    "acked_publish_delivered": acked_publish_delivered,
+    "exclusive_lease": exclusive_lease,
+    "no_delivery_after_ack": no_delivery_after_ack,
+    "replicas_converge": replicas_converge,
+    "engine_alive": engine_alive,
+    "per_key_order": per_key_order,
+    "dedup_stored_once": dedup_stored_once,
+    "no_publish_into_deleted_topic": no_publish_into_deleted_topic,
+    "no_phantom_delivery": no_phantom_delivery,
+}
+
+
+def check(events: Iterable[Event], only: Iterable[str] | None = None) -> list[Violation]:
+    """Every violation of the invariants (or of ``only`` those named) in the history."""
+    ix = Index(list(events))
+    names = list(only) if only is not None else list(INVARIANTS)
+    out: list[Violation] = []
+    for name in names:
+        out.extend(INVARIANTS[name](ix))
+    return out

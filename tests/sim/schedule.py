@@ -1,0 +1,444 @@
+"""Scenario generation: a seed picks a scenario family and draws every parameter of the run.
+
+Families give the generator the shapes that known classes of protocol flaws need (a stale
+producer tail racing GC, a long outage past the delta grace, a paused member holding prefetched
+leases, a new subscription racing GC, lost commit responses during membership change, partition
+growth under ``latest``, idempotent publishes under lost responses, a deep ordered backlog, topic
+deletion while publishing); ``mixed`` draws a little of everything. Every family still randomises
+sizes, timings and fault rates, so a family is a region of the scenario space, not a script.
+
+The schedule is plain data (JSON-serialisable), recorded as the history's first event.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from .faults import FaultRates
+
+FAMILIES: dict[str, float] = {
+    "mixed": 0.28,
+    "stale_tail": 0.09,
+    "long_outage": 0.06,
+    "paused_prefetch": 0.09,
+    "late_sub_gc": 0.08,
+    "lost_commit": 0.09,
+    "latest_growth": 0.09,
+    "dedup": 0.08,
+    "ordered_deep": 0.07,
+    "topic_churn": 0.07,
+}
+
+MINUTE = 60.0
+
+
+@dataclass
+class TopicPlan:
+    name: str
+    partitions: int = 1
+    retention_s: float = 7 * 24 * 3600.0
+    max_deliveries: int = 5
+    grow: list[tuple[float, int]] = field(default_factory=list)  # (at, partitions after)
+    churn: list[tuple[float, float]] = field(default_factory=list)  # (delete at, re-create after)
+
+
+@dataclass
+class ProducerPlan:
+    name: str
+    topic: str
+    start: float = 0.0
+    count: int = 20
+    gap: tuple[float, float] = (0.05, 1.0)  # seconds between publishes
+    burst: int = 1  # publishes in flight at once (group commit)
+    keys: list[str] = field(default_factory=list)
+    keyed: float = 0.0
+    key_script: list[str] = field(default_factory=list)  # keys by publish index, overrides keys
+    dedup: float = 0.0
+    redo: float = 0.0  # probability of re-publishing a dedup id after success (upstream redelivery)
+    retry: int = 2  # app retries of a failed dedup publish (same dedup id)
+    delay: float = 0.0  # probability of a delivery delay
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class MemberPlan:
+    name: str
+    group: str
+    topic: str
+    start: float = 0.0
+    leave: float | None = None
+    rejoin_after: float | None = None  # a new member of the group starts this long after leaving
+    max_in_flight: int = 10
+    poll_max: int = 5
+    concurrency: int = 4  # messages the app works on at once (the rest stays prefetched)
+    poll_wait: tuple[float, float] = (0.5, 3.0)  # seconds one poll() may wait
+    ack: float = 0.8
+    nack: float = 0.05
+    extend: float = 0.05
+    slow: float = 0.04
+    drop: float = 0.04
+    dead: float = 0.02
+    work: tuple[float, float] = (0.0, 0.5)
+
+
+@dataclass
+class GroupPlan:
+    name: str
+    topic: str
+    start_position: str = "earliest"
+    ordered: bool = False
+
+
+@dataclass
+class GcPlan:
+    start: float = 5.0
+    interval: tuple[float, float] = (5.0, 30.0)
+    # GC's cursor-delta grace as a multiple of the engine's replica reload interval (RELOAD_AFTER_S),
+    # the shortest setting the protocol allows being > 1; None: the engine's default
+    delta_grace_factor: float | None = None
+
+
+@dataclass
+class Schedule:
+    seed: int
+    family: str
+    chaos_s: float
+    topics: list[TopicPlan]
+    groups: list[GroupPlan]
+    members: list[MemberPlan]
+    producers: list[ProducerPlan]
+    gc: GcPlan | None
+    faults: FaultRates
+    consumer: dict[str, Any]
+    producer: dict[str, Any]
+    skew: float  # processes' clocks are within ±skew/2 (skew <= consumer clock_skew_s)
+    restart_delay: tuple[float, float] = (1.0, 20.0)
+    # quiesce budget: longer than the engine's replica reload interval (RELOAD_AFTER_S, 10 min), the
+    # slowest designed recovery of a stale member, so a slow recovery is not mistaken for a loss
+    quiesce_s: float = 660.0
+    hang_limit_s: float = 300.0
+
+    def to_json(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["faults"] = self.faults.to_json()
+        return out
+
+
+def make_schedule(seed: int, family: str | None = None) -> Schedule:
+    """The schedule of ``seed`` (its family drawn from the seed unless given)."""
+    rng = random.Random(f"schedule/{seed}")
+    if family is None:
+        family = rng.choices(list(FAMILIES), weights=list(FAMILIES.values()))[0]
+    build = _FAMILIES[family]
+    return build(rng, seed)
+
+
+# -- common pieces ---------------------------------------------------------------------------------
+
+
+def _consumer_settings(rng: random.Random, **over: Any) -> dict[str, Any]:
+    vt = rng.choice([5.0, 10.0, 30.0])
+    settings = {
+        "visibility_timeout_s": vt,
+        "poll_min_ms": 50.0,
+        "poll_max_ms": rng.choice([500.0, 1000.0, 2000.0]),
+        "poll_idle_ms": rng.choice([1000.0, 2000.0]),
+        "idle_after_s": 10.0,
+        "heartbeat_interval_s": 5.0,
+        "member_ttl_s": rng.choice([10.0, 20.0]),
+        "checkpoint_every": rng.choice([2, 4, 8, 64]),
+        "max_commit_attempts": rng.choice([3, 10, 50]),
+        "clock_skew_s": 2.0,
+        "steal_after_s": 2.0,
+        "foreign_poll_ms": 2000.0,
+        "foreign_poll_max_s": 30.0,
+    }
+    settings.update(over)
+    return settings
+
+
+def _producer_settings(rng: random.Random, **over: Any) -> dict[str, Any]:
+    settings = {
+        "linger_ms": rng.choice([0.0, 5.0, 20.0]),
+        "max_batch_messages": rng.choice([1, 10, 1000]),
+        "publish_timeout_s": rng.choice([5.0, 20.0, 60.0]),
+    }
+    settings.update(over)
+    return settings
+
+
+def _faults(rng: random.Random, level: float, **over: Any) -> FaultRates:
+    """Fault rates scaled by ``level`` (0: none, 1: heavy)."""
+    rates = FaultRates(
+        error=0.03 * level * rng.random(),
+        timeout=0.005 * level * rng.random(),
+        lost=0.02 * level * rng.random(),
+        latency=0.01 * level * rng.random(),
+        outage=0.002 * level * rng.random(),
+        pause=0.002 * level * rng.random(),
+        crash=0.002 * level * rng.random(),
+    )
+    for k, v in over.items():
+        setattr(rates, k, v)
+    return rates
+
+
+def _skew(rng: random.Random, consumer: dict[str, Any]) -> float:
+    margin = float(consumer["clock_skew_s"])
+    return rng.choice([0.0, margin * rng.random(), margin])
+
+
+def _members(
+    rng: random.Random, group: GroupPlan, n: int, chaos_s: float, *, churn: float = 0.3, **over: Any
+) -> list[MemberPlan]:
+    out = []
+    for i in range(n):
+        start = 0.0 if i == 0 else rng.uniform(0.0, chaos_s * 0.6)
+        leave = rng.uniform(start + 5.0, chaos_s) if rng.random() < churn and chaos_s > start + 5 else None
+        plan = MemberPlan(
+            f"{group.name}.{i}", group.name, group.topic, start=start, leave=leave,
+            rejoin_after=rng.uniform(1.0, 30.0) if leave is not None and rng.random() < 0.5 else None,
+            max_in_flight=rng.choice([1, 3, 10, 50]), poll_max=rng.choice([1, 3, 10]),
+            concurrency=rng.choice([1, 2, 4, 16]),
+            work=(0.0, rng.choice([0.1, 0.5, 2.0])),
+        )
+        for k, v in over.items():
+            setattr(plan, k, v)
+        out.append(plan)
+    return out
+
+
+def _producers(
+    rng: random.Random, topic: str, n: int, chaos_s: float, *, messages: int, **over: Any
+) -> list[ProducerPlan]:
+    out = []
+    for i in range(n):
+        count = max(1, messages // n + rng.randint(-2, 2))
+        span = chaos_s * rng.uniform(0.3, 0.9)
+        mean_gap = span / count
+        keys = [f"k{j}" for j in range(rng.choice([1, 3, 8]))]
+        plan = ProducerPlan(
+            f"prod{i}.{topic}", topic, start=rng.uniform(0.0, chaos_s * 0.2), count=count,
+            gap=(0.0, 2 * mean_gap), burst=rng.choice([1, 1, 3]), keys=keys, keyed=rng.choice([0.0, 0.5, 1.0]),
+            dedup=rng.choice([0.0, 0.0, 0.2]), redo=0.2, delay=rng.choice([0.0, 0.1]),
+        )
+        for k, v in over.items():
+            setattr(plan, k, v)
+        out.append(plan)
+    return out
+
+
+def _base(rng: random.Random, seed: int, family: str, *, chaos_s: float, level: float, **consumer: Any) -> Schedule:
+    cs = _consumer_settings(rng, **consumer)
+    return Schedule(
+        seed=seed, family=family, chaos_s=chaos_s, topics=[], groups=[], members=[], producers=[],
+        gc=GcPlan(start=rng.uniform(1.0, 20.0), interval=(5.0, 30.0)), faults=_faults(rng, level),
+        consumer=cs, producer=_producer_settings(rng), skew=_skew(rng, cs),
+    )
+
+
+# -- families --------------------------------------------------------------------------------------
+
+
+def _mixed(rng: random.Random, seed: int) -> Schedule:
+    s = _base(rng, seed, "mixed", chaos_s=rng.uniform(15.0, 60.0), level=rng.choice([0.0, 0.5, 1.0, 2.0]))
+    ntopics = 2 if rng.random() < 0.2 else 1
+    for t in range(ntopics):
+        topic = TopicPlan(
+            f"t{t}", partitions=rng.choice([1, 1, 2, 3]),
+            retention_s=rng.choice([0.001, 5.0, 60.0, 7 * 24 * 3600.0]),
+        )
+        if rng.random() < 0.2:
+            topic.grow.append((rng.uniform(5.0, s.chaos_s), topic.partitions + rng.randint(1, 2)))
+        s.topics.append(topic)
+        for g in range(rng.choice([1, 1, 2])):
+            group = GroupPlan(f"g{g}{t}", topic.name, rng.choice(["earliest", "earliest", "latest"]),
+                              ordered=rng.random() < 0.25)
+            s.groups.append(group)
+            s.members += _members(rng, group, rng.randint(1, 3), s.chaos_s)
+        s.producers += _producers(rng, topic.name, rng.randint(1, 3), s.chaos_s, messages=rng.randint(5, 40))
+    if rng.random() < 0.15:
+        s.gc = None
+    elif s.gc is not None and rng.random() < 0.2:
+        s.gc.delta_grace_factor = 1.5
+    return s
+
+
+def _stale_tail(rng: random.Random, seed: int) -> Schedule:
+    """r1/r1b: several producers on one partition, tiny retention, frequent GC, producer crashes."""
+    s = _base(rng, seed, "stale_tail", chaos_s=rng.uniform(30.0, 60.0), level=rng.choice([0.0, 0.5, 1.0]))
+    s.topics.append(TopicPlan("t0", partitions=1, retention_s=rng.choice([0.001, 0.5, 2.0])))
+    group = GroupPlan("g0", "t0", "earliest")
+    s.groups.append(group)
+    s.members += _members(rng, group, rng.randint(1, 2), s.chaos_s, churn=0.0, ack=0.95, nack=0.0, slow=0.0,
+                          drop=0.0, dead=0.0, extend=0.05, work=(0.0, 0.05))
+    # one producer: only a restarted process can reuse a number (r1b); several: cached tails too (r1)
+    s.producers += _producers(rng, "t0", rng.randint(1, 3), s.chaos_s, messages=rng.randint(10, 30), keyed=0.0,
+                              gap=(0.1, rng.choice([1.0, 3.0, 6.0])))
+    s.gc = GcPlan(start=rng.uniform(1.0, 5.0), interval=(0.5, rng.choice([2.0, 5.0])))
+    s.faults.crash = rng.choice([0.002, 0.01])
+    s.faults.max_crashes = 2
+    return s
+
+
+def _long_outage(rng: random.Random, seed: int) -> Schedule:
+    """r2: a member stopped for longer than GC's delta grace with a delta in flight; short checkpoints."""
+    s = _base(rng, seed, "long_outage", chaos_s=rng.uniform(28.0, 36.0) * MINUTE, level=0.5,
+              checkpoint_every=rng.choice([2, 3, 4]), poll_max_ms=2000.0, poll_idle_ms=5000.0,
+              heartbeat_interval_s=5.0)
+    s.topics.append(TopicPlan("t0", partitions=1))
+    group = GroupPlan("g0", "t0", "earliest", ordered=False)
+    s.groups.append(group)
+    s.members += _members(rng, group, rng.randint(2, 3), 60.0, churn=0.0, max_in_flight=rng.choice([2, 5]),
+                          slow=0.0, drop=0.05, work=(0.0, 2.0), poll_wait=(2.0, 10.0))
+    s.producers += _producers(rng, "t0", 1, s.chaos_s * 0.8, messages=rng.randint(30, 60), keyed=0.0, dedup=0.0,
+                              delay=0.0)
+    s.gc = GcPlan(start=60.0, interval=(60.0, 300.0))
+    s.faults = _faults(rng, 0.3, pause=rng.choice([0.01, 0.03]), max_pauses=1,
+                       pause_s=[(25 * MINUTE, 35 * MINUTE)], crash=0.0, outage=0.0,
+                       only=["*/log/*"])
+    if rng.random() < 0.5:
+        s.gc.delta_grace_factor = 1.5  # short, but still longer than a replica trusts its view
+    return s
+
+
+def _paused_prefetch(rng: random.Random, seed: int) -> Schedule:
+    """r3: a member with a prefetch buffer stopped past its leases while another member takes over."""
+    s = _base(rng, seed, "paused_prefetch", chaos_s=rng.uniform(60.0, 120.0), level=0.3,
+              visibility_timeout_s=rng.choice([5.0, 10.0]))
+    s.topics.append(TopicPlan("t0", partitions=rng.choice([1, 1, 2])))
+    group = GroupPlan("g0", "t0", "earliest", ordered=rng.random() < 0.2)
+    s.groups.append(group)
+    s.members += _members(rng, group, 2, 20.0, churn=0.0, max_in_flight=rng.choice([5, 20]), poll_max=1,
+                          concurrency=rng.choice([1, 2]), work=(0.1, 1.0), slow=0.0)
+    # a burst: prefetch buffers fill up, and stay full while the apps work through them
+    s.producers += _producers(rng, "t0", 1, s.chaos_s, messages=rng.randint(40, 80), gap=(0.0, 0.1), start=0.0)
+    s.faults.pause = rng.choice([0.01, 0.03])
+    s.faults.pause_s = [(20.0, 120.0)]
+    s.faults.crash = 0.0
+    return s
+
+
+def _late_sub_gc(rng: random.Random, seed: int) -> Schedule:
+    """r4: a new ``earliest`` subscription starting while GC collects expired segments."""
+    s = _base(rng, seed, "late_sub_gc", chaos_s=rng.uniform(30.0, 60.0), level=rng.choice([0.0, 0.3]))
+    s.topics.append(TopicPlan("t0", partitions=rng.choice([1, 2]), retention_s=rng.choice([0.001, 0.5])))
+    s.producers += _producers(rng, "t0", 1, s.chaos_s, messages=rng.randint(10, 25), start=0.0,
+                              gap=(0.0, 3.0), dedup=0.0)
+    for g in range(rng.randint(1, 3)):
+        group = GroupPlan(f"g{g}", "t0", "earliest")
+        s.groups.append(group)
+        s.members += _members(rng, group, 1, s.chaos_s, churn=0.0, start=rng.uniform(1.0, s.chaos_s * 0.7))
+    s.gc = GcPlan(start=0.5, interval=(0.2, rng.choice([0.5, 1.0, 2.0])))
+    s.faults.base_latency = (0.01, rng.choice([0.05, 0.3]))
+    return s
+
+
+def _lost_commit(rng: random.Random, seed: int) -> Schedule:
+    """r5: lost responses and brownouts on cursor-log writes while members join and leave."""
+    s = _base(rng, seed, "lost_commit", chaos_s=rng.uniform(30.0, 90.0), level=1.0,
+              max_commit_attempts=rng.choice([2, 3, 5]), heartbeat_interval_s=rng.choice([1.0, 2.0]),
+              member_ttl_s=5.0)
+    s.topics.append(TopicPlan("t0", partitions=rng.choice([1, 1, 2])))
+    group = GroupPlan("g0", "t0", "earliest")
+    s.groups.append(group)
+    s.members += _members(rng, group, rng.randint(2, 3), s.chaos_s, churn=0.5)
+    s.producers += _producers(rng, "t0", 1, s.chaos_s, messages=rng.randint(15, 40))
+    s.faults = _faults(rng, 1.0, lost=rng.choice([0.05, 0.15]), outage=rng.choice([0.01, 0.03]),
+                       outage_s=(1.0, 20.0), only=["*/log/*"], crash=0.0, pause=0.0)
+    return s
+
+
+def _latest_growth(rng: random.Random, seed: int) -> Schedule:
+    """r6: ``latest`` subscriptions while partitions are added and producers keep publishing."""
+    s = _base(rng, seed, "latest_growth", chaos_s=rng.uniform(30.0, 60.0), level=rng.choice([0.0, 0.3]),
+              heartbeat_interval_s=5.0)
+    topic = TopicPlan("t0", partitions=rng.choice([1, 2]))
+    topic.grow.append((rng.uniform(5.0, 25.0), topic.partitions + rng.randint(1, 3)))
+    s.topics.append(topic)
+    for g, pos in enumerate(["latest"] + (["earliest"] if rng.random() < 0.4 else [])):
+        group = GroupPlan(f"g{g}", "t0", pos)
+        s.groups.append(group)
+        s.members += _members(rng, group, rng.randint(1, 2), s.chaos_s, churn=0.1)
+    s.producers += _producers(rng, "t0", rng.randint(1, 3), s.chaos_s, messages=rng.randint(20, 50), keyed=1.0,
+                              keys=[f"k{j}" for j in range(12)], start=rng.uniform(0.0, 30.0))
+    s.faults.crash = rng.choice([0.0, 0.005])
+    return s
+
+
+def _dedup(rng: random.Random, seed: int) -> Schedule:
+    """r7: idempotent publishes under lost responses, brownouts and app-level retries."""
+    s = _base(rng, seed, "dedup", chaos_s=rng.uniform(30.0, 90.0), level=1.0)
+    s.producer["publish_timeout_s"] = rng.choice([2.0, 5.0, 10.0])
+    s.topics.append(TopicPlan("t0", partitions=rng.choice([1, 2])))
+    group = GroupPlan("g0", "t0", "earliest")
+    s.groups.append(group)
+    s.members += _members(rng, group, 1, s.chaos_s, churn=0.0)
+    s.producers += _producers(rng, "t0", rng.randint(1, 2), s.chaos_s, messages=rng.randint(10, 30), dedup=0.8,
+                              redo=rng.choice([0.2, 0.5]), retry=3)
+    s.faults = _faults(rng, 1.0, lost=rng.choice([0.03, 0.1]), outage=rng.choice([0.005, 0.02]),
+                       outage_s=(2.0, 15.0), error=rng.choice([0.02, 0.1]), crash=0.0, pause=0.0,
+                       only=["*/seg/*", "*/dedup/*"])
+    return s
+
+
+def _ordered_deep(rng: random.Random, seed: int) -> Schedule:
+    """r8: an ordered consumer restarting with more than 64 open segments in one partition.
+
+    A fast producer writes a deep backlog of one-message segments (one bulk key, then a few of a
+    late key); the slow ordered member leaves (or crashes) with most of it open and rejoins; a
+    second producer then publishes the late key again.
+    """
+    s = _base(rng, seed, "ordered_deep", chaos_s=rng.uniform(25.0, 50.0), level=rng.choice([0.0, 0.2]))
+    s.topics.append(TopicPlan("t0", partitions=1, max_deliveries=100))
+    group = GroupPlan("g0", "t0", "earliest", ordered=True)
+    s.groups.append(group)
+    one_per_segment = {"linger_ms": 0.0, "max_batch_messages": 1}
+    bulk = rng.randint(70, 100)
+    script = ["o"] * bulk + ["K"] * rng.randint(1, 4) + [rng.choice(["o", "x"]) for _ in range(rng.randint(0, 3))]
+    s.producers.append(ProducerPlan("prod0.t0", "t0", start=0.0, count=len(script), gap=(0.0, 0.03), key_script=script,
+                                    settings=one_per_segment))
+    leave = rng.uniform(4.0, 8.0)
+    rejoin = rng.uniform(0.5, 4.0)
+    later = ["K"] * rng.randint(1, 3) + ["x"]
+    s.producers.append(ProducerPlan("prod1.t0", "t0", start=leave + rejoin + rng.uniform(0.5, 5.0), count=len(later),
+                                    gap=(0.0, 0.5), key_script=later, settings=one_per_segment))
+    s.members.append(MemberPlan("g0.0", "g0", "t0", start=0.0, leave=leave, rejoin_after=rejoin,
+                                max_in_flight=rng.choice([1, 2]), poll_max=1, work=(0.2, 0.6), ack=0.95,
+                                nack=0.0, extend=0.0, slow=0.0, drop=0.05, dead=0.0))
+    s.faults.crash = 0.0
+    return s
+
+
+def _topic_churn(rng: random.Random, seed: int) -> Schedule:
+    """Topic deletion (with purge) and re-creation while producers keep publishing."""
+    s = _base(rng, seed, "topic_churn", chaos_s=rng.uniform(40.0, 90.0), level=rng.choice([0.0, 0.3]))
+    topic = TopicPlan("t0", partitions=rng.choice([1, 2]))
+    at = rng.uniform(5.0, 25.0)
+    topic.churn.append((at, rng.choice([0.0, 1.0, 5.0, 15.0])))
+    if rng.random() < 0.3:
+        topic.churn.append((at + rng.uniform(15.0, 30.0), rng.choice([0.0, 5.0])))
+    s.topics.append(topic)
+    group = GroupPlan("g0", "t0", rng.choice(["earliest", "latest"]))
+    s.groups.append(group)
+    s.members += _members(rng, group, rng.randint(1, 2), s.chaos_s, churn=0.0)
+    s.producers += _producers(rng, "t0", rng.randint(1, 2), s.chaos_s, messages=rng.randint(20, 60), dedup=0.0,
+                              start=0.0, gap=(0.1, 1.0))
+    s.faults.crash = 0.0
+    return s
+
+
+_FAMILIES = {
+    "mixed": _mixed,
+    "stale_tail": _stale_tail,
+    "long_outage": _long_outage,
+    "paused_prefetch": _paused_prefetch,
+    "late_sub_gc": _late_sub_gc,
+    "lost_commit": _lost_commit,
+    "latest_growth": _latest_growth,
+    "dedup": _dedup,
+    "ordered_deep": _ordered_deep,
+    "topic_churn": _topic_churn,
+}

@@ -1,0 +1,265 @@
+"""The checker must be able to fail: each invariant is shown a hand-made violating history (and a
+close legal one). A checker that cannot fail proves nothing."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .checker import check
+from .history import Event, from_jsonl, to_jsonl
+
+EPOCH = 1_800_000_000.0
+
+
+class H:
+    """A tiny history builder: events get increasing indexes; ``at`` sets the time."""
+
+    def __init__(self, **params: Any) -> None:
+        self.events: list[Event] = []
+        self.t = 0.0
+        self.cid = 0
+        self.add("run", seed=0, family="hand", epoch=EPOCH, params=params)
+
+    def at(self, t: float) -> H:
+        self.t = t
+        return self
+
+    def add(self, ev: str, **fields: Any) -> Event:
+        e: Event = {"i": len(self.events), "t": self.t, "ev": ev, **fields}
+        self.events.append(e)
+        return e
+
+    def call(self, op: str, proc: str = "p#1", **fields: Any) -> int:
+        self.cid += 1
+        self.add("call", cid=self.cid, proc=proc, op=op, **fields)
+        return self.cid
+
+    def ret(self, cid: int, outcome: str = "ok", **fields: Any) -> None:
+        self.add("ret", cid=cid, outcome=outcome, **fields)
+
+    def topic(self, name: str = "t") -> H:
+        self.ret(self.call("create_topic", "admin", topic=name))
+        return self
+
+    def join(self, group: str = "g", topic: str = "t", member: str = "m1", ordered: bool = False) -> H:
+        self.ret(self.call("join", f"member.{member}#1", group=group, topic=topic, start_position="earliest",
+                           ordered=ordered), member=member)
+        return self
+
+    def publish(self, tag: str, seq: int, *, topic: str = "t", key: str | None = None, dedup: str | None = None,
+                duplicate: bool = False, idx: int = 0) -> H:
+        cid = self.call("publish", "prod#1", topic=topic, tag=tag, key=key, dedup_id=dedup, delay=None)
+        self.ret(cid, partition=0, seq=seq, index=idx, offset=seq, id=tag, duplicate=duplicate)
+        return self
+
+    def deliver(self, tag: str, seq: int, *, member: str = "m1", group: str = "g", lease_s: float = 30.0,
+                skew: float = 0.0, key: str | None = None, receipt: str | None = None, topic: str = "t") -> str:
+        receipt = receipt or f"{topic}:0:{seq}:0:{member}-{self.t}"
+        self.add("deliver", proc=f"member.{member}#1", member=member, group=group, topic=topic, partition=0,
+                 seq=seq, idx=0, tag=tag, key=key, receipt=receipt, until=EPOCH + self.t + skew + lease_s,
+                 skew=skew, deliveries=1)
+        return receipt
+
+    def settle(self, op: str, receipt: str, tag: str, seq: int, outcome: str = "ok", error: str | None = None,
+               member: str = "m1", **fields: Any) -> None:
+        cid = self.call(op, f"member.{member}#1", group="g", topic="t", partition=0, seq=seq, idx=0, tag=tag,
+                        receipt=receipt, **fields)
+        self.ret(cid, outcome, **({"error": error} if error else {}))
+
+
+def names(h: H) -> list[str]:
+    return [v.invariant for v in check(h.events)]
+
+
+# -- acked_publish_delivered -----------------------------------------------------------------------
+
+
+def test_lost_acknowledged_publish_is_a_violation() -> None:
+    h = H().topic().join().at(5).publish("a", 0).at(6).publish("b", 1)
+    h.at(7).deliver("a", 0)
+    assert names(h) == ["acked_publish_delivered"]
+    h.at(8).deliver("b", 1)
+    assert names(h) == []
+
+
+def test_publish_before_the_subscription_or_into_a_later_deleted_topic_is_not_required() -> None:
+    h = H().topic().at(1).publish("early", 0).at(2).join()
+    assert names(h) == []
+    h = H().topic().join().at(2).publish("doomed", 0)
+    h.at(3).ret(h.call("delete_topic", "op", topic="t"))
+    assert "acked_publish_delivered" not in names(h)
+
+
+def test_a_dead_letter_copy_for_the_group_settles_the_message() -> None:
+    h = H().topic().join().at(2).publish("a", 0)
+    h.at(9).add("stored", topic="t.dlq", partition=0, seq=0, tags=["a"], dedups=["x"], keys=[None], dlq_for=["g"])
+    assert names(h) == []
+
+
+# -- exclusive_lease -------------------------------------------------------------------------------
+
+
+def test_second_delivery_under_a_live_lease_is_a_violation() -> None:
+    h = H().topic().join().join(member="m2").at(1).publish("a", 0)
+    h.at(2).deliver("a", 0, member="m1", lease_s=30)
+    h.at(20).deliver("a", 0, member="m2")
+    assert names(h) == ["exclusive_lease"]
+
+
+def test_delivery_after_expiry_or_settlement_is_legal() -> None:
+    h = H().topic().join().join(member="m2").at(1).publish("a", 0)
+    h.at(2).deliver("a", 0, member="m1", lease_s=30)
+    h.at(33).deliver("a", 0, member="m2")  # expired at 32
+    assert names(h) == []
+    h = H().topic().join().join(member="m2").at(1).publish("a", 0)
+    r = h.at(2).deliver("a", 0, member="m1", lease_s=30)
+    h.at(5).settle("nack", r, "a", 0, requeue=True, delay=0.0)
+    h.at(6).deliver("a", 0, member="m2")
+    assert names(h) == []
+
+
+def test_lease_deadline_is_read_in_the_holders_clock() -> None:
+    # m1's clock runs 1.5 s ahead: its lease "until now+30" ends at true time 32, not 33.5
+    h = H().topic().join().join(member="m2").at(1).publish("a", 0)
+    h.at(2).deliver("a", 0, member="m1", lease_s=30, skew=1.5)
+    h.at(32.5).deliver("a", 0, member="m2")
+    assert names(h) == []
+    h = H().topic().join().join(member="m2").at(1).publish("a", 0)
+    h.at(2).deliver("a", 0, member="m1", lease_s=30, skew=1.5)
+    h.at(31.5).deliver("a", 0, member="m2")
+    assert names(h) == ["exclusive_lease"]
+
+
+def test_an_extend_prolongs_the_lease_and_a_lost_lease_ack_does_not_settle() -> None:
+    h = H().topic().join().join(member="m2").at(1).publish("a", 0)
+    r = h.at(2).deliver("a", 0, member="m1", lease_s=10)
+    h.ret(h.call("extend", "member.m1#1", receipt=r, group="g", topic="t", partition=0, seq=0, idx=0, tag="a",
+                 seconds=30), until=EPOCH + 40)
+    h.at(20).settle("ack", r, "a", 0, outcome="error", error="LeaseLost")
+    h.at(25).deliver("a", 0, member="m2")
+    assert names(h) == ["exclusive_lease"]
+
+
+# -- no_delivery_after_ack -------------------------------------------------------------------------
+
+
+def test_delivery_after_an_ok_ack_is_a_violation() -> None:
+    h = H().topic().join().at(1).publish("a", 0)
+    r = h.at(2).deliver("a", 0, lease_s=5)
+    h.at(3).settle("ack", r, "a", 0)
+    h.at(100).deliver("a", 0, member="m2")
+    assert names(h) == ["no_delivery_after_ack"]
+
+
+def test_redelivery_after_a_lease_lost_ack_is_legal() -> None:
+    h = H().topic().join().at(1).publish("a", 0)
+    r = h.at(2).deliver("a", 0, lease_s=5)
+    h.at(10).deliver("a", 0, member="m2")
+    h.at(11).settle("ack", r, "a", 0, outcome="error", error="LeaseLost")
+    assert names(h) == []
+
+
+# -- replicas_converge -----------------------------------------------------------------------------
+
+
+def test_a_diverging_replica_is_a_violation() -> None:
+    h = H()
+    h.add("replica", topic="t", group="g", partition=0, member="m1", state={"n": 5, "floor": 1})
+    h.add("fresh", topic="t", group="g", partition=0, state={"n": 5, "floor": 1})
+    assert names(h) == []
+    h.add("replica", topic="t", group="g", partition=0, member="m2", state={"n": 5, "floor": 2})
+    assert names(h) == ["replicas_converge"]
+
+
+# -- engine_alive ----------------------------------------------------------------------------------
+
+
+def test_a_dead_loop_an_unexpected_exception_and_a_hung_call_are_violations() -> None:
+    h = H(hang_limit_s=300.0)
+    h.add("loop_died", proc="member.m1#1", member="m1", error="ValueError", msg="delta 7 applied to state at 7")
+    assert names(h) == ["engine_alive"]
+    h = H(hang_limit_s=300.0)
+    h.ret(h.call("leave", member="m1"), "bug", error="KeyError", msg="x")
+    assert names(h) == ["engine_alive"]
+    h = H(hang_limit_s=300.0)
+    h.call("leave", member="m1")
+    h.at(400).add("phase", name="end")
+    assert names(h) == ["engine_alive"]
+
+
+def test_paused_or_crashed_time_does_not_count_as_a_hang() -> None:
+    h = H(hang_limit_s=300.0)
+    cid = h.call("leave", member="m1")
+    h.add("pause", proc="p#1", until=1500.0)
+    h.at(1600).ret(cid)
+    assert names(h) == []
+    h = H(hang_limit_s=300.0)
+    h.call("leave", member="m1")
+    h.at(10).add("crash", proc="p#1")
+    h.at(1000).add("phase", name="end")
+    assert names(h) == []
+
+
+# -- per_key_order ---------------------------------------------------------------------------------
+
+
+def test_a_later_message_of_a_key_before_an_earlier_one_is_settled_is_a_violation() -> None:
+    h = H().topic().join(ordered=True).at(1).publish("k0", 0, key="K").publish("k1", 1, key="K")
+    h.at(2).deliver("k1", 1, key="K")
+    assert set(names(h)) == {"per_key_order", "acked_publish_delivered"}  # k0 was never delivered either
+    h = H().topic().join(ordered=True).at(1).publish("k0", 0, key="K").publish("k1", 1, key="K")
+    r = h.at(2).deliver("k0", 0, key="K")
+    h.at(3).settle("ack", r, "k0", 0)
+    h.at(4).deliver("k1", 1, key="K")
+    assert names(h) == []
+
+
+def test_unordered_groups_and_other_keys_are_not_constrained() -> None:
+    h = H().topic().join().at(1).publish("k0", 0, key="K").publish("k1", 1, key="K")
+    h.at(2).deliver("k1", 1, key="K")
+    h.at(3).deliver("k0", 0, key="K", member="m2")
+    assert names(h) == []
+    h = H().topic().join(ordered=True).at(1).publish("k0", 0, key="K").publish("j1", 1, key="J")
+    h.at(2).deliver("j1", 1, key="J")
+    h.at(3).deliver("k0", 0, key="K")
+    assert names(h) == []
+
+
+# -- dedup_stored_once -----------------------------------------------------------------------------
+
+
+def test_an_idempotent_publish_stored_twice_is_a_violation() -> None:
+    h = H().topic().join().at(1).publish("a", 0, dedup="d").at(2).publish("a", 0, dedup="d", duplicate=True)
+    h.at(3).deliver("a", 0)
+    assert names(h) == []
+    h.at(4).publish("a", 1, dedup="d")  # the retry wrote a second copy
+    assert names(h) == ["dedup_stored_once"]
+    h = H().topic().join().at(1).publish("a", 0, dedup="d")
+    h.at(3).deliver("a", 0)
+    h.at(9).add("stored", topic="t", partition=0, seq=4, tags=["a"], dedups=["d"], keys=[None])
+    assert names(h) == ["dedup_stored_once"]
+
+
+# -- no_publish_into_deleted_topic / no_phantom_delivery ------------------------------------------------
+
+
+def test_a_publish_acknowledged_into_a_deleted_topic_is_a_violation() -> None:
+    h = H().topic()
+    h.at(2).ret(h.call("delete_topic", "op", topic="t"))
+    h.at(3).publish("ghost", 7)
+    assert names(h) == ["no_publish_into_deleted_topic"]
+    h.at(5).ret(h.call("create_topic", "op", topic="t"))
+    h.at(6).publish("fine", 0)
+    assert names(h) == ["no_publish_into_deleted_topic"]
+
+
+def test_a_delivery_of_something_never_published_is_a_violation() -> None:
+    h = H().topic().join()
+    h.at(2).deliver("nobody-sent-this", 0)
+    assert names(h) == ["no_phantom_delivery"]
+
+
+def test_histories_are_json_lines() -> None:
+    h = H().topic().join().at(1).publish("a", 0)
+    h.at(2).deliver("a", 0)
+    assert from_jsonl(to_jsonl(h.events)) == h.events
