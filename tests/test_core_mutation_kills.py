@@ -184,7 +184,8 @@ async def test_load_refuses_a_newest_checkpoint_below_the_trim_fence() -> None:
     await raise_fence(storage, trim, FenceValue(5))
     reader = CursorLog(storage, keys, TOPIC, "c", 0, "R")
     assert (await reader.load()).n == 6
-    assert reader.reloads == 1
+    assert (await reader.load()).n == 6
+    assert reader.reloads == 2
     await raise_fence(storage, trim, FenceValue(6))
     with pytest.raises(StorageError, match="below the trim fence 6"):
         await CursorLog(storage, keys, TOPIC, "c", 0, "R2").load()
@@ -250,6 +251,15 @@ async def test_commit_rebases_on_412_and_counts_the_conflict() -> None:
     assert built_on == [1, 2], "built again on the state that includes A's delta"
     assert (outcome.delta.n, outcome.results, outcome.conflicts, b.conflicts) == (3, [True], 1, 1)
     assert outcome.delta.ops[0].pos == (0, 1)
+
+
+async def test_commit_counts_every_412_it_rebased_on() -> None:
+    faulty = FaultyStore(MemoryStore())
+    log = CursorLog(Storage(faulty), Keys(), TOPIC, "c", 0, "A")
+    faulty.add(op="PUT", match="*/log/*", kind="precondition", times=2)
+    outcome = await log.commit(lambda s: [Op("start", seq=0, base=0)])
+    assert outcome is not None and (outcome.delta.n, outcome.results) == (1, [True])
+    assert outcome.conflicts == 2 and log.conflicts == 2
 
 
 async def test_commit_gives_up_after_max_attempts() -> None:
@@ -380,6 +390,9 @@ async def test_own_clock_ahead_is_measured_but_not_reported(caplog: pytest.LogCa
         await replica.load()
     assert replica.skew_seen == 100.0
     assert "ahead of ours" not in caplog.text
+    late = CursorLog(storage, keys, TOPIC, "c", 0, "B", clock=lambda: 5000.0)
+    await late.load()
+    assert late.skew_seen == 0.0, "deltas stamped in our past are no lead at all"
 
 
 async def test_checkpoints_are_written_every_n_deltas_exactly() -> None:
@@ -447,18 +460,18 @@ async def test_read_fence_tells_missing_from_unreadable() -> None:
 async def test_raise_fence_only_raises_except_for_a_tombstone() -> None:
     storage = Storage(MemoryStore())
 
-    async def stored() -> FenceValue:
+    async def stored() -> tuple[int, float, bool]:
         value, _ = await fences.read_fence(storage, "f.json")
         assert value is not None
-        return value
+        return value.floor, value.at, value.deleted
 
     assert await raise_fence(storage, "f.json", FenceValue(5)) is True
     assert await raise_fence(storage, "f.json", FenceValue(5, at=9.0)) is False, "equal is not higher"
     assert await raise_fence(storage, "f.json", FenceValue(4)) is False
-    assert await stored() == FenceValue(5)
+    assert await stored() == (5, 0.0, False)
     assert await raise_fence(storage, "f.json", FenceValue(6)) is True
     assert await raise_fence(storage, "f.json", FenceValue(6, deleted=True)) is True, "a topic deletion's tombstone"
-    assert await stored() == FenceValue(6, deleted=True)
+    assert await stored() == (6, 0.0, True)
 
 
 async def test_fence_view_keeps_the_highest_floor_it_saw() -> None:
@@ -912,3 +925,29 @@ async def test_background_checkpoint_task_is_held_until_done() -> None:
     await asyncio.sleep(0)  # done callbacks run on the next turn
     assert not pending & cursor_log._background
     await _settle_checkpoints(storage, keys, [2])
+
+
+async def test_replica_one_delta_below_the_fence_reloads_instead_of_reading_there() -> None:
+    """I2 at its boundary: a replica at ``n`` with ``n + 1 < floor`` would read a number GC may
+    have freed (a 404 there looks like the tip, an orphan there is not part of the log): it
+    reloads from the newest checkpoint instead. Here n = 3, floor = 5, delta 4 collected."""
+    storage = Storage(MemoryStore())
+    keys = Keys()
+    writer = CursorLog(storage, keys, TOPIC, "c", 0, "W", checkpoint_every=4)
+    await writer.commit(lambda s: [Op("start", seq=0, base=0)])
+    replica = CursorLog(storage, keys, TOPIC, "c", 0, "R")
+    for _ in range(2):
+        await writer.commit(lambda s: [Op("seen", s.frontier + 1, count=1, base=s.frontier + 1)])
+    await replica.load()
+    assert replica.state.n == 3
+    for _ in range(3):
+        await writer.commit(lambda s: [Op("seen", s.frontier + 1, count=1, base=s.frontier + 1)])
+    await _settle_checkpoints(storage, keys, [4])
+    await raise_fence(storage, keys.log_trim(TOPIC, "c", 0), FenceValue(5))
+    await storage.delete([keys.delta(TOPIC, "c", 0, n) for n in range(1, 5)])
+    replica.fence.read_at = float("-inf")  # its copy of the fence is too old to trust
+
+    await replica.catch_up()
+
+    assert replica.state.n == 6 and replica.reloads == 2
+    assert replica.state.to_json() == writer.state.to_json()

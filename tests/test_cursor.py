@@ -317,7 +317,9 @@ def test_seen_count_and_corrupt_rules() -> None:
     assert results == [False, False, False, True]
     assert state.counters.corrupt == 1
     assert (state.floor, state.frontier, state.segments) == (1, 0, {}), "an empty segment is complete at once"
-    assert apply(state, [Op("seen", seq=1, count=1, base=0)]) == [True]
+    assert apply(state, [Op("seen", seq=1, count=0, corrupt=True), Op("seen", seq=2, count=3, skip=[0, 2]),
+                         Op("seen", seq=3, count=1, base=0)]) == [True, True, True]
+    assert (state.counters.corrupt, state.counters.skipped) == (2, 2)
     assert apply(CursorState(), [Op("seen", seq=0, count=1)]) == [False], "not started"
 
 
@@ -412,6 +414,7 @@ def test_delta_and_state_json_are_the_documented_format() -> None:
     assert decoded == Delta(9, "m1", "nonce", 12.5, ops)
     bare = Delta.from_json({"n": 2, "at": 1.0, "ops": [{"op": "ack"}]})
     assert (bare.member, bare.id, bare.ops) == ("", "", [Op("ack", seq=0, idx=0, counted=True, corrupt=False)])
+    assert Delta.from_json({"n": 3, "at": 1.0}).ops == [], "a delta without ops is an empty one"
 
     state = started(3, 2)
     apply(state, [claim(0, 0, "a", until=T0 + 30), claim(0, 1, "b"), Op("ack", 0, 1, token="b"),

@@ -92,19 +92,25 @@ class CursorLog:
         return self.keys.delta(self.topic, self.consumer, self.partition, n)
 
     async def _newest_checkpoint(self, *, after: int = 0) -> CursorState | None:
-        """The newest checkpoint above ``after``; a checkpoint GC deletes between LIST and GET is
-        looked for again (never mistaken for an empty log)."""
+        """The newest readable checkpoint above ``after``. A checkpoint GC deletes between LIST and
+        GET is looked for again (never mistaken for an empty log); one that cannot be decoded (a
+        killed writer's empty object) is passed over for the next older one (I8)."""
         prefix = self.keys.checkpoints_prefix(self.topic, self.consumer, self.partition)
         start_after = self.keys.checkpoint(self.topic, self.consumer, self.partition, after) if after else None
         for _ in range(10):
-            newest: str | None = None
-            async for info in self.storage.list(prefix, start_after=start_after):
-                newest = info.key
-            if newest is None:
+            listed = [info.key async for info in self.storage.list(prefix, start_after=start_after)]
+            vanished = False
+            for key in reversed(listed):
+                blob = await self.storage.get(key)
+                if blob is None:
+                    vanished = True
+                    break
+                try:
+                    return CursorState.from_json(json.loads(blob.data))
+                except (ValueError, KeyError, TypeError) as exc:
+                    log.warning("checkpoint %s cannot be decoded (%s); using an older one", key, exc)
+            if not vanished:
                 return None
-            blob = await self.storage.get(newest)
-            if blob is not None:
-                return CursorState.from_json(json.loads(blob.data))
         raise StorageError(f"cursor {self.topic}/{self.consumer}/p{self.partition}: checkpoints keep vanishing")
 
     async def load(self) -> CursorState:
@@ -161,7 +167,7 @@ class CursorLog:
                 continue
             if blob is None:
                 return applied
-            delta = Delta.from_json(json.loads(blob.data))
+            delta = _decode_delta(blob.data, self.state.n + 1)
             self._check_clock(delta)
             results = apply_delta(self.state, delta)
             if self._inflight is not None and delta.id == self._inflight.id:
@@ -169,6 +175,8 @@ class CursorLog:
             applied += 1
 
     def _check_clock(self, delta: Delta) -> None:
+        if not delta.member:
+            return  # an undecodable delta: no clock to compare
         lead = delta.at - self.clock()
         if lead > self.skew_seen:
             self.skew_seen = lead
@@ -280,6 +288,18 @@ class CursorLog:
             pass  # identical bytes from another writer, or one is being written
         except StorageError as exc:
             log.warning("checkpoint %s not written (%s); the log stays complete", key, exc)
+
+
+def _decode_delta(data: bytes, n: int) -> Delta:
+    """The delta at number ``n``; an object that cannot be decoded (the 0-byte object some stores
+    keep when a writer dies between ``100 Continue`` and its body) takes its number with no ops.
+    Every replica decides the same way, so they still converge (I8); its writer never got a
+    success, so it resolves its write as lost (I3) and builds its ops again."""
+    try:
+        return Delta.from_json(json.loads(data))
+    except (ValueError, KeyError, TypeError) as exc:
+        log.warning("cursor delta %d cannot be decoded (%s); it counts as an empty delta", n, exc)
+        return Delta(n, "", "", 0.0, [])
 
 
 def _held(state: CursorState, op: Op) -> bool:

@@ -45,6 +45,12 @@ DELTA_GRACE_S = 1200.0 * _SCALE
 DELTA_TRUST_S = 600.0 * _SCALE
 
 
+# A fence remembers the floors it held before (with the store time each was written), so that GC
+# can free below a floor that has been in place for the grace even while traffic keeps raising the
+# fence at every collection (otherwise the fence would never get old enough: GC starvation).
+FENCE_HISTORY = 64
+
+
 @dataclass(frozen=True, slots=True)
 class FenceValue:
     """A fence as stored: the first number kept, and when (writer's clock) it was raised."""
@@ -53,17 +59,34 @@ class FenceValue:
     base: int = 0  # segments: the partition offset of ``floor`` (0 for cursor logs)
     at: float = 0.0
     deleted: bool = False  # segments: the topic was deleted (a tombstone kept across re-creation)
+    # earlier (floor, last-modified time of the fence object that held it), oldest first
+    history: tuple[tuple[int, float], ...] = ()
 
     def encode(self) -> bytes:
         body: dict[str, object] = {"floor": self.floor, "base": self.base, "at": self.at}
         if self.deleted:
             body["deleted"] = True
+        if self.history:
+            body["history"] = [list(h) for h in self.history]
         return json.dumps(body, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> FenceValue:
         obj = json.loads(data)
-        return cls(int(obj["floor"]), int(obj.get("base", 0)), float(obj.get("at", 0.0)), bool(obj.get("deleted")))
+        history = tuple((int(f), float(t)) for f, t in obj.get("history", []))
+        return cls(
+            int(obj["floor"]), int(obj.get("base", 0)), float(obj.get("at", 0.0)), bool(obj.get("deleted")),
+            history,
+        )
+
+    def freeable_below(self, modified: float, store_now: float, grace_s: float) -> int:
+        """The highest floor this fence has held for at least ``grace_s`` (store clock), or 0.
+
+        Safe for the same reason as the current floor (module docstring): each remembered floor
+        was written at its recorded time, and a writer's copy below it was read before that.
+        """
+        held = [*self.history, (self.floor, modified)]
+        return max((f for f, t in held if store_now - t >= grace_s), default=0)
 
 
 async def read_fence(storage: Storage, key: str) -> tuple[FenceValue | None, float | None]:
@@ -77,15 +100,21 @@ async def read_fence(storage: Storage, key: str) -> tuple[FenceValue | None, flo
         return None, None
     try:
         return FenceValue.decode(blob.data), blob.last_modified
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise StorageError(f"fence {key} is unreadable: {exc}") from None
 
 
 async def raise_fence(storage: Storage, key: str, value: FenceValue) -> bool:
-    """Overwrite the fence with ``value`` if it is higher than the stored one; True if written."""
-    current, _ = await read_fence(storage, key)
+    """Overwrite the fence with ``value`` if it is higher than the stored one; True if written.
+
+    The stored floor joins the history with its object's last-modified time.
+    """
+    current, modified = await read_fence(storage, key)
     if current is not None and current.floor >= value.floor and not value.deleted:
         return False
+    if current is not None and modified is not None:
+        history = (*current.history, (current.floor, modified))[-FENCE_HISTORY:]
+        value = FenceValue(value.floor, value.base, value.at, value.deleted, history)
     await storage.overwrite(key, value.encode())
     return True
 

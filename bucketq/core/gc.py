@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from bucketq.core.cursor_log import CursorLog
 from bucketq.core.fences import DELTA_GRACE_S, SEGMENT_GRACE_S, FenceValue, raise_fence, read_fence
 from bucketq.core.keys import Keys, parse_seq
-from bucketq.core.segment import decode_header
+from bucketq.core.segment import taken_header
 from bucketq.core.topics import TopicCatalog
 from bucketq.core.txn import collect_transactions
 from bucketq.errors import StorageError, TopicNotFound
@@ -184,15 +184,16 @@ async def _collect_segments(
         blob = await storage.get(info.key)
         if blob is None:
             break
-        header = decode_header(blob.data)
+        header = taken_header(blob.data, topic, partition, seq, new_base)
         new_floor, new_base = seq + 1, header.base + header.count
     deleter.report.kept_segments_unconsumed += kept
     if new_floor > floor and await raise_fence(storage, fence_key, FenceValue(new_floor, new_base, now)):
         deleter.report.fences_raised += 1
     fence, fence_modified = await read_fence(storage, fence_key)
-    if fence is None or fence_modified is None or await clock.now() - fence_modified < grace_s:
+    if fence is None or fence_modified is None:
         return
-    bound = fence.floor if min_floor is None else min(fence.floor, min_floor)
+    freeable = fence.freeable_below(fence_modified, await clock.now(), grace_s)
+    bound = freeable if min_floor is None else min(freeable, min_floor)
     async for info in storage.list(keys.segments_prefix(topic, partition)):
         if parse_seq(info.key) >= bound:
             break
@@ -219,10 +220,11 @@ async def _collect_log(
         await deleter.add(keys.checkpoint(topic, consumer, partition, n))
         deleter.report.checkpoints += 1
     fence, fence_modified = await read_fence(storage, fence_key)
-    if fence is None or fence_modified is None or await clock.now() - fence_modified < grace_s:
+    if fence is None or fence_modified is None:
         return
+    freeable = fence.freeable_below(fence_modified, await clock.now(), grace_s)
     async for info in storage.list(keys.deltas_prefix(topic, consumer, partition)):
-        if parse_seq(info.key) >= fence.floor:
+        if parse_seq(info.key) >= freeable:
             break
         await deleter.add(info.key)
         deleter.report.deltas += 1

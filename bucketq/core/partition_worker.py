@@ -38,7 +38,7 @@ def seen_op(segment: Segment, consumer: str, incarnation: str = "") -> Op:
     incarnation of the topic (a writer fenced off by its deletion) enters with every message
     skipped (invariant I6)."""
     h = segment.header
-    if not segment.records and h.count > 0:
+    if not segment.records and (h.count > 0 or h.base < 0):
         return Op("seen", h.seq, count=0, base=h.base, corrupt=True)
     if incarnation and h.incarnation is not None and h.incarnation != incarnation:
         return Op("seen", h.seq, count=h.count, base=h.base, skip=list(range(h.count)))
@@ -448,7 +448,7 @@ def _decode(data: bytes, topic: str, partition: int, seq: int) -> Segment:
         try:
             header = decode_header(data)
         except StorageError:
-            header = SegmentHeader(topic, partition, seq, 1, -1, None, 0.0, "")
+            header = SegmentHeader(topic, partition, seq, 0, -1, None, 0.0, "")
         return Segment(header, [])
 
 

@@ -261,6 +261,17 @@ def decode_header(data: bytes) -> SegmentHeader:
         raise StorageError(f"corrupt segment header: {exc}") from None
 
 
+def taken_header(data: bytes, topic: str, partition: int, seq: int, base: int) -> SegmentHeader:
+    """The header of the object at a taken number, or — when it cannot be decoded (e.g. the 0-byte
+    object some stores keep when a writer dies between ``100 Continue`` and its body) — a stand-in
+    holding no messages at offset ``base``. Every reader decides the same way (invariant I8: one
+    bad object never stalls a partition, a producer, GC or the statistics)."""
+    try:
+        return decode_header(data)
+    except StorageError:
+        return SegmentHeader(topic, partition, seq, 0, base, None, 0.0, "")
+
+
 def decode_segment(data: bytes) -> Segment:
     header = decode_header(data)
     lines = segment_lines(data, header)

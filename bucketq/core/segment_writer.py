@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from bucketq.core.fences import SEGMENT_TRUST_S, FenceView
 from bucketq.core.keys import Keys
-from bucketq.core.segment import SegmentHeader, decode_header, encode_segment
+from bucketq.core.segment import SegmentHeader, encode_segment, taken_header
 from bucketq.core.topics import TopicCatalog, find_tail
 from bucketq.errors import AlreadyExists, Contended, PublishTimeout, StorageError
 from bucketq.storage import Storage
@@ -140,14 +140,14 @@ class SegmentWriter:
                 await asyncio.sleep(min(2.0, 0.05 * 2 ** min(attempt, 6)) * random.uniform(0.5, 1.0))
                 continue
             if taken:
-                if blob is not None and decode_header(blob.data).batch == batch_id:
+                there = taken_header(blob.data, self.topic, self.partition, seq, base) if blob is not None else None
+                if there is not None and there.batch == batch_id:
                     pass  # our own write landed; its response was lost: check it like a success
                 else:
                     self.conflicts += 1
                     if self.on_conflict is not None:
                         self.on_conflict()
-                    if blob is not None:
-                        there = decode_header(blob.data)
+                    if there is not None:
                         self.next_seq, self.next_offset = seq + 1, there.base + there.count
                     else:  # taken, then freed (below the floor): find the real tail
                         self.next_seq = None

@@ -13,7 +13,7 @@ from bucketq.core.fences import FenceValue, raise_fence, read_fence
 from bucketq.core.ids import token
 from bucketq.core.keys import Keys, parse_seq, validate_name
 from bucketq.core.models import TopicConfig, TopicMarker
-from bucketq.core.segment import decode_header
+from bucketq.core.segment import taken_header
 from bucketq.errors import AlreadyExists, BucketqError, Contended, TopicDeleted, TopicNotFound
 from bucketq.storage import Storage
 
@@ -75,14 +75,15 @@ async def find_tail(storage: Storage, keys: Keys, topic: str, partition: int) ->
         if last is not None and parse_seq(last) >= seq:
             blob = await storage.get(last)
             if blob is not None:
-                header = decode_header(blob.data)
-                seq, offset = header.seq + 1, header.base + header.count
+                header = taken_header(blob.data, topic, partition, parse_seq(last), -1)
+                if header.base >= 0:  # an undecodable last object says nothing: probe from the hint
+                    seq, offset = header.seq + 1, header.base + header.count
     while True:
         blob = await storage.get(keys.segment(topic, partition, seq))
         if blob is None:
             return seq, offset
-        header = decode_header(blob.data)
-        seq, offset = header.seq + 1, header.base + header.count
+        header = taken_header(blob.data, topic, partition, seq, offset)
+        seq, offset = seq + 1, header.base + header.count
 
 
 async def first_segment(storage: Storage, keys: Keys, topic: str, partition: int) -> tuple[int, int] | None:
@@ -96,8 +97,9 @@ async def first_segment(storage: Storage, keys: Keys, topic: str, partition: int
     async for info in storage.list(keys.segments_prefix(topic, partition), start_after=start_after):
         blob = await storage.get(info.key)
         if blob is not None:
-            header = decode_header(blob.data)
-            return header.seq, header.base
+            header = taken_header(blob.data, topic, partition, parse_seq(info.key), -1)
+            if header.base >= 0:
+                return header.seq, header.base
     if fence is not None and fence.floor > 0:
         return fence.floor, fence.base
     return None

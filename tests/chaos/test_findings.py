@@ -1,12 +1,12 @@
-"""What the chaos runs found, reduced to deterministic reproductions (strict xfail until fixed).
+"""What the chaos runs found, reduced to deterministic reproductions (regression tests).
 
 On SeaweedFS, a process killed (or stopped) while its put-if-absent PUT is between the server's
 ``100 Continue`` and the body leaves a **0-byte object** at the key (botocore sends
 ``Expect: 100-continue``): the number is taken by something that is not a segment or a delta.
-Invariant I8 promises that no bad object ends a loop ("a segment that cannot be decoded enters a
-cursor as an empty segment"); consumers do that for segments, but the places below do not. Each
-test puts the 0-byte object the chaos run left, on the in-memory store, and expects the engine to
-carry on. When one starts passing, its xfail marker goes (strict: an unexpected pass fails).
+Invariant I8: no bad object ends a loop — an undecodable delta counts as an empty delta, an
+undecodable segment takes its number with no messages, for consumers, producers, GC and the
+statistics alike. Each test puts the 0-byte object the chaos run left, on the in-memory store, and
+expects the engine to carry on.
 """
 
 from __future__ import annotations
@@ -28,11 +28,6 @@ def _settings() -> Settings:
                                "producer": {"linger_ms": 2}, "consumer": FAST})
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "I8: CursorLog._tail json-decodes every delta; an undecodable one raises JSONDecodeError (not a "
-    "StorageError), the consumer loop dies, and every member that loads the partition dies the same way: "
-    "the group never consumes that partition again (SeaweedFS chaos run: g1/p2, 13 restarts of one member)"
-))
 async def test_an_empty_delta_does_not_end_the_consumer_loop() -> None:
     async with Bucketq(_settings()) as bq:
         await bq.create_topic("t")
@@ -58,11 +53,6 @@ async def test_an_empty_delta_does_not_end_the_consumer_loop() -> None:
         assert seen == ["after"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "I8: decode_header raises StorageError on an empty segment; a producer that meets it at the tail "
-    "fails every publish to that partition (SeaweedFS chaos run: 32 publishes in a row), and "
-    "find_tail (stats) fails the same way"
-))
 async def test_an_empty_segment_at_the_tail_does_not_stop_publishing() -> None:
     async with Bucketq(_settings()) as bq:
         await bq.create_topic("t")
@@ -77,10 +67,6 @@ async def test_an_empty_segment_at_the_tail_does_not_stop_publishing() -> None:
         await bq.stats("t")  # the statistics read the same headers: they must not raise either
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "I8: GC decodes the header of every segment it frees; an empty one (consumers pass it as a corrupt "
-    "segment) makes every collection fail from then on, for every topic (SeaweedFS chaos run: 13 in a row)"
-))
 async def test_an_empty_segment_does_not_stop_gc() -> None:
     async with Bucketq(_settings()) as bq:
         await bq.create_topic("t", retention_seconds=0.01)

@@ -306,7 +306,7 @@ class MemberRole(Role):
                 # finishes what it was doing first, while the engine's loops already run again
                 await asyncio.sleep(self.rng.uniform(0.0, 3.0))
             if self.suspended or (plan.leave is not None and sim.clock.now >= plan.leave and not sim.quiescing
-                                  and self.incarnation_is_first_leave()):
+                                  and not self._rejoined):
                 break
             if not self.drain and len(busy) >= plan.concurrency:
                 # the app works on at most `concurrency` messages; the rest waits in the prefetch buffer
@@ -335,15 +335,15 @@ class MemberRole(Role):
         if self.suspended:
             return  # the operator starts a new incarnation when the topic is back
         self.finished = True
-        if plan.rejoin_after is not None and not sim.quiescing:
+        if sim.quiescing or plan.rejoin_after is not None:
+            # a leave that finished after the quiesce began is undone at once: the group must drain
             self._rejoined = True
             self.finished = False
-            sim.loop.call_later(plan.rejoin_after, self.start, context=contextvars.Context())
+            self.drain = self.drain or sim.quiescing
+            delay = 0.0 if sim.quiescing else float(plan.rejoin_after or 0.0)
+            sim.loop.call_later(delay, self.start, context=contextvars.Context())
 
-    _rejoined = False
-
-    def incarnation_is_first_leave(self) -> bool:
-        return not self._rejoined
+    _rejoined = False  # the planned leave happened (a member leaves once; its successor stays)
 
     def _watch(self, proc: SimProcess, consumer: Consumer) -> None:
         """Record the death of the consumer's background loop (an exception, not a cancellation)."""

@@ -26,6 +26,8 @@ SEEDS = int(os.environ.get("BUCKETQ_SIM_SEEDS", "500"))
 START = int(os.environ.get("BUCKETQ_SIM_START", "0"))
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # about a minute on two idle cores; a loaded machine needs more room
 def test_schedules_hold_every_invariant() -> None:
     started = time.perf_counter()
     summaries = run_many(range(START, START + SEEDS), jobs=os.cpu_count() or 1)

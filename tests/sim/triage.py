@@ -5,22 +5,25 @@ the shape of the history, so that a batch can say "seed 123 is the stale-tail lo
 new kind of failure stands out as ``other``. Classes (see the repro README of the review):
 
 * ``r1`` / ``r1b`` stale tail after GC: an acknowledged publish landed at a segment number at or
-  below one already acknowledged on that partition (the tail went backwards into numbers GC
-  freed); ``r1b`` when the writer was a fresh producer process (it trusted a stale head hint);
+  below one already acknowledged on that partition, or where another message was seen (the tail
+  went backwards into numbers GC freed); ``r1b`` when the writer was a fresh producer process (it
+  trusted a stale head hint);
 * ``r2`` cursor-log fork after a long outage: a lease or ack violation, or diverging replicas, in a
   run with a pause longer than GC's delta grace (20 min);
 * ``r3`` a paused member hands out leased messages: a double lease (or a delivery after an ack)
-  whose later delivery went to a member that had been paused;
-* ``r4`` a new subscription stalls: the cursor's floor names a segment that is not stored while
-  later segments are (discovery 404s forever);
+  whose later delivery went to a member that had been paused (or cut off from the store by an
+  outage: the same stale prefetch);
+* ``r4`` a new subscription stalls or misses messages: the cursor's floor names a segment that is
+  not stored while later segments are (discovery 404s forever), or the lost message's segment was
+  collected although the cursor had not reached it;
 * ``r5`` a landed delta applied twice kills the consumer loop (ValueError);
 * ``r6`` ``latest`` + partition growth skips messages of the new partitions;
 * ``r7`` an idempotent publish stored twice;
 * ``r8`` per-key order broken for an ordered consumer;
 * ``deletion`` a publish acknowledged into (or lost with) a deleted topic;
-* ``lost-delta`` (found by the simulator) a member whose cursor-log access lost its response, timed
-  out or hit an outage hands out messages from a claim that is no longer current: a lease or ack
-  violation whose later delivery follows such a fault of its process;
+* ``lost-delta`` (found by the simulator) a member whose cursor-log write lost its response or timed
+  out hands out messages from a claim that is no longer current: a lease or ack violation whose
+  later delivery follows such a fault of its process;
 * ``join-unstarted`` (found by the simulator) ``register_consumer`` returned although a store
   failure left a partition's cursor unstarted; it starts later (``earliest``: after GC may have
   collected what was published meanwhile; ``latest``: past it), so publishes made after the join
@@ -49,6 +52,18 @@ def classify(events: list[Event], violations: list[Violation]) -> list[str]:
     long_pause = any(until - start > LONG_PAUSE_S for ps in ix.pauses.values() for start, until in ps)
     backwards = _backward_tails(ix)
     gaps = _floor_gaps(ix)
+    floors = {(e["group"], e["topic"], e["partition"]): int(e["state"]["floor"]) for e in events
+              if e["ev"] == "fresh" and isinstance(e.get("state"), dict) and "floor" in e["state"]}
+    stored = {(e["topic"], e["partition"], e["seq"]) for e in events if e["ev"] == "stored"}
+    occupants: dict[tuple[Any, Any, Any], set[str]] = defaultdict(set)  # messages seen at each number
+    for d in ix.deliveries:
+        occupants[(d["topic"], d["partition"], d["seq"])].add(d["tag"])
+    for c, r in ix.publishes():
+        if r is not None and r["outcome"] == "ok" and not r.get("duplicate"):
+            occupants[(c["topic"], r["partition"], r["seq"])].add(c["tag"])
+    for e in events:
+        if e["ev"] == "stored":
+            occupants[(e["topic"], e["partition"], e["seq"])].update(str(t) for t in e["tags"])
     initial = {t["name"]: int(t.get("partitions", 1)) for t in ix.params.get("topics", [])}
     latest = {(c["group"], c["topic"]) for c, _ in ix.by_op.get("join", []) if c.get("start_position") == "latest"}
     for v in violations:
@@ -58,21 +73,30 @@ def classify(events: list[Event], violations: list[Violation]) -> list[str]:
             call, ret = v.events[0], v.events[1]
             group = v.message.rsplit(" ", 1)[-1]
             pos = (call["topic"], ret.get("partition"), ret.get("seq"))
+            floor = floors.get((group, call["topic"], ret.get("partition")))
             if pos in backwards:
                 label = backwards[pos]
             elif ix.has_deletes(call["topic"]):
                 label = "deletion"
-            elif (group, call["topic"], ret.get("partition")) in gaps:
-                label = "r4"
+            elif len(occupants.get(pos, set()) - {call["tag"]}) > 0:
+                # another message is known at this number: it was used (and freed by GC) before
+                label = "r1b" if _first_write_of(ix, call) else "r1"
+            elif any(e["ev"] == "loop_died" and e["error"] == "ValueError" and f".{group}." in e["proc"]
+                     for e in events):
+                label = "r5"  # a member of the group lost its loop (and its app waits on its acks for ever)
             elif (group, call["topic"]) in latest and int(ret.get("partition", 0)) >= initial.get(call["topic"], 1):
                 label = "r6"
             elif _join_faulted(ix, group, call["topic"]):
                 label = "join-unstarted"
+            elif (group, call["topic"], ret.get("partition")) in gaps or (
+                floor is not None and int(ret.get("seq", 0)) >= floor and pos not in stored
+            ):
+                label = "r4"  # collected while its subscription's cursor had not reached it
         elif inv in ("exclusive_lease", "no_delivery_after_ack", "replicas_converge"):
             if long_pause:
                 label = "r2"
-            elif inv != "replicas_converge" and _paused_before(ix, v.events[-1]):
-                label = "r3"  # the later delivery went to a member that had been stopped
+            elif inv != "replicas_converge" and _cut_off_before(ix, v.events[-1]):
+                label = "r3"  # the later delivery went to a member that had been stopped or cut off
             elif inv != "replicas_converge" and _lost_delta_before(ix, v.events[-1]):
                 label = "lost-delta"
         elif inv == "engine_alive":
@@ -144,13 +168,16 @@ def _left_during(ix: Index, events: list[Event]) -> bool:
     return any(c["proc"] == call["proc"] and call["t"] - 30.0 <= c["t"] <= end for c, _ in ix.by_op.get("leave", []))
 
 
-def _paused_before(ix: Index, delivery: Event) -> bool:
-    return any(start <= delivery["t"] for start, _until in ix.pauses.get(delivery.get("proc", ""), []))
+def _cut_off_before(ix: Index, delivery: Event) -> bool:
+    """The delivering process was stopped, or could not reach the store, before the delivery."""
+    proc = delivery.get("proc", "")
+    return any(start <= delivery["t"] for start, _until in ix.pauses.get(proc, [])) or any(
+        e["ev"] == "outage" and e["proc"] == proc and e["t"] <= delivery["t"] for e in ix.events)
 
 
 def _lost_delta_before(ix: Index, delivery: Event) -> bool:
-    return any(e["ev"] == "fault" and e["proc"] == delivery.get("proc") and e["kind"] in ("lost", "timeout", "outage")
-               and "/log/" in e["key"] and e["t"] <= delivery["t"] for e in ix.events)
+    return any(e["ev"] == "fault" and e["proc"] == delivery.get("proc") and e["kind"] in ("lost", "timeout")
+               and "/subs/" in e["key"] and e["t"] <= delivery["t"] for e in ix.events)
 
 
 def _loop_died_with(ix: Index, call: Event, error: str) -> bool:
@@ -166,3 +193,9 @@ def _join_faulted(ix: Index, group: str, topic: str) -> bool:
         if any(e["ev"] == "fault" and e["proc"] == call["proc"] and call["t"] <= e["t"] <= ret["t"] for e in ix.events):
             return True
     return False
+
+
+def _first_write_of(ix: Index, call: Event) -> bool:
+    """``call`` is the first publish its process made on that topic (a fresh process's tail)."""
+    return not any(c["proc"] == call["proc"] and c["topic"] == call["topic"] and c["t"] < call["t"]
+                   for c, _ in ix.publishes())
