@@ -302,6 +302,7 @@ async def test_prefetched_lease_not_extended_durably_is_never_handed_out(backend
     faulty.add(op="PUT", match="*/log/*", kind="error", times=None)  # its extends never commit
     await asyncio.sleep(1.3)
     assert await a.poll(10, 0.1) == []
+    a.pause()  # A claims nothing more: the messages are B's to take
     faulty.clear()
     bq_b = await backend.connect(store=faulty)
     b = await bq_b.register_consumer("c", "t", visibility_timeout_s=30, clock_skew_s=0.0)
