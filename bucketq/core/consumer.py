@@ -121,6 +121,9 @@ class Consumer:
             await membership.refresh()
             for p in range(config.partitions):
                 sub.workers[p] = self._worker(sub, p)
+            # load every cursor first: a partition added after the subscription began must see its
+            # started siblings before it chooses a start (I5), also on a member's restart
+            await asyncio.gather(*(w.log.load() for w in sub.workers.values()), return_exceptions=True)
             # every partition's cursor exists from the start, so the start position is fixed now
             # (a partition that cannot be loaded yet is retried by the loop)
             for outcome in await asyncio.gather(
@@ -141,7 +144,7 @@ class Consumer:
 
     def _worker(self, sub: _TopicSub, partition: int) -> PartitionWorker:
         def siblings_started() -> bool:  # I5: a partition added later starts at its earliest
-            return any(w.loaded and w.state.started for p, w in sub.workers.items() if p != partition)
+            return any(w.state.started for p, w in sub.workers.items() if p != partition)
 
         return PartitionWorker(
             self.storage, self.keys, sub.topic, self.name, partition, self.member, self.settings,
