@@ -177,6 +177,13 @@ class Consumer:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
+        # a settlement still waiting was never committed: its caller learns so (never left hanging)
+        for sub in self._subs.values():
+            for worker in sub.workers.values():
+                for intent in worker.intents:
+                    if not intent.future.done():
+                        intent.future.set_exception(ClosedError("consumer closed before the settlement was committed"))
+                worker.intents = []
         for sub in self._subs.values():
             await sub.membership.leave()
 
