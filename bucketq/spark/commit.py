@@ -296,14 +296,22 @@ async def prepare_job(storage: Storage, keys: Keys, cfg: WriteConfig) -> dict[st
     """
     started = time.monotonic()
     records = await _job_records(storage, keys, cfg)
-    for record, _ in records:
-        if record.state == "committed":
-            return _report_of(record)
+    committed = _committed_report(records)
+    if committed is not None:
+        return committed
     for record, etag in records:
         if record.state == "pending":
             report = await _finish(storage, keys, cfg, record, etag, started)
             if report is not None:
                 return report
+    return None
+
+
+def _committed_report(records: list[tuple[TxnRecord, str]]) -> dict[str, Any] | None:
+    """The report of the job's committed transaction, if one of ``records`` is (at most one is)."""
+    for record, _ in records:
+        if record.state == "committed":
+            return _report_of(record)
     return None
 
 
@@ -317,9 +325,9 @@ async def _begin(
     """
     while True:
         records = await _job_records(storage, keys, cfg)
-        for record, _ in records:
-            if record.state == "committed":
-                return _report_of(record)
+        committed = _committed_report(records)
+        if committed is not None:
+            return committed
         for record, etag in records:
             if record.state == "pending":
                 stored = await abort_txn(
