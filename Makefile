@@ -64,8 +64,12 @@ tools: $(HELM) $(KUBECTL) ## Install what the tests use beyond .venv: helm and k
 		$$SUDO apt-get update -qq && \
 		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
 
-test: lint tools ## Lint, type-check, then run the whole test suite
-	$(BIN)/pytest -q
+# Workers for the suite (pytest-xdist): most tests wait on servers and timers, so a few more
+# workers than cores pay off; Spark, the operator and the CPU-bound chaos/simulation tests each
+# stay on one worker (tests/conftest.py). TEST_JOBS=0 runs everything in one process.
+TEST_JOBS ?= 3
+test: lint tools ## Lint, type-check, then run the whole test suite (TEST_JOBS workers)
+	$(BIN)/pytest -q $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadgroup)
 
 crds: $(STAMP) ## Regenerate the CRDs into crds/ and the chart's helm/bucketq/crds/
 	$(BIN)/bucketq crds --out crds

@@ -21,6 +21,7 @@ from bucketq.core.partition_worker import CycleResult, Intent, PartitionWorker
 from bucketq.core.producer import Producer
 from bucketq.core.segment import Record
 from bucketq.core.topics import TopicCatalog
+from bucketq.core.waiting import wait_event
 from bucketq.errors import BucketqError, ClosedError, LeaseLost, StorageError, TopicDeleted, TopicNotFound
 from bucketq.storage import Storage
 
@@ -32,6 +33,10 @@ Handler = Callable[[Message], Awaitable[object]]
 # (or a tenth of the visibility timeout, if less) left (invariant I4: a message reaches the app
 # only while its lease is durably held).
 HAND_OUT_MARGIN_S = 0.5
+
+
+# A partition whose cycles failed this many times in a row is offered to the group (see _help_wanted).
+FAILED_CYCLES_FOR_HELP = 2
 
 
 @dataclass(slots=True)
@@ -124,19 +129,46 @@ class Consumer:
             # load every cursor first: a partition added after the subscription began must see its
             # started siblings before it chooses a start (I5), also on a member's restart
             await asyncio.gather(*(w.log.load() for w in sub.workers.values()), return_exceptions=True)
-            # every partition's cursor exists from the start, so the start position is fixed now
-            # (a partition that cannot be loaded yet is retried by the loop)
-            for outcome in await asyncio.gather(
-                *(w.ensure_loaded() for w in sub.workers.values()), return_exceptions=True
-            ):
-                if isinstance(outcome, StorageError):
-                    log.warning("consumer %s: cursor not loaded yet, will retry: %s", self.name, outcome)
-                elif isinstance(outcome, BaseException):
-                    raise outcome
+            try:
+                await self._start_cursors(sub)
+            except BaseException:
+                await self._leave_all()
+                raise
         self._last_heartbeat = time.monotonic()
         # look at the member list again soon: members starting together then see each other
         self._last_refresh = time.monotonic() - self.settings.heartbeat_interval_s + 0.5
         self._task = asyncio.get_running_loop().create_task(self._run(), name=f"bucketq-consumer-{self.name}")
+
+    async def _start_cursors(self, sub: _TopicSub) -> None:
+        """Start every partition's cursor before the join returns (I5).
+
+        Once ``register_consumer`` returns, the subscription's start position is fixed on every
+        partition: a publish acknowledged after the join is delivered. A cursor left unstarted by a
+        store failure would start later, past that publish (``latest``) or after GC collected it
+        (``earliest``), so a failing store is retried here, with backoff, and the join fails with
+        the store's error when it does not recover; it never returns half started.
+        """
+        delay = 0.05
+        for attempt in range(1, self.settings.max_commit_attempts + 1):
+            pending = [w for w in sub.workers.values() if not w.loaded]
+            outcomes = await asyncio.gather(*(w.ensure_loaded() for w in pending), return_exceptions=True)
+            errors = [o for o in outcomes if isinstance(o, BaseException)]
+            fatal = [e for e in errors if not isinstance(e, StorageError)]
+            if fatal:
+                raise fatal[0]
+            if not errors:
+                return
+            if attempt == self.settings.max_commit_attempts:
+                raise errors[0]
+            log.warning("consumer %s: starting the cursors of %s failed (attempt %d), retrying: %s",
+                        self.name, sub.topic, attempt, errors[0])
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    async def _leave_all(self) -> None:
+        for sub in self._subs.values():
+            with contextlib.suppress(StorageError):
+                await sub.membership.leave()
 
     def _apply_config(self, sub: _TopicSub, max_deliveries: int | None, dlq: str | None) -> None:
         sub.max_deliveries = max_deliveries
@@ -175,8 +207,11 @@ class Consumer:
         self._closed = True
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            # asyncio.wait never raises the task's outcome, and a cancellation of close() itself
+            # still propagates (suppressing CancelledError here would swallow it)
+            await asyncio.wait([self._task])
+            if not self._task.cancelled():
+                self._task.exception()  # retrieved (poll() callers were told of a loop failure)
         # a settlement still waiting was never committed: its caller learns so (never left hanging)
         for sub in self._subs.values():
             for worker in sub.workers.values():
@@ -188,12 +223,18 @@ class Consumer:
             await sub.membership.leave()
 
     def pause(self) -> None:
-        """Stop claiming new leases (settlements still commit); :meth:`resume` undoes it."""
+        """Stop claiming new leases (settlements still commit); :meth:`resume` undoes it.
+
+        The next heartbeat (sent at once) asks the group for help with every partition this
+        member owns, so the others take its messages while it is paused."""
         self._claiming = False
+        self._last_heartbeat = 0.0
+        self._wake.set()
 
     def resume(self) -> None:
         if not self._closed:
             self._claiming = True
+            self._last_heartbeat = 0.0  # withdraw the call for help at once
             self._wake.set()
 
     async def __aenter__(self) -> Consumer:
@@ -232,9 +273,7 @@ class Consumer:
                 self._poll_delay = self.settings.poll_min_ms / 1000
                 continue
             self._wake.clear()
-            try:
-                await asyncio.wait_for(self._wake.wait(), self._poll_delay)
-            except TimeoutError:
+            if not await wait_event(self._wake, self._poll_delay):
                 self._poll_delay = min(self._poll_delay * 2, self.settings.poll_max_ms / 1000)
             else:  # woken by settlements or demand: linger briefly so more ride in one delta
                 await asyncio.sleep(self.settings.commit_linger_ms / 1000)
@@ -295,11 +334,17 @@ class Consumer:
                 del self._held[receipt]
 
     def _help_wanted(self, sub: _TopicSub) -> list[int]:
-        """Owned partitions with claimable messages this member is not claiming (it is saturated)."""
-        if self.demand() > 0 or not self._claiming:
-            return []
-        mine = owned_partitions(self.member, sub.membership.members, sub.partitions)
-        return [p for p in mine if sub.workers[p].window_has_more]
+        """Owned partitions with claimable messages this member is not claiming: it is saturated,
+        paused (a paused member discovers nothing, so all it owns is the others' to take), or
+        its cycles on the partition keep failing on the store (it is cut off from the partition's
+        objects while its heartbeats still land: its leases run out and nobody else would claim)."""
+        mine = [p for p in owned_partitions(self.member, sub.membership.members, sub.partitions) if p in sub.workers]
+        if not self._claiming:
+            return mine
+        failing = [p for p in mine if sub.workers[p].failed_cycles >= FAILED_CYCLES_FOR_HELP]
+        if self.demand() > 0:
+            return failing
+        return [p for p in mine if sub.workers[p].window_has_more or p in failing]
 
     def _extend_prefetched(self) -> None:
         """Keep leases of prefetched (not yet delivered) messages alive.
@@ -363,7 +408,14 @@ class Consumer:
 
     async def _cycle(self, worker: PartitionWorker, demand: int, foreign: bool) -> CycleResult:
         started = time.perf_counter()
-        res = await worker.cycle(demand, foreign=foreign)
+        try:
+            res = await worker.cycle(demand, foreign=foreign)
+        except StorageError:
+            worker.failed_cycles += 1
+            if worker.failed_cycles == FAILED_CYCLES_FOR_HELP and not foreign:
+                self._last_heartbeat = 0.0  # ask for help with it now
+            raise
+        worker.failed_cycles = 0
         elapsed = time.perf_counter() - started
         if res.ops:
             self.counters.commits += 1
@@ -516,8 +568,7 @@ class Consumer:
             if remaining <= 0:
                 return []
             self._arrived.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._arrived.wait(), remaining)
+            await wait_event(self._arrived, remaining)
             self._check()
         out: list[Message] = []
         now = time.time()

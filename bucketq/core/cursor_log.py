@@ -66,7 +66,7 @@ class CursorLog:
         *,
         checkpoint_every: int = 64,
         max_attempts: int = 50,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] | None = None,
         clock_skew_s: float = SKEW_REPORT_S,
     ) -> None:
         self.storage = storage
@@ -77,7 +77,8 @@ class CursorLog:
         self.member = member
         self.checkpoint_every = checkpoint_every
         self.max_attempts = max_attempts
-        self.clock = clock
+        # Resolved per call, not at import: a patched time.time (the simulator's) is seen.
+        self.clock: Callable[[], float] = clock or (lambda: time.time())
         self.clock_skew_s = clock_skew_s
         self.state = CursorState()
         self.fence = FenceView(storage, keys.log_trim(topic, consumer, partition), DELTA_TRUST_S)

@@ -121,6 +121,9 @@ class PartitionWorker:
         self._discovered: list[Segment] = []
         self._dead_ready: dict[Pos, str] = {}
         self.next_foreign_poll = 0.0
+        # consecutive cycles that failed on the store: a member cut off from this partition's
+        # objects (while its heartbeats still land) asks the group for help with it
+        self.failed_cycles = 0
         self.foreign_backoff = settings.foreign_poll_ms / 1000
         self.next_discovery = 0.0
         self.discovery_backoff = settings.poll_min_ms / 1000

@@ -24,6 +24,7 @@ from bucketq.core.segment import (
 )
 from bucketq.core.segment_writer import SegmentWriter
 from bucketq.core.topics import TopicCatalog, find_tail
+from bucketq.core.waiting import wait_event
 from bucketq.errors import (
     AlreadyExists,
     BucketqError,
@@ -162,10 +163,7 @@ class PartitionAppender:
                 await self._wake.wait()
                 continue
             if not self._closing and not self._full.is_set():
-                try:
-                    await asyncio.wait_for(self._full.wait(), self.settings.linger_ms / 1000)
-                except TimeoutError:
-                    pass
+                await wait_event(self._full, self.settings.linger_ms / 1000)
             batch = self._take_batch()
             self._writing = batch
             try:

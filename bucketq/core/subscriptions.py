@@ -7,7 +7,9 @@ from typing import Literal
 from bucketq.core.cursor import Op
 from bucketq.core.cursor_log import CursorLog
 from bucketq.core.keys import Keys, validate_name
+from bucketq.core.segment import taken_header
 from bucketq.core.topics import TopicCatalog, find_tail, first_segment
+from bucketq.core.txn import stable_limits
 from bucketq.storage import Storage
 
 StartPosition = Literal["earliest", "latest"]
@@ -30,11 +32,34 @@ async def start_cursor(
         return
     if start_position == "latest" and not subscription_started:
         seq, base = await find_tail(cursor.storage, cursor.keys, cursor.topic, cursor.partition)
+        seq, base = await _before_pending_transactions(cursor, seq, base)
     else:
         first = await first_segment(cursor.storage, cursor.keys, cursor.topic, cursor.partition)
         seq, base = first if first is not None else (0, 0)
     start = Op("start", seq=seq, base=base)
     await cursor.commit(lambda state: [] if state.started else [start])
+
+
+async def _before_pending_transactions(cursor: CursorLog, seq: int, base: int) -> tuple[int, int]:
+    """A ``latest`` start moved back to the first segment of a transaction still pending.
+
+    A job commit appends its chunks below the tail before it commits; it becomes visible after
+    the subscription began, so all of it is the subscription's (all or nothing: starting at the
+    tail would deliver only the chunks appended after it). Read *after* the tail: a transaction
+    created later starts at or above it. Ordinary segments between the two are delivered too
+    (older than the subscription, which is harmless).
+    """
+    limit = (await stable_limits(cursor.storage, cursor.keys, cursor.topic, abort_expired=False)).get(cursor.partition)
+    if limit is None or limit >= seq:
+        return seq, base
+    for n in range(limit, seq):
+        blob = await cursor.storage.get(cursor.keys.segment(cursor.topic, cursor.partition, n))
+        if blob is None:
+            continue
+        header = taken_header(blob.data, cursor.topic, cursor.partition, n, -1)
+        if header.base >= 0:
+            return n, header.base
+    return seq, base
 
 
 async def init_subscription(

@@ -18,8 +18,8 @@ Readers decide per segment (:meth:`TxnRecord.visibility`):
 * ``committed``: visible iff the record says this chunk landed at this very seq. A chunk
   appended twice (a recovering run, or a committer that was thought dead) is visible once;
 * ``aborted``, or no record at all: skipped. A record is written before its first segment and
-  collected only when none of its committed segments is left, so a missing record never hides
-  a committed segment;
+  never deleted, so a missing record never hides a committed segment (a segment without its
+  record is the leftover of a committer whose record write failed: nothing of it was visible);
 * ``pending``: ``wait``: the reader stops in that partition at that segment until the
   transaction resolves (the partition's "last stable offset"). Readers that plan from a
   listing (Spark) stop at the record's ``start`` instead, which is at or below the first chunk.
@@ -42,7 +42,6 @@ from typing import Any, Literal
 
 from bucketq.core.keys import Keys, validate_name
 from bucketq.core.segment import SegmentHeader
-from bucketq.core.topics import first_segment
 from bucketq.errors import BucketqError, PreconditionFailed, StorageError
 from bucketq.storage import Storage
 
@@ -55,8 +54,6 @@ Visibility = Literal["visible", "skip", "wait"]
 DEFAULT_TIMEOUT_S = 900.0
 # How long a reader trusts a pending record before reading it again.
 PENDING_RECHECK_S = 1.0
-# Aborted records hide nothing a missing record would not hide: kept this long for diagnostics.
-ABORTED_TTL_S = 86_400.0
 # Leftovers of Spark write runs (staging, abort markers) are collected when their newest object is
 # this old and no pending transaction names them.
 STAGING_TTL_S = 86_400.0
@@ -289,7 +286,10 @@ async def stable_limits(
     write permission just waits for them).
     """
     limits: dict[int, int] = {}
-    records = await read_all(storage, keys, topic, await list_txns(storage, keys, topic))
+    # resolved records never change and are never deleted: only the others are read again
+    resolver = resolver_for(storage, keys, topic)
+    unresolved = [t for t in await list_txns(storage, keys, topic) if not resolver.is_final(t)]
+    records = await read_all(storage, keys, topic, unresolved)
     for txn, (record, etag) in records.items():
         if record.state == "pending" and abort_expired and record.expired(now):
             try:
@@ -298,6 +298,7 @@ async def stable_limits(
             except StorageError as exc:
                 log.info("could not abort expired transaction %s: %s", txn, exc)
         if record.state != "pending":
+            resolver.remember(record)
             continue
         for p, part in record.partitions.items():
             limits[p] = min(limits.get(p, part.start), part.start)
@@ -333,6 +334,11 @@ class TxnResolver:
             self._final[record.id] = record
             self._trim()
 
+    def is_final(self, txn: str) -> bool:
+        """Whether ``txn``'s record is known to be resolved (committed or aborted)."""
+        found = self._final.get(txn)
+        return found is not None and found.final
+
     def _trim(self) -> None:
         while len(self._final) > RESOLVED_CACHE:
             self._final.popitem(last=False)
@@ -349,7 +355,7 @@ class TxnResolver:
         async with self._lock:
             found = await read_txn(self.storage, self.keys, self.topic, txn)
         if found is None:
-            # written before its first segment, collected only after its last: resolved long ago
+            # written before its first segment and never deleted: this segment was never visible
             self._final[txn] = None
             self._trim()
             return None
@@ -400,15 +406,16 @@ async def txn_visibility(storage: Storage, keys: Keys, topic: str, header: Segme
 
 async def collect_transactions(
     storage: Storage, keys: Keys, topics: list[str], delete: Callable[[str], Awaitable[None]], *,
-    now: float | None = None, aborted_ttl_s: float = ABORTED_TTL_S, staging_ttl_s: float = STAGING_TTL_S,
+    now: float | None = None, staging_ttl_s: float = STAGING_TTL_S,
     include_staging: bool = True,
 ) -> int:
     """Garbage of job commits; returns how many objects were handed to ``delete``.
 
     * pending records past their timeout are aborted (their segments are skipped from then on);
-    * aborted records older than ``aborted_ttl_s`` go (a missing record hides the same segments);
-    * committed records go once every segment they made visible was collected (the first kept
-      seq of each of their partitions is above their chunks): their segments are gone too;
+    * resolved records (committed or aborted) are **kept**: a record is its job's memory. Deleting
+      a committed one would let a rerun of the same ``jobId`` commit the job a second time, and a
+      deleted id could be taken again by a later run while long-lived readers still cache the old
+      record's state for that id (found by the simulation). They are small, one per job run;
     * Spark leftovers: staging areas, abort markers and intents whose newest object is older than
       ``staging_ttl_s`` and that no pending transaction still names.
     """
@@ -417,34 +424,12 @@ async def collect_transactions(
     referenced: set[str] = set()
     for topic in topics:
         records = await read_all(storage, keys, topic, await list_txns(storage, keys, topic))
-        firsts: dict[int, int | None] = {}
         for txn, (record, etag) in records.items():
             if record.state == "pending" and record.expired(now):
                 record = await abort_txn(storage, keys, topic, txn, "timed out (garbage collection)", etag=etag, now=now) or record
             if record.state == "pending":
                 referenced.update(c.src for part in record.partitions.values() for c in part.chunks)
                 referenced.add(record.owner)
-                continue
-            if record.state == "aborted":
-                if now - record.updated_at > aborted_ttl_s:
-                    await delete(keys.txn(topic, txn))
-                    deleted += 1
-                continue
-            gone = True
-            for p, part in record.partitions.items():
-                seqs = [c.seq for c in part.chunks if c.seq is not None]
-                if not seqs:
-                    continue
-                if p not in firsts:
-                    found = await first_segment(storage, keys, topic, p)
-                    firsts[p] = found[0] if found is not None else None
-                first = firsts[p]
-                if first is not None and first <= max(seqs):
-                    gone = False
-                    break
-            if gone:
-                await delete(keys.txn(topic, txn))
-                deleted += 1
     if include_staging:  # bucket-wide: only when every topic's pending transactions were seen
         deleted += await _collect_staging(storage, keys, referenced, now, staging_ttl_s, delete)
     return deleted

@@ -244,7 +244,9 @@ async def _finish(
 ) -> dict[str, Any] | None:
     """Complete a dead run's commit from its staged chunks; returns the report, or None if it was
     aborted instead (its chunks are gone, or another run got to it first)."""
-    base = keys.spark_staging(cfg.job, record.owner) + "/"
+    # the chunks stay where the run that staged them put them, which is not the owner's area once
+    # a recovering run took the record over (and died too): look in every run's area of the job
+    base = keys.spark_staging_prefix() + cfg.job + "/"
     present = {info.key async for info in storage.list(base)}
     chunks = [c for part in record.partitions.values() for c in part.chunks]
     if not all(c.src in present for c in chunks):
@@ -396,67 +398,91 @@ async def _cleanup(storage: Storage, keys: Keys, cfg: WriteConfig) -> None:
         log.warning("write job %s: staging area not removed (%s)", cfg.job, exc)
 
 
-async def commit_job(cfg: WriteConfig, messages: list[TaskCommit | None]) -> dict[str, Any]:
-    """Commit the staged chunks of every successful task as one transaction; returns the report."""
+async def commit_job(
+    cfg: WriteConfig, messages: list[TaskCommit | None], *, storage: Storage | None = None
+) -> dict[str, Any]:
+    """Commit the staged chunks of every successful task as one transaction; returns the report.
+
+    ``storage``: an already opened storage to commit through (left open); None opens one from
+    ``cfg.settings`` for the commit and closes it after.
+    """
     started = time.monotonic()
     done = sorted((m for m in messages if m is not None), key=lambda m: m.task)
-    async with storage_for(cfg.settings) as storage:
-        keys = keys_of(cfg.settings)
-        if cfg.done is not None:
-            return cfg.done
-        parts: dict[int, list[Chunk]] = {}
-        for m in done:
-            for p, chunks in sorted(m.chunks.items()):
-                parts.setdefault(p, []).extend(Chunk(c.count, c.bytes, c.key) for c in chunks)
-        began = await _begin(storage, keys, cfg, parts)
-        if isinstance(began, dict):
-            await _cleanup(storage, keys, cfg)
-            return began
-        record, etag = began
-        report = JobReport(
-            cfg.job, cfg.topic, record.id, tasks=len(done),
-            task_seconds=max((m.seconds for m in done), default=0.0),
-            payload_bytes=sum(m.payload_bytes for m in done),
-        )
-        try:
-            await _append_all(storage, keys, cfg, record, report)
-        except BaseException as exc:
-            await _abort_quietly(storage, keys, cfg, record.id, etag, f"commit failed: {exc}")
-            raise TxnError(
-                f"write job {cfg.job} failed during its commit ({exc}); nothing of it is visible "
-                f"(transaction {record.id} aborted)"
-            ) from exc
-        for m in done:
-            for op, n in m.requests.items():
-                report.requests[op] = report.requests.get(op, 0) + n
-        for op, n in storage.stats.snapshot().items():
-            report.requests[op] = report.requests.get(op, 0) + n
-        report.commit_seconds = time.monotonic() - started
-        body = await _commit_record(storage, keys, cfg, record, etag, report)
+    if storage is not None:
+        return await _commit_job(storage, cfg, done, started)
+    async with storage_for(cfg.settings) as opened:
+        return await _commit_job(opened, cfg, done, started)
+
+
+async def _commit_job(
+    storage: Storage, cfg: WriteConfig, done: list[TaskCommit], started: float
+) -> dict[str, Any]:
+    keys = keys_of(cfg.settings)
+    if cfg.done is not None:
+        return cfg.done
+    parts: dict[int, list[Chunk]] = {}
+    for m in done:
+        for p, chunks in sorted(m.chunks.items()):
+            parts.setdefault(p, []).extend(Chunk(c.count, c.bytes, c.key) for c in chunks)
+    began = await _begin(storage, keys, cfg, parts)
+    if isinstance(began, dict):
         await _cleanup(storage, keys, cfg)
+        return began
+    record, etag = began
+    report = JobReport(
+        cfg.job, cfg.topic, record.id, tasks=len(done),
+        task_seconds=max((m.seconds for m in done), default=0.0),
+        payload_bytes=sum(m.payload_bytes for m in done),
+    )
+    try:
+        await _append_all(storage, keys, cfg, record, report)
+    except BaseException as exc:
+        await _abort_quietly(storage, keys, cfg, record.id, etag, f"commit failed: {exc}")
+        raise TxnError(
+            f"write job {cfg.job} failed during its commit ({exc}); nothing of it is visible "
+            f"(transaction {record.id} aborted)"
+        ) from exc
+    for m in done:
+        for op, n in m.requests.items():
+            report.requests[op] = report.requests.get(op, 0) + n
+    for op, n in storage.stats.snapshot().items():
+        report.requests[op] = report.requests.get(op, 0) + n
+    report.commit_seconds = time.monotonic() - started
+    body = await _commit_record(storage, keys, cfg, record, etag, report)
+    await _cleanup(storage, keys, cfg)
     return body
 
 
-async def abort_job(cfg: WriteConfig) -> None:
+async def abort_job(cfg: WriteConfig, *, storage: Storage | None = None) -> None:
     """Remove what this run staged; nothing of it was ever visible in the topic.
 
     Tasks of the run still running either finish and see the run's abort marker (then remove
     their own staging), or are killed within Spark's task kill timeout: a second sweep after
     :data:`ABORT_SWEEP_DELAY_S` removes what they wrote before dying. Other runs of the same job
     are untouched (the marker names this run only), so the job can simply be run again.
+
+    ``storage``: an already opened storage to work through (left open); None opens one from
+    ``cfg.settings`` and closes it after.
     """
     if cfg.done is not None:
         return
+    if storage is not None:
+        await _abort_job(storage, cfg)
+        return
+    async with storage_for(cfg.settings) as opened:
+        await _abort_job(opened, cfg)
+
+
+async def _abort_job(storage: Storage, cfg: WriteConfig) -> None:
     keys = keys_of(cfg.settings)
     prefix = keys.spark_staging(cfg.job, cfg.run) + "/"
-    async with storage_for(cfg.settings) as storage:
-        await storage.overwrite(keys.spark_aborted(cfg.job, cfg.run), json.dumps({"at": time.time()}).encode())
-        for record, etag in await _job_records(storage, keys, cfg):
-            if record.state == "pending" and record.owner == cfg.run:
-                await _abort_quietly(storage, keys, cfg, record.id, etag, "the job was aborted")
-        await delete_prefix(storage, prefix)
-        await asyncio.sleep(ABORT_SWEEP_DELAY_S)
-        await delete_prefix(storage, prefix)
+    await storage.overwrite(keys.spark_aborted(cfg.job, cfg.run), json.dumps({"at": time.time()}).encode())
+    for record, etag in await _job_records(storage, keys, cfg):
+        if record.state == "pending" and record.owner == cfg.run:
+            await _abort_quietly(storage, keys, cfg, record.id, etag, "the job was aborted")
+    await delete_prefix(storage, prefix)
+    await asyncio.sleep(ABORT_SWEEP_DELAY_S)
+    await delete_prefix(storage, prefix)
 
 
 async def read_report(settings: dict[str, Any], job: str) -> dict[str, Any] | None:

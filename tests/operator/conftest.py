@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -59,11 +60,26 @@ def shared_operator(
         sidecar_image="bucketq:test",
     )
     running = start_operator(emulator.url, shared_engine, settings)
+    _shared_operators.append(running)
     wait_for(lambda: port_open(shared_ports["webhook"]), "the webhook server to listen")
     try:
         yield running
     finally:
         running.stop()
+
+
+# The shared operator keeps refreshing the status of every topic the operator tests created. It is
+# session-scoped (these tests are no package, so no narrower shared scope exists), so it is stopped
+# after the last operator test instead of at the end of the session: left running, it loads the
+# moto server every later test uses.
+_shared_operators: list[RunningOperator] = []
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    here = Path(__file__).parent
+    if nextitem is None or here not in Path(str(nextitem.path)).parents:
+        while _shared_operators:
+            _shared_operators.pop().stop()
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import pytest
 from sidecar_procs import SidecarFactory, SidecarProc, create_topics
 
 from bucketq.client import DeliveredMessage, message
+from bucketq.client.errors import LeaseLostError
 from bucketq.config import Settings
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
@@ -98,7 +99,10 @@ async def test_sigkill_leases_are_redelivered_by_the_other(
             )
             msgs = await client.pull(max_messages=10, wait=1)
             for m in msgs:
-                await client.ack(m.receipt or "")
+                try:
+                    await client.ack(m.receipt or "")
+                except LeaseLostError:
+                    continue  # a slow machine outran the 2 s lease: it is delivered again, acked then
                 acked[m.id] = m
     assert set(acked) == published
     assert all(acked[i].deliveries >= 2 for i in held), {i: acked[i].deliveries for i in held}

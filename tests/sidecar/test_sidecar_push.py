@@ -42,7 +42,7 @@ async def test_push_success_retry_drop_and_lease_extension(
         kind = msg.payload["kind"]
         seen[kind].append(msg.deliveries)
         if kind == "slow":
-            await asyncio.sleep(3.5)  # longer than the visibility timeout: the sidecar must extend
+            await asyncio.sleep(6.5)  # twice the visibility timeout: the sidecar must extend, twice
         if kind == "retry-once" and msg.deliveries == 1:
             return "RETRY"
         if kind == "boom" and msg.deliveries == 1:
@@ -52,7 +52,7 @@ async def test_push_success_retry_drop_and_lease_extension(
     async with PushServer(handle, port=0) as app:
         sc = sidecars(
             moto_settings, "push", consumer="mailer", topics="mail", delivery="push", app_port=app.port,
-            push_concurrency=4, push_retry_delay_s=0, visibility_timeout_s=1.5,
+            push_concurrency=4, push_retry_delay_s=0, visibility_timeout_s=3.0,
         )
         async with sc.aclient() as client:
             kinds = ["ok", "ok", "ok", "retry-once", "boom", "drop", "slow"]

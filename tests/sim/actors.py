@@ -1,4 +1,5 @@
-"""Actors: producers, consumer-group members, the GC timer and the operator, as simulated processes.
+"""Actors: producers, consumer-group members, the GC timer and the operator, as simulated processes
+(job committers are in ``jobs.py``).
 
 A *role* is a logical actor of the deployment (``prod0.t0``, member ``g0.1``, ``gc``, ``operator``);
 it runs as successive :class:`~tests.sim.process.SimProcess` incarnations. A crashed incarnation
@@ -364,7 +365,7 @@ class MemberRole(Role):
     def _deliver(self, proc: SimProcess, consumer: Consumer, m: Message) -> dict[str, Any]:
         return self.sim.history.record(
             "deliver", proc=proc.name, member=consumer.member, group=self.group.name, topic=m.topic,
-            partition=m.partition, seq=m.seq, idx=m.index, tag=m.payload, key=m.key, receipt=m.receipt,
+            partition=m.partition, seq=m.seq, idx=m.index, tag=m.payload, id=m.id, key=m.key, receipt=m.receipt,
             until=round(m.lease_until, 6), skew=round(proc.skew, 6), deliveries=m.deliveries,
         )
 

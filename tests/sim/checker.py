@@ -5,6 +5,24 @@ can be checked the same way. Times are the history's ``t`` (true time, not any p
 clock); a lease's ``until`` is in its holder's clock and is converted with the holder's ``skew``.
 
 Each invariant is one function below; its docstring is the rule it enforces.
+
+Job commits (``bucketq/spark/commit.py`` over ``core/txn.py``; the ``job`` role of ``jobs.py``). A
+job is a ``jobId`` on a topic; its messages are the tags its ``job`` calls name; it *committed*
+when a run of it returned OK or the store's journal (``txn`` events) shows one of its records
+written ``committed``. A group *received* a message when it was delivered to one of its members,
+or dead-lettered for it. Over the quiesced run:
+
+* **job_all_or_nothing** — a group subscribed when the job committed that received any message of
+  the job received every message of it; and no message of a job that never committed (every run
+  failed, was aborted or crashed, and the store never shows a commit) is ever delivered;
+* **job_one_copy** — a group never receives one message of a job as two copies (two positions or
+  two message ids): reruns after a success, a failure, an abort or a crash leave one visible copy;
+  the store shows at most one commit per job;
+* **job_committed_delivered** — a committed job is delivered to every subscription that covers it
+  (a join of the group returned before the job's first run began), like an acknowledged publish;
+* **job_no_pending_delivery** — readers never deliver a message of a transaction that is not
+  committed: each delivered job message comes from a chunk that a record of its job, written
+  ``committed`` (journal) before the delivery, names at that very seq.
 """
 
 from __future__ import annotations
@@ -48,6 +66,7 @@ class Index:
         self.deliveries: list[Event] = []
         self.pauses: dict[str, list[tuple[float, float]]] = defaultdict(list)
         self.crashes: dict[str, list[float]] = defaultdict(list)
+        self.txns: list[Event] = []  # the store's journal of transaction records (job commits)
         for e in events:
             kind = e["ev"]
             if kind == "call":
@@ -60,11 +79,15 @@ class Index:
                 self.pauses[e["proc"]].append((e["t"], e["until"]))
             elif kind == "crash":
                 self.crashes[e["proc"]].append(e["t"])
+            elif kind == "txn":
+                self.txns.append(e)
         self.by_op: dict[str, list[tuple[Event, Event | None]]] = defaultdict(list)
         for cid, call in self.calls.items():
             self.by_op[call["op"]].append((call, self.rets.get(cid)))
         self.lifecycle = self._lifecycle()
         self.subs = self._subscriptions()
+        self.jobs = self._jobs()
+        self._received: dict[str, set[str]] | None = None
 
     # -- topics: existence periods ---------------------------------------------------------------
 
@@ -133,6 +156,55 @@ class Index:
             out[key] = min(out.get(key, ret["t"]), ret["t"])
         return out
 
+    # -- job commits -----------------------------------------------------------------------------
+
+    def _jobs(self) -> dict[tuple[str, str], Job]:
+        """(topic, jobId) -> the job's runs, messages and commits."""
+        out: dict[tuple[str, str], Job] = {}
+        for call, ret in self.by_op.get("job", []):
+            job = out.setdefault((call["topic"], call["job"]), Job(call["topic"], call["job"], first_call=call["t"]))
+            job.tags.update(call["tags"])
+            job.first_call = min(job.first_call, call["t"])
+            job.runs.append((call, ret))
+        for e in self.txns:
+            found = out.get((e["topic"], e.get("job", "")))
+            if found is not None and e["state"] == "committed":
+                found.commits.append(e)
+        return out
+
+    def job_of(self) -> dict[tuple[str, str], Job]:
+        """(topic, tag) -> the job the message belongs to."""
+        return {(j.topic, tag): j for j in self.jobs.values() for tag in j.tags}
+
+    def received(self) -> dict[str, set[str]]:
+        """group -> tags delivered to one of its members or found dead-lettered for it."""
+        if self._received is None:
+            got: dict[str, set[str]] = defaultdict(set)
+            for d in self.deliveries:
+                got[d["group"]].add(d["tag"])
+            for e in self.events:
+                if e["ev"] == "stored" and "dlq_for" in e:
+                    for g, t in zip(e["dlq_for"], e["tags"], strict=True):
+                        if g is not None:
+                            got[g].add(t)
+            self._received = dict(got)
+        return self._received
+
+    def subscribed_at_commit(self, job: Job) -> set[str]:
+        """Groups whose subscription surely existed when the job committed (a join had returned
+        before the store applied the first commit; without a journal, before the first run began)."""
+        when = min((e["t"] for e in job.commits), default=job.first_call)
+        epoch = self.epoch(job.topic, when, when)
+        return {g for (g, t, e), since in self.subs.items() if t == job.topic and e == epoch and since <= when}
+
+    def covering(self, job: Job) -> list[str]:
+        """Groups whose subscription surely existed before the job's first run began."""
+        epoch = self.epoch(job.topic, job.first_call, job.first_call)
+        if epoch is None or not self.final_epoch(job.topic, epoch):
+            return []
+        return sorted(g for (g, t, e), since in self.subs.items()
+                      if t == job.topic and e == epoch and since <= job.first_call)
+
     def ordered_groups(self) -> set[tuple[str, str]]:
         return {(c["group"], c["topic"]) for c, _ in self.by_op.get("join", []) if c.get("ordered")}
 
@@ -152,6 +224,26 @@ class Index:
 
     def publishes(self) -> list[tuple[Event, Event | None]]:
         return self.by_op.get("publish", [])
+
+
+@dataclass
+class Job:
+    """A write job as the history shows it."""
+
+    topic: str
+    name: str
+    tags: set[str] = field(default_factory=set)
+    first_call: float = 0.0
+    runs: list[tuple[Event, Event | None]] = field(default_factory=list)
+    commits: list[Event] = field(default_factory=list)  # journal: its records written committed
+
+    @property
+    def acked(self) -> bool:
+        return any(r is not None and r["outcome"] == "ok" for _, r in self.runs)
+
+    @property
+    def committed(self) -> bool:
+        return self.acked or bool(self.commits)
 
 
 def msg_key(e: Event) -> MsgKey:
@@ -483,13 +575,176 @@ def no_publish_into_deleted_topic(ix: Index) -> list[Violation]:
 
 
 def no_phantom_delivery(ix: Index) -> list[Violation]:
-    """Only published messages are delivered: every delivered tag was published to that topic."""
-    published = {(c["topic"], c["tag"]) for c, _ in ix.publishes()}
+    """Only published messages are delivered: every delivered tag was published to that topic (or
+    is a message of a job run on that topic)."""
+    published = {(c["topic"], c["tag"]) for c, _ in ix.publishes()} | set(ix.job_of())
     return [
         Violation("no_phantom_delivery", f"delivered {d['tag']!r} on {d['topic']} was never published", [d])
         for d in ix.deliveries
         if (d["topic"], d["tag"]) not in published
     ]
+
+
+def undelivered_jobs(ix: Index) -> list[tuple[str, Job, str]]:
+    """(group, job, why) for every committed job a group still has to receive all of: a covering
+    subscription (``committed``), or one subscribed when the job committed that received part of
+    it (``partial``); the runner's quiesce phase waits for this to be empty."""
+    out = []
+    received = ix.received()
+    for job in ix.jobs.values():
+        if not job.committed:
+            continue
+        covering = set(ix.covering(job))
+        for group in sorted(covering | ix.subscribed_at_commit(job)):
+            got = received.get(group, set()) & job.tags
+            if got == job.tags:
+                continue
+            if group in covering:
+                out.append((group, job, "committed"))
+            elif got:
+                out.append((group, job, "partial"))
+    return out
+
+
+def _job_events(job: Job) -> list[Event]:
+    return [e for call, ret in job.runs[:3] for e in (call, ret) if e is not None]
+
+
+def job_all_or_nothing(ix: Index) -> list[Violation]:
+    """A job is received by a group whole or not at all.
+
+    A group whose subscription surely existed when the job committed (a join had returned before
+    the store applied the commit) and that received (delivered, or dead-lettered for it) any
+    message of the job received every message of it by the end of the quiesced run. (A group whose
+    first join was still running at the commit may have started some partitions before it and some
+    after, as a ``latest`` start is per partition; one created later may find part of the job
+    collected by retention.) A job that never committed (no run returned OK and the store's journal
+    shows no record of it written ``committed``: every run failed, was aborted or crashed before
+    the flip) has none of its messages delivered to anyone.
+    """
+    out = []
+    received = ix.received()
+    for job in ix.jobs.values():
+        at_commit = ix.subscribed_at_commit(job)
+        for group, got in sorted(received.items()):
+            part = got & job.tags
+            if not part:
+                continue
+            sample = [d for d in ix.deliveries if d["group"] == group and d["tag"] in part][:2]
+            if not job.committed:
+                out.append(Violation(
+                    "job_all_or_nothing",
+                    f"group {group} received {len(part)} message(s) of job {job.name} on {job.topic}, which never "
+                    f"committed ({len(job.runs)} run(s), none OK, no commit in the store)",
+                    sample + _job_events(job),
+                ))
+            elif part != job.tags and group in at_commit:
+                missing = sorted(job.tags - part)
+                out.append(Violation(
+                    "job_all_or_nothing",
+                    f"group {group} received {len(part)} of the {len(job.tags)} messages of job {job.name} on "
+                    f"{job.topic}; never: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}",
+                    sample + _job_events(job),
+                ))
+    return out
+
+
+def job_one_copy(ix: Index) -> list[Violation]:
+    """One copy of each message of a job.
+
+    No group receives a message of a job from two positions (partition, seq, index) or under two
+    message ids: whatever runs of the job succeeded, failed, were aborted or crashed, one copy of
+    it is visible. The store's journal shows at most one record of a job written ``committed``.
+    """
+    out = []
+    job_of = ix.job_of()
+    copies: dict[tuple[str, str, str], dict[tuple[Any, ...], Event]] = defaultdict(dict)
+    ids: dict[tuple[str, str, str], set[str]] = defaultdict(set)
+    for d in ix.deliveries:
+        if (d["topic"], d["tag"]) not in job_of:
+            continue
+        k = (d["group"], d["topic"], d["tag"])
+        copies[k].setdefault((d["partition"], d["seq"], d["idx"]), d)
+        if d.get("id") is not None:
+            ids[k].add(d["id"])
+    for (group, topic, tag), where in copies.items():
+        if len(where) > 1 or len(ids[(group, topic, tag)]) > 1:
+            out.append(Violation(
+                "job_one_copy",
+                f"message {tag} of job {job_of[(topic, tag)].name} was delivered to group {group} as "
+                f"{max(len(where), len(ids[(group, topic, tag)]))} copies: positions {sorted(where)}",
+                list(where.values())[:4],
+            ))
+    for job in ix.jobs.values():
+        if len(job.commits) > 1:
+            out.append(Violation(
+                "job_one_copy",
+                f"job {job.name} on {job.topic} committed {len(job.commits)} times: "
+                f"{', '.join(e['id'] for e in job.commits)}", job.commits[:4],
+            ))
+    return out
+
+
+def job_committed_delivered(ix: Index) -> list[Violation]:
+    """A committed job is delivered, like an acknowledged publish.
+
+    A job that committed (a run returned OK, or the store's journal shows its record written
+    ``committed``) has every message received by every group whose subscription covers it: a join
+    of the group had returned before the job's first run began, in a topic incarnation that lives
+    to the end.
+    """
+    return [
+        Violation(
+            "job_committed_delivered",
+            f"job {job.name} on {job.topic} committed{' (acknowledged)' if job.acked else ''}, but group "
+            f"{group} received {len(ix.received().get(group, set()) & job.tags)} of its {len(job.tags)} messages",
+            _job_events(job) + job.commits[:1],
+        )
+        for group, job, why in undelivered_jobs(ix)
+        if why == "committed"
+    ]
+
+
+def job_no_pending_delivery(ix: Index) -> list[Violation]:
+    """Readers never deliver a message of a transaction that is not committed.
+
+    Every delivered message of a job comes from a segment that a record of that job names as one of
+    its chunks, at that very seq, in a write of the record as ``committed`` that the store applied
+    before the delivery (its journal event comes first). A delivery from a pending or aborted
+    transaction, from a duplicate copy of a chunk, or before the commit is a violation. Histories
+    without a store journal (no ``txn`` events) are not checked.
+    """
+    if not ix.txns:
+        return []
+    job_of = ix.job_of()
+    shown: dict[tuple[str, str, int, int], Event] = {}  # (topic, job, partition, seq) -> first commit
+    for e in ix.txns:
+        if e["state"] != "committed":
+            continue
+        for p, seqs in e.get("partitions", {}).items():
+            for seq in seqs:
+                if seq is not None:
+                    shown.setdefault((e["topic"], e.get("job", ""), int(p), int(seq)), e)
+    out = []
+    for d in ix.deliveries:
+        job = job_of.get((d["topic"], d["tag"]))
+        if job is None:
+            continue
+        commit = shown.get((d["topic"], job.name, int(d["partition"]), int(d["seq"])))
+        if commit is None:
+            out.append(Violation(
+                "job_no_pending_delivery",
+                f"message {d['tag']} of job {job.name} delivered to {d['member']} at t={d['t']:.3f} from "
+                f"p{d['partition']} seg {d['seq']}, which no committed record of the job shows",
+                [d, *[e for e in ix.txns if e.get("job") == job.name][:5]],
+            ))
+        elif commit["i"] > d["i"]:
+            out.append(Violation(
+                "job_no_pending_delivery",
+                f"message {d['tag']} of job {job.name} delivered at t={d['t']:.3f}, before its transaction "
+                f"{commit['id']} committed (t={commit['t']:.3f})", [d, commit],
+            ))
+    return out
 
 
 INVARIANTS: dict[str, Callable[[Index], list[Violation]]] = {
@@ -502,6 +757,10 @@ INVARIANTS: dict[str, Callable[[Index], list[Violation]]] = {
     "dedup_stored_once": dedup_stored_once,
     "no_publish_into_deleted_topic": no_publish_into_deleted_topic,
     "no_phantom_delivery": no_phantom_delivery,
+    "job_all_or_nothing": job_all_or_nothing,
+    "job_one_copy": job_one_copy,
+    "job_committed_delivered": job_committed_delivered,
+    "job_no_pending_delivery": job_no_pending_delivery,
 }
 
 

@@ -22,6 +22,7 @@ import random
 import secrets
 import selectors
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping
@@ -36,6 +37,13 @@ EPOCH = 1_800_000_000.0
 MONOTONIC_BASE = 100_000.0
 # The shortest timer: real time advances by at least this much before a timer fires.
 MIN_TIMER_S = 1e-6
+
+
+# The module-level functions of ``random`` (bound methods of its hidden shared instance).
+_RANDOM_FUNCTIONS = (
+    "random", "uniform", "randint", "randrange", "choice", "choices", "shuffle", "sample", "getrandbits",
+    "randbytes", "gauss", "normalvariate", "expovariate", "triangular", "betavariate", "lognormvariate",
+)
 
 
 class SimDeadlock(RuntimeError):
@@ -113,13 +121,13 @@ class SimLoop(asyncio.SelectorEventLoop):
     def time(self) -> float:
         return self.clock.now
 
-    def _run_held(self, callback: Callable[..., Any], *args: Any) -> None:
+    def _run_held(self, context: contextvars.Context, callback: Callable[..., Any], *args: Any) -> None:
         until = self.frozen_until() if self.frozen_until is not None else 0.0
         if until > self.clock.now:
-            # still stopped: run it when the process continues (in the same context)
-            asyncio.SelectorEventLoop.call_at(
-                self, until, self._run_held, callback, *args, context=contextvars.copy_context()
-            )
+            # still stopped: run it when the process continues, in the very same context object
+            # (a copy would break a task whose code set a context variable and resets it later:
+            # a token resets only in the context that made it)
+            asyncio.SelectorEventLoop.call_at(self, until, self._run_held, context, callback, *args, context=context)
             return
         callback(*args)
 
@@ -127,7 +135,8 @@ class SimLoop(asyncio.SelectorEventLoop):
         self, callback: Callable[..., Any], *args: Any, context: contextvars.Context | None = None
     ) -> asyncio.Handle:
         if self.frozen_until is not None:
-            return super().call_soon(self._run_held, callback, *args, context=context)
+            context = context if context is not None else contextvars.copy_context()
+            return super().call_soon(self._run_held, context, callback, *args, context=context)
         return super().call_soon(callback, *args, context=context)
 
     def call_at(  # type: ignore[override]
@@ -138,7 +147,8 @@ class SimLoop(asyncio.SelectorEventLoop):
         # zero (``wait_for(..., 1e-13)``) spins forever without the clock advancing.
         when = max(when, self.clock.now + MIN_TIMER_S)
         if self.frozen_until is not None:
-            return super().call_at(when, self._run_held, callback, *args, context=context)
+            context = context if context is not None else contextvars.copy_context()
+            return super().call_at(when, self._run_held, context, callback, *args, context=context)
         return super().call_at(when, callback, *args, context=context)
 
 
@@ -152,21 +162,41 @@ def virtual_time(clock: VirtualClock, skew: Callable[[], float]) -> Iterator[Non
     saved = (time.time, time.time_ns, time.monotonic, time.monotonic_ns, time.perf_counter,
              time.perf_counter_ns)
 
+    sim_thread = threading.get_ident()
+    real_time, real_time_ns, real_mono, real_mono_ns, real_perf, real_perf_ns = saved
+
+    # Another thread in the interpreter (one a test left running) keeps the real clock: its
+    # timeouts stay real, and nothing it does can depend on the simulation's clock.
     def wall() -> float:
+        if threading.get_ident() != sim_thread:
+            return real_time()
         return EPOCH + clock.now + skew()
 
     def mono() -> float:
+        if threading.get_ident() != sim_thread:
+            return real_mono()
         return MONOTONIC_BASE + clock.now
 
+    def wall_ns() -> int:
+        return int(wall() * 1e9) if threading.get_ident() == sim_thread else real_time_ns()
+
+    def mono_ns() -> int:
+        return int(mono() * 1e9) if threading.get_ident() == sim_thread else real_mono_ns()
+
+    def perf() -> float:
+        return mono() if threading.get_ident() == sim_thread else real_perf()
+
+    def perf_ns() -> int:
+        return int(mono() * 1e9) if threading.get_ident() == sim_thread else real_perf_ns()
+
     time.time = wall
-    time.time_ns = lambda: int(wall() * 1e9)
+    time.time_ns = wall_ns
     time.monotonic = mono
-    time.monotonic_ns = lambda: int(mono() * 1e9)
-    time.perf_counter = mono
-    time.perf_counter_ns = lambda: int(mono() * 1e9)
+    time.monotonic_ns = mono_ns
+    time.perf_counter = perf
+    time.perf_counter_ns = perf_ns
     # defaults like ``clock: Callable[[], float] = time.time`` captured the real clock at import
-    rebound = _rebind_defaults(dict(zip(saved, (wall, time.time_ns, mono, time.monotonic_ns, mono,
-                                                time.perf_counter_ns), strict=True)))
+    rebound = _rebind_defaults(dict(zip(saved, (wall, wall_ns, mono, mono_ns, perf, perf_ns), strict=True)))
     try:
         yield
     finally:
@@ -220,35 +250,65 @@ def seeded_entropy(seed: int) -> Iterator[random.Random]:
 
     Yields the generator behind the replacements (the simulation's own decisions use separate
     generators, so that adding an engine call does not shift every fault).
+
+    Only the simulation's thread draws from the seeded generators: a thread left running by
+    something else in the same interpreter (an HTTP client's pool, a server of an earlier test)
+    that calls ``random`` or ``uuid4`` keeps its own, so it cannot shift a seed's history.
     """
     rng = random.Random(f"entropy/{seed}")
-    state = random.getstate()
+    module_rng = random.Random(seed)  # what ``random.seed(seed)`` gives the simulation's thread
+    sim_thread = threading.get_ident()
     saved = (secrets.token_hex, secrets.token_bytes, secrets.randbits, uuid.uuid4, uuid6.uuid7)
+    saved_random = {name: getattr(random, name) for name in _RANDOM_FUNCTIONS}
     last_ms = [0]
 
+    def on_sim_thread() -> bool:
+        return threading.get_ident() == sim_thread
+
     def token_bytes(nbytes: int | None = None) -> bytes:
+        if not on_sim_thread():
+            return saved[1](nbytes)
         return rng.randbytes(32 if nbytes is None else nbytes)
 
     def token_hex(nbytes: int | None = None) -> str:
+        if not on_sim_thread():
+            return saved[0](nbytes)
         return token_bytes(nbytes).hex()
 
+    def randbits(k: int) -> int:
+        return rng.getrandbits(k) if on_sim_thread() else saved[2](k)
+
     def uuid4() -> uuid.UUID:
+        if not on_sim_thread():
+            return saved[3]()
         return uuid.UUID(int=rng.getrandbits(128), version=4)
 
     def uuid7() -> uuid.UUID:
+        if not on_sim_thread():
+            return saved[4]()
         # time-ordered like uuid6.uuid7 (milliseconds of the virtual clock, strictly increasing)
         ms = max(time.time_ns() // 1_000_000, last_ms[0] + 1)
         last_ms[0] = ms
         return uuid6.UUID(int=((ms & 0xFFFFFFFFFFFF) << 80) | rng.getrandbits(76), version=7)
 
-    random.seed(seed)
+    def per_thread(name: str) -> Callable[..., Any]:
+        seeded, shared = getattr(module_rng, name), saved_random[name]
+
+        def draw(*args: Any, **kwargs: Any) -> Any:
+            return (seeded if on_sim_thread() else shared)(*args, **kwargs)
+
+        return draw
+
+    for name in _RANDOM_FUNCTIONS:
+        setattr(random, name, per_thread(name))
     secrets.token_hex = token_hex
     secrets.token_bytes = token_bytes
-    secrets.randbits = rng.getrandbits  # type: ignore[assignment]
+    secrets.randbits = randbits
     uuid.uuid4 = uuid4
     uuid6.uuid7 = uuid7  # type: ignore[assignment]
     try:
         yield rng
     finally:
-        random.setstate(state)
+        for name, func in saved_random.items():
+            setattr(random, name, func)
         secrets.token_hex, secrets.token_bytes, secrets.randbits, uuid.uuid4, uuid6.uuid7 = saved

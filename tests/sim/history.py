@@ -10,18 +10,24 @@ Event kinds (fields beyond i/t/ev):
 * ``call``     cid, proc, op, and the op's arguments: an application call starts. Ops:
   ``publish`` (topic, tag, key, dedup_id, delay), ``join`` (group, topic, start_position,
   ordered), ``leave``, ``ack``/``nack``/``extend`` (the delivery's receipt and position),
-  ``gc``, ``grow`` (topic, partitions), ``create_topic``/``delete_topic`` (topic);
+  ``gc``, ``grow`` (topic, partitions), ``create_topic``/``delete_topic`` (topic), ``job`` (job,
+  topic, run, tags: one run of a write job, from its driver's ``prepare_job`` through its tasks'
+  staging to ``commit_job``), ``job_abort`` (job, topic, run: ``abort_job`` after a failed run);
 * ``ret``      cid, outcome (``ok`` | ``error`` | ``bug`` | ``crashed`` | ``cancelled``), error,
-  and the op's result (publish: partition, seq, index, duplicate; join: member; extend: until);
-* ``deliver``  proc, member, group, topic, partition, seq, idx, tag, key, receipt, until (the lease
-  deadline the app was given, in its process's wall clock), skew, deliveries: a message handed to
-  the application by ``poll``;
+  and the op's result (publish: partition, seq, index, duplicate; join: member; extend: until;
+  job: txn, recovered, messages);
+* ``deliver``  proc, member, group, topic, partition, seq, idx, tag, id (the message id), key,
+  receipt, until (the lease deadline the app was given, in its process's wall clock), skew,
+  deliveries: a message handed to the application by ``poll``;
 * ``crash`` / ``restart`` / ``pause`` (proc, until) / ``outage`` (proc, until) / ``fault``;
 * ``loop_died`` proc, member, error: a consumer's background loop ended by an exception;
 * ``overdue``  proc, op, started, waited: a call that did not return within the hang limit;
 * ``replica`` / ``fresh``  topic, group, partition, member, state: cursor states at the end;
 * ``stored``   topic, partition, seq, tags, dedups, keys (and dlq_for: the group of each dead-letter
-  copy): a segment found in the bucket at the end;
+  copy; txn, chunk: a job commit's chunk): a segment found in the bucket at the end;
+* ``txn``      topic, id, job, owner, state (``pending`` | ``committed`` | ``aborted`` | ``deleted``),
+  reason, partitions (per partition, each chunk's seq or null): the store applied a write (or the
+  deletion) of a transaction record; the store's view, recorded when applied (``jobs.TxnJournal``);
 * ``phase``    name (chaos | quiesce | final | end).
 """
 

@@ -2,12 +2,13 @@
 
 Phases of a run, all in virtual time:
 
-1. **chaos** (``schedule.chaos_s``): the admin creates the topics; producers, members, the GC timer
-   and the operator run their plans while the store injects faults;
+1. **chaos** (``schedule.chaos_s``): the admin creates the topics; producers, members, the GC timer,
+   the operator and the job committers run their plans while the store injects faults;
 2. **quiesce**: no new faults (pauses already running end on time), crashed processes restart at
-   once, producers finish what they have in flight, every group has a member and every member
-   acks everything it gets; it ends when every covered acknowledged publish was delivered and no
-   settlement is open, or after ``schedule.quiesce_s`` (plus any pause still running);
+   once, producers finish what they have in flight, committers finish their jobs' runs, every
+   group has a member and every member acks everything it gets; it ends when every covered
+   acknowledged publish and committed job was delivered (and every job a group saw part of, all of
+   it) and no settlement is open, or after ``schedule.quiesce_s`` (plus any pause still running);
 3. **final**: every process is stopped; each live member's cursor replicas are caught up and
    recorded, then fresh loads of every cursor log and the segments left in the bucket.
 
@@ -32,13 +33,14 @@ from bucketq.core.cursor_log import CursorLog
 from bucketq.core.keys import Keys
 from bucketq.core.models import TopicConfig
 from bucketq.core.segment import decode_segment
-from bucketq.storage import MemoryStore, Storage
+from bucketq.storage import Storage
 
 from . import checker
 from .actors import GcRole, MemberRole, OperatorRole, ProducerRole, Sim, topic_config
 from .clock import EPOCH, SimLoop, VirtualClock, seeded_entropy, virtual_time
 from .faults import SimStore
 from .history import Event, History, digest
+from .jobs import JobRole, TxnJournal
 from .process import Processes, current_skew
 from .schedule import MemberPlan, Schedule, make_schedule
 from .triage import classify
@@ -99,7 +101,7 @@ def run_schedule(seed: int, family: str | None = None, *, schedule: Schedule | N
     loop = SimLoop(clock)
     history = History(clock)
     procs = Processes(loop, clock, pauses=schedule.faults.pause > 0)
-    store = SimStore(MemoryStore(), procs, history, schedule.faults, schedule.seed)
+    store = SimStore(TxnJournal(history), procs, history, schedule.faults, schedule.seed)
     error: str | None = None
     events: list[Event] = []
     with quiet_logs(), virtual_time(clock, current_skew), seeded_entropy(schedule.seed):
@@ -152,6 +154,8 @@ async def _main(sim: Sim) -> None:
     for t in s.topics:
         if t.grow or t.churn:
             OperatorRole(sim, t, [m for m in members if m.topic.name == t.name]).start()
+    for jplan in s.jobs:
+        JobRole(sim, jplan).start(jplan.start)
     history.record("phase", name="chaos")
     await asyncio.sleep(s.chaos_s)
     await _quiesce(sim, members)
@@ -197,10 +201,10 @@ async def _quiesce(sim: Sim, members: list[MemberRole]) -> None:
         if len(history.events) == seen:
             continue
         seen = len(history.events)
-        if any(isinstance(r, ProducerRole) and r.running for r in sim.roles):
+        if any(isinstance(r, ProducerRole | JobRole) and r.running for r in sim.roles):
             continue
         ix = checker.Index(history.events)
-        if checker.undelivered(history.events, ix):
+        if checker.undelivered(history.events, ix) or checker.undelivered_jobs(ix):
             continue
         # an open app call keeps the run going until it returns or is overdue (then it is a finding)
         if any(ix.rets.get(cid) is None and not ix.crashes.get(call["proc"])
@@ -257,6 +261,8 @@ async def _final(sim: Sim, members: list[MemberRole]) -> None:
                            error=str(exc)[:200])
             continue
         fields: dict[str, Any] = {}
+        if seg.header.txn is not None:  # a job commit's chunk (visible or not: its record decides)
+            fields.update(txn=seg.header.txn, chunk=seg.header.chunk)
         if any(DLQ_CONSUMER in r.headers for r in seg.records):  # dead-letter copies: for which group
             fields["dlq_for"] = [r.headers.get(DLQ_CONSUMER) for r in seg.records]
         history.record("stored", topic=m["topic"], partition=int(m["p"]), seq=int(m["seq"]),
@@ -273,10 +279,14 @@ def coverage(events: list[Event]) -> dict[str, int]:
         if kind == "call":
             procs.add(e["proc"])
             c[f"call:{e['op']}"] += 1
+        elif kind == "ret" and e.get("recovered"):
+            c["job:recovered"] += 1  # a rerun finished the pending commit of a run that died
         elif kind == "ret" and e["outcome"] == "error":
             c[f"error:{e['error']}"] += 1
         elif kind in ("crash", "restart", "deliver", "loop_died", "outage"):
             c[kind] += 1
+        elif kind == "txn":  # job commits: transaction records written, by state
+            c[f"txn:{e['state']}"] += 1
         elif kind == "pause":
             c["pause"] += 1
             if e["until"] - e["t"] > 20 * 60:

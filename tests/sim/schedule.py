@@ -4,8 +4,9 @@ Families give the generator the shapes that known classes of protocol flaws need
 producer tail racing GC, a long outage past the delta grace, a paused member holding prefetched
 leases, a new subscription racing GC, lost commit responses during membership change, partition
 growth under ``latest``, idempotent publishes under lost responses, a deep ordered backlog, topic
-deletion while publishing); ``mixed`` draws a little of everything. Every family still randomises
-sizes, timings and fault rates, so a family is a region of the scenario space, not a script.
+deletion while publishing, job commits crashed, rerun and aborted); ``mixed`` draws a little of
+everything. Every family still randomises sizes, timings and fault rates, so a family is a region
+of the scenario space, not a script.
 
 The schedule is plain data (JSON-serialisable), recorded as the history's first event.
 """
@@ -29,9 +30,15 @@ FAMILIES: dict[str, float] = {
     "dedup": 0.08,
     "ordered_deep": 0.07,
     "topic_churn": 0.07,
+    # drawn apart from the others (its own generator), so adding it left every other seed's family
+    # and schedule as they were: this share of seeds becomes a job family whatever family it had
+    "jobs": 0.08,
 }
+# Which job family a seed drawn for jobs runs (the two regressions found by the simulation too).
+JOB_FAMILIES: dict[str, float] = {"jobs": 0.6, "jobs_gc": 0.2, "jobs_latest": 0.2}
 
 MINUTE = 60.0
+DAY = 24 * 3600.0
 
 
 @dataclass
@@ -92,6 +99,30 @@ class GroupPlan:
 
 
 @dataclass
+class JobPlan:
+    """A write job (``tests/sim/jobs.py``): its messages, staged by tasks, committed as one transaction."""
+
+    name: str  # the Spark jobId (letters, digits, '-'); message i is tagged "{name}.{i}"
+    topic: str
+    start: float = 0.0
+    # per task, its chunks in staging order: (partition, messages); tags are numbered in this order
+    tasks: list[list[tuple[int, int]]] = field(default_factory=list)
+    txn_timeout_s: float = 60.0
+    runs: int = 3  # runs of the job the user starts at most (a crashed run counts)
+    abort: float = 0.0  # probability that a run fails (a task fails) and is aborted instead of committed
+    redo: float = 0.0  # probability that the user runs the job again after it succeeded
+    gap: tuple[float, float] = (1.0, 30.0)  # seconds before the user runs it again
+    kill: float = 0.0  # probability that an incarnation is killed at one of its store calls
+    kill_calls: tuple[int, int] = (1, 40)  # that call's number is drawn from this range (a run makes about
+    # 10 + 3 * chunks + tasks + 12 * partitions calls: staging, begin, appends, commit, cleanup)
+    compression: str | None = None  # the topic's segments: plain or "zlib" (staged the same way)
+
+    @property
+    def count(self) -> int:
+        return sum(n for chunks in self.tasks for _, n in chunks)
+
+
+@dataclass
 class GcPlan:
     start: float = 5.0
     interval: tuple[float, float] = (5.0, 30.0)
@@ -119,6 +150,7 @@ class Schedule:
     # slowest designed recovery of a stale member, so a slow recovery is not mistaken for a loss
     quiesce_s: float = 660.0
     hang_limit_s: float = 300.0
+    jobs: list[JobPlan] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -130,7 +162,11 @@ def make_schedule(seed: int, family: str | None = None) -> Schedule:
     """The schedule of ``seed`` (its family drawn from the seed unless given)."""
     rng = random.Random(f"schedule/{seed}")
     if family is None:
-        family = rng.choices(list(FAMILIES), weights=list(FAMILIES.values()))[0]
+        drawn = {k: v for k, v in FAMILIES.items() if k != "jobs"}
+        family = rng.choices(list(drawn), weights=list(drawn.values()))[0]
+        jobs = random.Random(f"family/{seed}")
+        if jobs.random() < FAMILIES["jobs"]:
+            family = jobs.choices(list(JOB_FAMILIES), weights=list(JOB_FAMILIES.values()))[0]
     build = _FAMILIES[family]
     return build(rng, seed)
 
@@ -230,6 +266,32 @@ def _producers(
     return out
 
 
+def _job(rng: random.Random, name: str, topic: TopicPlan, chaos_s: float, **over: Any) -> JobPlan:
+    """A job in 1-3 tasks of 2-8 chunks (1-8 messages each) over the topic's partitions."""
+    ntasks = rng.randint(1, 3)
+    nchunks = rng.randint(max(2, ntasks), 2 * ntasks + 2)
+    parts = list(range(topic.partitions))
+    tasks: list[list[tuple[int, int]]] = [[] for _ in range(ntasks)]
+    for c in range(nchunks):
+        # the first chunks go to distinct partitions: a job spans several when the topic has them
+        p = parts[c] if c < len(parts) else rng.choice(parts)
+        tasks[c % ntasks].append((p, rng.randint(1, 8)))
+    plan = JobPlan(
+        name, topic.name, start=rng.uniform(0.0, chaos_s * 0.5), tasks=tasks,
+        # the shortest allowed (10 s) leaves 5 s to append: latency spikes and outages fail commits;
+        # restarts and rerun gaps land both before a timeout (the rerun finishes the pending commit)
+        # and after it (a reader or GC aborted it first)
+        txn_timeout_s=rng.choice([10.0, 20.0, 60.0, 180.0]), runs=rng.randint(2, 5),
+        abort=rng.choice([0.0, 0.2, 0.4]), redo=rng.choice([0.0, 0.3, 0.6]),
+        gap=(1.0, rng.choice([10.0, 60.0, 240.0])), kill=rng.choice([0.0, 0.3, 0.6]),
+        kill_calls=(1, 10 + 3 * nchunks + ntasks + 12 * len({p for chunks in tasks for p, _ in chunks})),
+        compression=rng.choice([None, "zlib"]),
+    )
+    for k, v in over.items():
+        setattr(plan, k, v)
+    return plan
+
+
 def _base(rng: random.Random, seed: int, family: str, *, chaos_s: float, level: float, **consumer: Any) -> Schedule:
     cs = _consumer_settings(rng, **consumer)
     return Schedule(
@@ -263,6 +325,9 @@ def _mixed(rng: random.Random, seed: int) -> Schedule:
         s.gc = None
     elif s.gc is not None and rng.random() < 0.2:
         s.gc.delta_grace_factor = 1.5
+    # drawn last: the rest of a mixed schedule is what it was before jobs existed
+    if rng.random() < 0.4:
+        s.jobs.append(_job(rng, "job0-t0", s.topics[0], s.chaos_s, kill=0.3))
     return s
 
 
@@ -430,6 +495,68 @@ def _topic_churn(rng: random.Random, seed: int) -> Schedule:
     return s
 
 
+def _jobs(rng: random.Random, seed: int) -> Schedule:
+    """Job commits: write jobs staged, committed, killed at any store call, rerun (after success too)
+    and aborted, while consumers read the topic (and wait at pending transactions), a producer
+    publishes ordinary segments between the jobs' chunks, and GC aborts expired transactions."""
+    s = _base(rng, seed, "jobs", chaos_s=rng.uniform(30.0, 90.0), level=rng.choice([0.0, 0.3, 1.0]))
+    # long retention mostly (readers meet the jobs' segments); sometimes GC collects them
+    topic = TopicPlan("t0", partitions=rng.choice([1, 2, 2, 3]), retention_s=rng.choice([7 * DAY, 7 * DAY, 0.001]))
+    s.topics.append(topic)
+    for g in range(rng.choice([1, 1, 2])):
+        group = GroupPlan(f"g{g}", "t0", rng.choice(["earliest", "earliest", "earliest", "latest"]),
+                          ordered=rng.random() < 0.15)
+        s.groups.append(group)
+        s.members += _members(rng, group, rng.randint(1, 2), s.chaos_s, churn=0.2)
+    s.producers += _producers(rng, "t0", 1, s.chaos_s, messages=rng.randint(5, 20), dedup=0.0)
+    for j in range(rng.choice([1, 1, 2])):
+        s.jobs.append(_job(rng, f"job{j}-t0", topic, s.chaos_s))
+    s.faults.crash = rng.choice([0.0, 0.003])
+    return s
+
+
+def _jobs_gc(rng: random.Random, seed: int) -> Schedule:
+    """A job is committed, its segments are consumed and collected (tiny retention) while GC runs
+    often, and the same jobId is run again later. Found by the simulation: GC deleted a committed
+    record once its segments were collected, so the rerun found no record and committed the job a
+    second time, under the same transaction id (``job_one_copy``). Records are now kept."""
+    s = _base(rng, seed, "jobs_gc", chaos_s=rng.uniform(60.0, 90.0), level=0.0)
+    topic = TopicPlan("t0", partitions=rng.choice([1, 2]), retention_s=0.001)
+    s.topics.append(topic)
+    group = GroupPlan("g0", "t0", "earliest")
+    s.groups.append(group)
+    s.members += _members(rng, group, 1, s.chaos_s, churn=0.0, ack=1.0, nack=0.0, extend=0.0, slow=0.0,
+                          drop=0.0, dead=0.0)
+    s.gc = GcPlan(start=1.0, interval=(1.0, 3.0))
+    s.jobs.append(_job(rng, "job0-t0", topic, s.chaos_s, start=rng.uniform(1.0, 10.0), abort=0.0, kill=0.0,
+                       redo=1.0, runs=2, gap=(30.0, 40.0)))
+    return s
+
+
+def _jobs_latest(rng: random.Random, seed: int) -> Schedule:
+    """A job's committer dies in the middle of its commit (the transaction stays pending with some
+    chunks appended); a ``latest`` group subscribes meanwhile; the rerun finishes the commit.
+    Found by the simulation: the group's cursors started at the tails, past the chunks already
+    appended, so it received only the rest of the job (``job_all_or_nothing``). A ``latest``
+    start now begins at a pending transaction's ``start`` (core/subscriptions.py)."""
+    s = _base(rng, seed, "jobs_latest", chaos_s=rng.uniform(60.0, 90.0), level=0.0)
+    topic = TopicPlan("t0", partitions=rng.choice([2, 3]))
+    s.topics.append(topic)
+    job = _job(rng, "job0-t0", topic, s.chaos_s, start=rng.uniform(1.0, 5.0), abort=0.0, kill=1.0, redo=0.0,
+               runs=3, gap=(40.0, 50.0), txn_timeout_s=300.0)
+    chunks = sum(len(c) for c in job.tasks)
+    first_append = 3 + chunks + len(job.tasks) + 4 * topic.partitions  # after the record was written
+    job.kill_calls = (first_append, first_append + 2 * chunks + 7 * topic.partitions)  # while it is pending
+    s.jobs.append(job)
+    earliest = GroupPlan("g0", "t0", "earliest")
+    latest = GroupPlan("g1", "t0", "latest")
+    s.groups += [earliest, latest]
+    s.members.append(MemberPlan("g0.0", "g0", "t0", ack=1.0, nack=0.0, extend=0.0, slow=0.0, drop=0.0, dead=0.0))
+    s.members.append(MemberPlan("g1.0", "g1", "t0", start=job.start + rng.uniform(10.0, 30.0), ack=1.0, nack=0.0,
+                                extend=0.0, slow=0.0, drop=0.0, dead=0.0))
+    return s
+
+
 _FAMILIES = {
     "mixed": _mixed,
     "stale_tail": _stale_tail,
@@ -441,4 +568,7 @@ _FAMILIES = {
     "dedup": _dedup,
     "ordered_deep": _ordered_deep,
     "topic_churn": _topic_churn,
+    "jobs": _jobs,
+    "jobs_gc": _jobs_gc,
+    "jobs_latest": _jobs_latest,
 }

@@ -53,12 +53,26 @@ class H:
         return self
 
     def deliver(self, tag: str, seq: int, *, member: str = "m1", group: str = "g", lease_s: float = 30.0,
-                skew: float = 0.0, key: str | None = None, receipt: str | None = None, topic: str = "t") -> str:
-        receipt = receipt or f"{topic}:0:{seq}:0:{member}-{self.t}"
+                skew: float = 0.0, key: str | None = None, receipt: str | None = None, topic: str = "t",
+                idx: int = 0, msg_id: str | None = None) -> str:
+        receipt = receipt or f"{topic}:0:{seq}:{idx}:{member}-{self.t}"
         self.add("deliver", proc=f"member.{member}#1", member=member, group=group, topic=topic, partition=0,
-                 seq=seq, idx=0, tag=tag, key=key, receipt=receipt, until=EPOCH + self.t + skew + lease_s,
-                 skew=skew, deliveries=1)
+                 seq=seq, idx=idx, tag=tag, id=msg_id or f"id-{tag}-{seq}", key=key, receipt=receipt,
+                 until=EPOCH + self.t + skew + lease_s, skew=skew, deliveries=1)
         return receipt
+
+    def job(self, name: str, tags: list[str], outcome: str = "ok", *, topic: str = "t", run: str = "r1") -> H:
+        """One run of a write job (the ``job`` app call)."""
+        cid = self.call("job", f"job.{name}#1", job=name, topic=topic, run=run, tags=tags)
+        self.ret(cid, outcome, **({"txn": f"{name}.000001", "recovered": False, "messages": len(tags)}
+                                  if outcome == "ok" else {"error": "TxnError"}))
+        return self
+
+    def txn(self, name: str, state: str, seqs: list[int | None], *, n: int = 1, topic: str = "t") -> H:
+        """The store's journal: the job's record ``{name}.{n}`` written with partition 0's chunk seqs."""
+        self.add("txn", topic=topic, id=f"{name}.{n:06d}", job=name, owner="r1", state=state, reason=None,
+                 partitions={"0": seqs})
+        return self
 
     def settle(self, op: str, receipt: str, tag: str, seq: int, outcome: str = "ok", error: str | None = None,
                member: str = "m1", **fields: Any) -> None:
@@ -257,6 +271,88 @@ def test_a_delivery_of_something_never_published_is_a_violation() -> None:
     h = H().topic().join()
     h.at(2).deliver("nobody-sent-this", 0)
     assert names(h) == ["no_phantom_delivery"]
+
+
+# -- job commits -----------------------------------------------------------------------------------
+
+
+def _committed_job(*tags: str) -> H:
+    """A group subscribed, then job ``j`` (its messages in one chunk at seq 0) ran and committed."""
+    h = H().topic().join().at(1)
+    h.txn("j", "pending", [None])
+    h.at(2).txn("j", "committed", [0])
+    return h.job("j", list(tags))
+
+
+def test_a_job_received_in_part_or_never_committed_is_a_violation() -> None:
+    h = _committed_job("j.0", "j.1")
+    h.at(3).deliver("j.0", 0, idx=0)
+    assert "job_all_or_nothing" in names(h)
+    h.at(4).deliver("j.1", 0, idx=1)
+    assert names(h) == []
+    # every run failed and the store never shows a commit: nothing of it may be delivered
+    h = H().topic().join().at(1).txn("j", "pending", [0]).job("j", ["j.0", "j.1"], "error")
+    h.at(2).txn("j", "aborted", [0])
+    h.at(3).deliver("j.0", 0)
+    assert "job_all_or_nothing" in names(h)
+    # the same without a journal (a history of real processes): no run returned OK
+    h = H().topic().join().at(1).job("j", ["j.0"], "error")
+    h.at(3).deliver("j.0", 0)
+    assert names(h) == ["job_all_or_nothing"]
+
+
+def test_a_group_that_subscribed_after_the_commit_may_see_part_of_a_job() -> None:
+    h = _committed_job("j.0", "j.1")
+    h.at(3).deliver("j.0", 0, idx=0)
+    h.deliver("j.1", 0, idx=1)
+    h.at(5).join(group="late", member="m9")  # e.g. `latest`, started after part of the job
+    h.at(6).deliver("j.1", 0, idx=1, group="late", member="m9")
+    assert names(h) == []
+
+
+def test_a_job_message_received_as_two_copies_is_a_violation() -> None:
+    h = _committed_job("j.0")
+    h.at(3).deliver("j.0", 0)
+    h.at(40).deliver("j.0", 0)  # the lease expired: the same copy again is fine
+    assert names(h) == []
+    h.at(80).deliver("j.0", 0, msg_id="another-id")  # a second copy (another message id)
+    assert names(h) == ["job_one_copy"]
+    h = _committed_job("j.0")
+    h.at(3).deliver("j.0", 0)
+    h.at(4).deliver("j.0", 1)  # a duplicate append of the chunk (which its record does not show)
+    assert set(names(h)) == {"job_one_copy", "job_no_pending_delivery"}
+
+
+def test_a_job_committed_twice_is_a_violation() -> None:
+    h = _committed_job("j.0")
+    h.at(3).deliver("j.0", 0)
+    h.at(9).txn("j", "deleted", [])
+    h.at(10).txn("j", "pending", [None]).txn("j", "committed", [7])  # a rerun committed it again
+    assert names(h) == ["job_one_copy"]
+
+
+def test_a_committed_job_never_delivered_is_a_violation() -> None:
+    h = _committed_job("j.0", "j.1")
+    h.at(100).add("phase", name="end")
+    assert names(h) == ["job_committed_delivered"]
+    # a crashed run that committed (the journal shows it) counts as well
+    h = H().topic().join().at(1).txn("j", "committed", [0])
+    h.ret(h.call("job", "job.j#1", job="j", topic="t", run="r1", tags=["j.0"]), "crashed")
+    assert names(h) == ["job_committed_delivered"]
+    # a group that joined after the job began is not owed it
+    h = H().topic().at(1).txn("j", "committed", [0]).job("j", ["j.0"]).at(2).join()
+    assert names(h) == []
+
+
+def test_a_message_of_a_pending_transaction_delivered_is_a_violation() -> None:
+    h = H().topic().join().at(1).txn("j", "pending", [0])
+    h.at(2).deliver("j.0", 0)  # the chunk landed, but the record is still pending
+    h.at(3).txn("j", "committed", [0]).job("j", ["j.0"])
+    assert names(h) == ["job_no_pending_delivery"]
+    h = H().topic().join().at(1).txn("j", "pending", [0])
+    h.at(3).txn("j", "committed", [0]).job("j", ["j.0"])
+    h.at(4).deliver("j.0", 0)
+    assert names(h) == []
 
 
 def test_histories_are_json_lines() -> None:

@@ -9,9 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import random
+import secrets
 import subprocess
 import sys
+import threading
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -19,7 +23,7 @@ import pytest
 from .__main__ import rerun_command
 from .history import digest
 from .runner import run_many, run_schedule
-from .schedule import FAMILIES, make_schedule
+from .schedule import FAMILIES, JOB_FAMILIES, make_schedule
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = int(os.environ.get("BUCKETQ_SIM_SEEDS", "500"))
@@ -44,7 +48,7 @@ def test_schedules_hold_every_invariant() -> None:
     assert not failures, f"{len(failures)} of {SEEDS} schedules failed:\n" + "\n".join(lines)
 
 
-@pytest.mark.parametrize("family", ["mixed", "stale_tail", "paused_prefetch", "lost_commit", "topic_churn"])
+@pytest.mark.parametrize("family", ["mixed", "stale_tail", "paused_prefetch", "lost_commit", "topic_churn", "jobs"])
 def test_a_seed_replays_the_same_history(family: str) -> None:
     first = run_schedule(7, family)
     second = run_schedule(7, family)
@@ -52,6 +56,32 @@ def test_a_seed_replays_the_same_history(family: str) -> None:
     assert len(first.events) > 50  # the schedule did something
     assert first.digest == second.digest == digest(second.events)
     assert first.injected == second.injected
+
+
+def test_another_thread_drawing_entropy_does_not_change_a_history() -> None:
+    """A thread left running in the interpreter (an earlier test's client pool) that draws from
+    ``random``, ``uuid4`` and ``secrets`` and reads the clock cannot shift a seed's history."""
+    alone = run_schedule(7, "mixed")
+    stop = threading.Event()
+    draws = [0]
+
+    def draw() -> None:
+        while not stop.is_set():
+            random.random()
+            uuid.uuid4()
+            secrets.token_hex(4)
+            time.time()
+            draws[0] += 1
+
+    thread = threading.Thread(target=draw, daemon=True)
+    thread.start()
+    try:
+        crowded = run_schedule(7, "mixed")
+    finally:
+        stop.set()
+        thread.join()
+    assert draws[0] > 0  # the thread really drew while the schedule ran
+    assert crowded.digest == alone.digest
 
 
 def test_a_seed_replays_across_processes() -> None:
@@ -67,5 +97,5 @@ def test_a_seed_replays_across_processes() -> None:
 
 
 def test_every_family_is_drawn_from_seeds() -> None:
-    drawn = {make_schedule(seed).family for seed in range(300)}
-    assert drawn == set(FAMILIES)
+    drawn = {make_schedule(seed).family for seed in range(600)}
+    assert drawn == set(FAMILIES) | set(JOB_FAMILIES)

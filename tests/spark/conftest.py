@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,8 +33,21 @@ def spark() -> Iterator[Any]:
     from bucketq.spark.session import local_session
 
     session = local_session("bucketq-tests", master="local[2]")
+    _sessions.append(session)
     yield session
     session.stop()
+
+
+# Stopped after the last Spark test rather than at the end of the session: an idle JVM still
+# takes memory and CPU from every later test.
+_sessions: list[Any] = []
+
+
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    here = Path(__file__).parent
+    if nextitem is None or here not in Path(str(nextitem.path)).parents:
+        while _sessions:
+            _sessions.pop().stop()
 
 
 @pytest.fixture
