@@ -64,12 +64,23 @@ tools: $(HELM) $(KUBECTL) ## Install what the tests use beyond .venv: helm and k
 		$$SUDO apt-get update -qq && \
 		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
 
-# Workers for the suite (pytest-xdist): most tests wait on servers and timers, so a few more
-# workers than cores pay off; Spark, the operator and the CPU-bound chaos/simulation tests each
-# stay on one worker (tests/conftest.py). TEST_JOBS=0 runs everything in one process.
-TEST_JOBS ?= 3
-test: lint tools ## Lint, type-check, then run the whole test suite (TEST_JOBS workers)
-	$(BIN)/pytest -q $(if $(filter 0,$(TEST_JOBS)),,-n $(TEST_JOBS) --dist loadgroup)
+# The suite runs as two pytest processes side by side: the Spark and operator tests in one, in
+# order (they share one SparkSession, and one emulated API server and operator, each stopped
+# after its last test), everything else on TEST_JOBS xdist workers (most tests wait on servers
+# and timers). The first one's output is printed after the other's. TEST_JOBS=0: one process.
+TEST_JOBS ?= 2
+SERIAL_TESTS := tests/spark tests/operator
+SERIAL_LOG := .pytest-serial.log
+test: lint tools ## Lint, type-check, then run the whole test suite (Spark and operator beside TEST_JOBS workers)
+ifeq ($(TEST_JOBS),0)
+	$(BIN)/pytest -q
+else
+	@$(BIN)/pytest -q $(SERIAL_TESTS) > $(SERIAL_LOG) 2>&1 & serial=$$!; \
+	$(BIN)/pytest -q -n $(TEST_JOBS) $(foreach t,$(SERIAL_TESTS),--ignore=$(t)); rest=$$?; \
+	wait $$serial; serial_rc=$$?; \
+	echo "== $(SERIAL_TESTS)"; cat $(SERIAL_LOG); \
+	test $$rest = 0 && test $$serial_rc = 0
+endif
 
 crds: $(STAMP) ## Regenerate the CRDs into crds/ and the chart's helm/bucketq/crds/
 	$(BIN)/bucketq crds --out crds

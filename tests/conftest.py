@@ -11,9 +11,7 @@ Hypothesis profiles, chosen by ``HYPOTHESIS_PROFILE`` (default ``ci``):
 """
 
 import os
-from pathlib import Path
 
-import pytest
 from hypothesis import Phase, settings
 from servers import file_storage, memory_storage, moto_server, s3_backend, seaweedfs_server
 
@@ -34,18 +32,3 @@ settings.register_profile(
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-
-# `make test` runs the suite on several workers (pytest-xdist, ``--dist loadgroup``). Areas that
-# share one expensive thing per process stay on one worker: the Spark tests share a SparkSession,
-# the operator tests one emulated API server and operator, and the chaos tests and the simulation
-# batch use every core on their own. Everything else is spread test by test.
-_GROUPS = {"spark": "spark", "operator": "operator", "chaos": "cpu-bound", "sim": "cpu-bound"}
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    tests = Path(__file__).parent
-    for item in items:
-        path = Path(str(item.path))
-        area = path.relative_to(tests).parts[0] if tests in path.parents else ""
-        if area in _GROUPS:
-            item.add_marker(pytest.mark.xdist_group(_GROUPS[area]))
