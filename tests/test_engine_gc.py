@@ -49,6 +49,8 @@ async def test_segments_deleted_only_below_every_floor_and_past_retention(gc_bac
     fenced = await bq.collect_garbage(now=time.time() + HOUR, member_ttl_s=10 * HOUR)
     assert fenced.fences_raised == 1 and fenced.segments == 0, "a fresh fence frees nothing yet"
     assert await bq.storage.head(keys.segment_floor("t", 0)) is not None
+    # even a grace of 0 counts a fence one store-clock second younger (whole-second Last-Modified)
+    await asyncio.sleep(2.1)
     report = await bq.collect_garbage(now=time.time() + HOUR, member_ttl_s=10 * HOUR, segment_grace_s=0)
     slow_floor = [await CursorLog(bq.storage, keys, "t", "slow", 0, "x").load()][0].floor
     assert slow_floor >= 2
@@ -78,6 +80,7 @@ async def test_cursor_logs_are_compacted_behind_the_second_newest_checkpoint(gc_
     assert young.checkpoints >= 1, "checkpoints older than the second-newest go at once"
     late = await bq.collect_garbage(now=time.time() + HOUR)
     assert late.deltas == 0, "a host clock far ahead does not age a fence: the store's clock does"
+    await asyncio.sleep(2.1)  # even a grace of 0 counts a fence one store-clock second younger
     report = await bq.collect_garbage(now=time.time() + HOUR, delta_grace_s=0)
     ckpts = sorted([parse_seq(i.key) async for i in bq.storage.list(keys.checkpoints_prefix("t", "c", 0))])
     deltas = sorted([parse_seq(i.key) async for i in bq.storage.list(keys.deltas_prefix("t", "c", 0))])

@@ -53,7 +53,10 @@ async def test_members_of_one_consumer_share_work_without_duplicates(race_backen
     await setup.create_topic("work", partitions=4)
     p = await setup.register_producer("p")
     ids = {r.id for r in await asyncio.gather(*(p.publish("work", i, key=f"k{i}") for i in range(800)))}
-    members = [await (await race_backend.connect()).register_consumer("workers", "work", max_in_flight=50)
+    # heartbeats every 0.5 s: the members see each other within a second even when their joins
+    # are slow (a loaded machine), so the first one cannot drain everything alone
+    members = [await (await race_backend.connect()).register_consumer("workers", "work", max_in_flight=50,
+                                                                      heartbeat_interval_s=0.5)
                for _ in range(3)]
     seen: dict[str, int] = {}
     per_member = [0, 0, 0]

@@ -49,7 +49,10 @@ async def collect_twice(bq: Bucketq, topic: str) -> None:
         await asyncio.sleep(GRACE_S + 1.1)  # store clocks may count whole seconds
         reports.append(await bq.collect_garbage([topic], segment_grace_s=GRACE_S, delta_grace_s=GRACE_S))
         if reports[-1].segments + reports[-1].deltas > 0:
-            return
+            break
+    assert reports[0].segments + reports[0].deltas == 0, f"freed before the grace: {reports[0]}"
+    if reports[-1].segments + reports[-1].deltas > 0:
+        return
     fences = [await bq.storage.get(bq.keys.segment_floor(topic, p)) for p in range(4)]
     raise AssertionError(f"the setup must really free numbers; collections {reports}, fences {fences}")
 

@@ -36,6 +36,8 @@ from bucketq.storage import Storage
 # Tests and simulations of whole processes only: scales every window below together (trust stays
 # below grace by the same ratio). Every process sharing a bucket must use the same scale.
 _SCALE = float(os.environ.get("BUCKETQ_FENCE_SCALE", "1"))
+# Last-Modified times are whole seconds: an age measured from two of them can be a second too long.
+STORE_CLOCK_RESOLUTION_S = 1.0
 # Segments: GC deletes below a partition's floor fence only when the fence is this old.
 SEGMENT_GRACE_S = 300.0 * _SCALE
 # Writers trust a copy of a segment fence this long (leaves 180 s for pauses in the store's clock).
@@ -86,7 +88,11 @@ class FenceValue:
         was written at its recorded time, and a writer's copy below it was read before that.
         """
         held = [*self.history, (self.floor, modified)]
-        return max((f for f, t in held if store_now - t >= grace_s), default=0)
+        # Stores give Last-Modified in whole seconds (S3, SeaweedFS, moto): two truncated times
+        # can differ by up to a second more than the time that really passed. Without the margin
+        # a fence raised at x.9 s and a clock probe at (x+1).0 s would count as a second old
+        # (found in a test: GC freed in the same collection that raised the fence).
+        return max((f for f, t in held if store_now - t >= grace_s + STORE_CLOCK_RESOLUTION_S), default=0)
 
 
 async def read_fence(storage: Storage, key: str) -> tuple[FenceValue | None, float | None]:

@@ -19,11 +19,13 @@ leftover probe and csprng claim objects, and objects a fenced writer left under 
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass, field
 
 from bucketq.core.cursor_log import CursorLog
 from bucketq.core.fences import DELTA_GRACE_S, SEGMENT_GRACE_S, FenceValue, raise_fence, read_fence
+from bucketq.core.ids import token
 from bucketq.core.keys import Keys, parse_seq
 from bucketq.core.segment import taken_header
 from bucketq.core.topics import TopicCatalog
@@ -72,7 +74,9 @@ class _StoreClock:
 
     async def now(self) -> float:
         if self._now is None:
-            await self.storage.overwrite(self.key, b"{}")
+            # different bytes every time: a server may keep the old Last-Modified when a PUT
+            # leaves an object's content unchanged (then GC would never see time pass)
+            await self.storage.overwrite(self.key, json.dumps({"at": time.time(), "n": token()}).encode())
             info = await self.storage.head(self.key)
             if info is None:
                 raise StorageError(f"{self.key} vanished right after it was written")

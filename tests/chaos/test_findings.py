@@ -84,7 +84,7 @@ async def test_an_empty_segment_does_not_stop_gc() -> None:
             state = await CursorLog(bq.storage, Keys(""), "t", "g", 0, member="probe").load()
         assert state.floor > r.seq + 1 and state.counters.corrupt == 1
         freed = 0
-        for _ in range(2):  # phase 1 raises the fence, phase 2 frees below it
-            await asyncio.sleep(0.05)
+        for pause in (0.05, 2.1):  # phase 1 raises the fence, phase 2 frees below it (a store second later)
+            await asyncio.sleep(pause)
             freed += (await bq.collect_garbage(segment_grace_s=0.0, delta_grace_s=0.0)).segments
         assert freed == 2
