@@ -66,7 +66,43 @@ class FaultRates:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
 
 
-class SimStore:
+class CallingStore:
+    """The ``ObjectStore`` port over ``inner``, every request passed through ``_call`` (which a
+    subclass defines: faults, crashes). One LIST request: the fault applies before the first page;
+    the pages are a snapshot."""
+
+    inner: Any
+
+    async def _call(self, op: str, key: str, request: Callable[[], Awaitable[T]]) -> T:
+        raise NotImplementedError
+
+    async def get(self, key: str) -> Blob | None:
+        return await self._call("GET", key, lambda: self.inner.get(key))
+
+    async def head(self, key: str) -> ObjectInfo | None:
+        return await self._call("HEAD", key, lambda: self.inner.head(key))
+
+    async def put(
+        self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None
+    ) -> str:
+        return await self._call(
+            "PUT", key, lambda: self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
+        )
+
+    async def delete(self, keys: builtins.list[str]) -> None:
+        await self._call("DELETE", keys[0] if keys else "", lambda: self.inner.delete(keys))
+
+    async def list(self, prefix: str, *, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
+        infos = await self._call("LIST", prefix, lambda: _collect(self.inner.list(prefix, start_after=start_after)))
+        for info in infos:
+            yield info
+
+    async def close(self) -> None:
+        return None
+
+
+
+class SimStore(CallingStore):
     """``ObjectStore`` over a ``MemoryStore`` with per-process seeded faults."""
 
     def __init__(
@@ -175,34 +211,6 @@ class SimStore:
             return await request()
         finally:
             CURRENT.reset(token)
-
-    # -- the ObjectStore port ----------------------------------------------------------------------
-
-    async def get(self, key: str) -> Blob | None:
-        return await self._call("GET", key, lambda: self.inner.get(key))
-
-    async def head(self, key: str) -> ObjectInfo | None:
-        return await self._call("HEAD", key, lambda: self.inner.head(key))
-
-    async def put(
-        self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None
-    ) -> str:
-        return await self._call(
-            "PUT", key, lambda: self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
-        )
-
-    async def delete(self, keys: builtins.list[str]) -> None:
-        await self._call("DELETE", keys[0] if keys else "", lambda: self.inner.delete(keys))
-
-    async def list(self, prefix: str, *, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
-        # one LIST request: the fault applies before the first page; the pages are a snapshot
-        infos = await self._call("LIST", prefix, lambda: _collect(self.inner.list(prefix, start_after=start_after)))
-        for info in infos:
-            yield info
-
-    async def close(self) -> None:
-        return None
-
 
 async def _collect(it: AsyncIterator[ObjectInfo]) -> builtins.list[ObjectInfo]:
     return [info async for info in it]

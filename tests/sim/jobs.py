@@ -33,7 +33,7 @@ import contextlib
 import random
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from bucketq.core.ids import message_id, stable_id
@@ -45,9 +45,9 @@ from bucketq.spark.commit import abort_job, commit_job, prepare_job
 from bucketq.spark.options import WriteConfig
 from bucketq.spark.staging import StagedChunk, TaskCommit, delete_prefix
 from bucketq.storage import MemoryStore, Storage
-from bucketq.storage.port import Blob, ObjectInfo
 
 from .actors import Role, Sim
+from .faults import CallingStore
 
 if TYPE_CHECKING:
     from .history import History
@@ -114,7 +114,7 @@ class TxnJournal(MemoryStore):
 # -- the committer's view of the store: planned kills ---------------------------------------------
 
 
-class _KillingStore:
+class _KillingStore(CallingStore):
     """The fault layer as one committer incarnation sees it, killing it at its ``kill_at``-th call."""
 
     def __init__(self, sim: Sim, proc: SimProcess, kill_at: int | None, after: bool) -> None:
@@ -141,36 +141,6 @@ class _KillingStore:
         self.sim.history.record("fault", proc=self.proc.name, kind=kind, op=op, key=key)
         self.sim.procs.crash(self.proc)
         await self.sim.procs.gate(self.proc)  # a dead process's call never returns (cancelled)
-
-    async def get(self, key: str) -> Blob | None:
-        return await self._call("GET", key, lambda: self.inner.get(key))
-
-    async def head(self, key: str) -> ObjectInfo | None:
-        return await self._call("HEAD", key, lambda: self.inner.head(key))
-
-    async def put(
-        self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None
-    ) -> str:
-        return await self._call(
-            "PUT", key, lambda: self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
-        )
-
-    async def delete(self, keys: builtins.list[str]) -> None:
-        await self._call("DELETE", keys[0] if keys else "", lambda: self.inner.delete(keys))
-
-    async def list(self, prefix: str, *, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
-        infos = await self._call(
-            "LIST", prefix, lambda: _collect(self.inner.list(prefix, start_after=start_after))
-        )
-        for info in infos:
-            yield info
-
-    async def close(self) -> None:
-        return None
-
-
-async def _collect(it: AsyncIterator[ObjectInfo]) -> builtins.list[ObjectInfo]:
-    return [info async for info in it]
 
 
 # -- the job's driver ------------------------------------------------------------------------------
