@@ -86,7 +86,10 @@ def main() -> int:
             lost = [r for r in acked.results if r.status == 409]
             done += len(receipts) - len(lost)
             if lost:
-                print(f"{len(lost)} leases expired before the ack: those messages will come again", file=sys.stderr)
+                print(
+                    f"{len(lost)} leases expired before the ack: those messages will come again",
+                    file=sys.stderr,
+                )
             print(f"processed {done} messages ({done / (time.monotonic() - started):.0f}/s)", flush=True)
     print(f"worker done: {done} processed, {failed} failed, {time.monotonic() - started:.1f}s", flush=True)
     return 0

@@ -20,7 +20,12 @@ __all__ = ["file_storage", "memory_storage", "moto_server", "s3_backend", "seawe
 # deadline=None everywhere: a shared 2-core machine makes single examples slow at random, and a
 # property test about protocol rules must not fail on timing
 settings.register_profile(
-    "ci", derandomize=True, database=None, max_examples=60, stateful_step_count=30, deadline=None,
+    "ci",
+    derandomize=True,
+    database=None,
+    max_examples=60,
+    stateful_step_count=30,
+    deadline=None,
     print_blob=True,
 )
 settings.register_profile("soak", max_examples=2000, stateful_step_count=60, deadline=None, print_blob=True)
@@ -31,4 +36,3 @@ settings.register_profile(
     "mutate", settings.get_profile("ci"), max_examples=30, phases=[Phase.explicit, Phase.generate]
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
-

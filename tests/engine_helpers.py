@@ -57,13 +57,24 @@ def _backend_for(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> B
     if name == "file":
         return Backend(name, {"backend": "file", "file_path": str(tmp_path / "bucket")})
     server = request.getfixturevalue(f"{name}_server")
-    return Backend(name, server.settings().model_dump(mode="json", exclude_none=True) | {
-        "s3_access_key_id": server.access_key, "s3_secret_access_key": server.secret_key,
-    })
+    return Backend(
+        name,
+        server.settings().model_dump(mode="json", exclude_none=True)
+        | {
+            "s3_access_key_id": server.access_key,
+            "s3_secret_access_key": server.secret_key,
+        },
+    )
 
 
-@pytest.fixture(params=["memory", "file", pytest.param("moto", marks=pytest.mark.s3),
-                        pytest.param("seaweedfs", marks=pytest.mark.s3)])
+@pytest.fixture(
+    params=[
+        "memory",
+        "file",
+        pytest.param("moto", marks=pytest.mark.s3),
+        pytest.param("seaweedfs", marks=pytest.mark.s3),
+    ]
+)
 async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
     """Every backend: memory, filesystem, moto server, SeaweedFS."""
     b = _backend_for(request.param, request, tmp_path)

@@ -32,7 +32,13 @@ from bucketq.config import Settings
 from bucketq.storage import Storage, open_storage
 
 __all__ = [
-    "ACCESS_KEY", "SECRET_KEY", "FlakyProxy", "S3Server", "_clean_env", "free_ports", "port_is_free",
+    "ACCESS_KEY",
+    "SECRET_KEY",
+    "FlakyProxy",
+    "S3Server",
+    "_clean_env",
+    "free_ports",
+    "port_is_free",
 ]
 
 

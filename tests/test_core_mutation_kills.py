@@ -47,7 +47,9 @@ async def segment_at(storage: Storage, keys: Keys, seq: int) -> tuple[str, int, 
 
 
 async def segment_numbers(storage: Storage, keys: Keys) -> list[int]:
-    return [int(i.key.rsplit("/", 1)[1].split(".")[0]) async for i in storage.list(keys.segments_prefix(TOPIC, 0))]
+    return [
+        int(i.key.rsplit("/", 1)[1].split(".")[0]) async for i in storage.list(keys.segments_prefix(TOPIC, 0))
+    ]
 
 
 NOW = 1000.0
@@ -89,7 +91,9 @@ async def test_412_on_another_writers_segment_moves_to_the_next_number() -> None
 
     landed = await writer.append([line("b0"), line("b1"), line("b2")], "batch-b")
 
-    assert (landed.seq, landed.base, landed.count) == (3, 4, 3), "the next free number, after the others' messages"
+    assert (landed.seq, landed.base, landed.count) == (3, 4, 3), (
+        "the next free number, after the others' messages"
+    )
     assert writer.conflicts == 2 and conflicts == [1, 1]
     assert (writer.next_seq, writer.next_offset) == (4, 7)
     assert await segment_at(storage, keys, 1) == ("batch-other", 1, ["x0", "x1"])
@@ -162,8 +166,10 @@ async def _settle_checkpoints(storage: Storage, keys: Keys, expected: list[int])
     prefix = keys.checkpoints_prefix(TOPIC, "c", 0)
     deadline = time.monotonic() + 5
     while True:
-        found = [CursorState.from_json(json.loads((await storage.get(i.key)).data)).n  # type: ignore[union-attr]
-                 async for i in storage.list(prefix)]
+        found = [
+            CursorState.from_json(json.loads((await storage.get(i.key)).data)).n  # type: ignore[union-attr]
+            async for i in storage.list(prefix)
+        ]
         if found == expected or time.monotonic() > deadline:
             assert found == expected
             return
@@ -290,7 +296,9 @@ async def test_commit_retries_a_storage_error_and_lands_once() -> None:
     faulty.add(op="PUT", match="*/log/*", kind="error", times=2)
     outcome = await log.commit(lambda s: [Op("start", seq=0, base=0)])
     assert outcome is not None and (outcome.delta.n, outcome.results) == (1, [True])
-    assert [i.key async for i in storage.list(keys.deltas_prefix(TOPIC, "c", 0))] == [keys.delta(TOPIC, "c", 0, 1)]
+    assert [i.key async for i in storage.list(keys.deltas_prefix(TOPIC, "c", 0))] == [
+        keys.delta(TOPIC, "c", 0, 1)
+    ]
 
 
 async def test_lost_response_then_412_is_our_own_delta() -> None:
@@ -341,8 +349,10 @@ async def test_landed_delta_covered_by_a_checkpoint_is_judged_from_the_state() -
     b = CursorLog(storage, keys, TOPIC, "c", 0, "B", checkpoint_every=4, clock=lambda: 1000.0)
     await a.commit(lambda s: [Op("start", seq=0, base=0), Op("seen", 0, count=4, base=0)])
     faulty.add(op="PUT", match="*/log/*", kind="drop_after_write", times=1)
-    ours = [Op("claim", 0, 0, token="t0", member="A", until=1030.0),
-            Op("claim", 0, 1, token="t1", member="A", until=1030.0)]
+    ours = [
+        Op("claim", 0, 0, token="t0", member="A", until=1030.0),
+        Op("claim", 0, 1, token="t1", member="A", until=1030.0),
+    ]
     with pytest.raises(StorageError):
         await a.commit(lambda s: ours)
     await b.load()
@@ -470,7 +480,9 @@ async def test_raise_fence_only_raises_except_for_a_tombstone() -> None:
     assert await raise_fence(storage, "f.json", FenceValue(4)) is False
     assert await stored() == (5, 0.0, False)
     assert await raise_fence(storage, "f.json", FenceValue(6)) is True
-    assert await raise_fence(storage, "f.json", FenceValue(6, deleted=True)) is True, "a topic deletion's tombstone"
+    assert await raise_fence(storage, "f.json", FenceValue(6, deleted=True)) is True, (
+        "a topic deletion's tombstone"
+    )
     assert await stored() == (6, 0.0, True)
 
 
@@ -534,7 +546,9 @@ class ContendedOnce(MemoryStore):
         self.match = match
         self.contended = 0
 
-    async def put(self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None) -> str:
+    async def put(
+        self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None
+    ) -> str:
         if if_none_match and self.match in key and not self.contended:
             self.contended += 1
             raise Contended(f"{key} is being created by another writer")
@@ -610,8 +624,15 @@ async def test_appended_reports_where_and_how_big_and_the_header_says_the_same(
     assert landed == segment_writer.Appended(1, 2, 1, len(blob.data))
     # the documented header (docs/protocol.md, Segments): no incarnation without a catalog
     assert json.loads(blob.data.split(b"\n", 1)[0]) == {
-        "v": 1, "topic": TOPIC, "partition": 3, "seq": 1, "producer_id": "w1", "created_at": NOW,
-        "count": 1, "base": 2, "batch": "batch-b",
+        "v": 1,
+        "topic": TOPIC,
+        "partition": 3,
+        "seq": 1,
+        "producer_id": "w1",
+        "created_at": NOW,
+        "count": 1,
+        "base": 2,
+        "batch": "batch-b",
     }
 
 
@@ -627,7 +648,13 @@ async def test_custom_encoder_gets_the_chosen_header() -> None:
 
     landed = await writer.append([b"", b""], "batch-x", encode=encode)
     [header] = headers
-    assert (header.seq, header.base, header.count, header.batch, header.producer_id) == (0, 0, 2, "batch-x", "w1")
+    assert (header.seq, header.base, header.count, header.batch, header.producer_id) == (
+        0,
+        0,
+        2,
+        "batch-x",
+        "w1",
+    )
     assert (landed.seq, landed.count) == (0, 2)
     assert await segment_at(storage, keys, 0) == ("batch-x", 0, ["pre0", "pre1"])
 
@@ -686,8 +713,6 @@ async def test_put_into_a_freed_number_is_an_orphan_and_the_batch_lands_at_the_t
 # module sees with one that stands still (StillClock), so "exactly at the boundary" is reachable.
 
 
-
-
 def worker_with(
     state: CursorState, records: dict[int, list[Record]], *, limit: int | None = None, **settings: object
 ) -> PartitionWorker:
@@ -697,9 +722,15 @@ def worker_with(
         raise AssertionError("not reached in these tests")
 
     worker = PartitionWorker(
-        Storage(MemoryStore()), Keys(), TOPIC, "c", 0, "me",
+        Storage(MemoryStore()),
+        Keys(),
+        TOPIC,
+        "c",
+        0,
+        "me",
         ConsumerSettings.model_validate({"clock_skew_s": 2.0, "visibility_timeout_s": 30.0, **settings}),
-        lambda: limit, no_dead_letters,
+        lambda: limit,
+        no_dead_letters,
     )
     worker.log.state = state
     for seq, recs in records.items():
@@ -711,7 +742,9 @@ def worker_with(
 def cursor_with(count: int, ops: list[tuple[float, list[Op]]]) -> CursorState:
     """A started cursor that has seen one segment of ``count`` messages, then ``ops`` at their times."""
     state = CursorState()
-    apply_delta(state, Delta(1, "m", "d1", 0.0, [Op("start", seq=0, base=0), Op("seen", 0, count=count, base=0)]))
+    apply_delta(
+        state, Delta(1, "m", "d1", 0.0, [Op("start", seq=0, base=0), Op("seen", 0, count=count, base=0)])
+    )
     for at, batch in ops:
         apply_delta(state, Delta(state.n + 1, "m", f"d{state.n + 1}", at, batch))
     return state
@@ -724,8 +757,18 @@ def records(count: int, created_at: float = 0.0) -> list[Record]:
 def test_expired_lease_is_claimed_only_past_the_clock_skew_margin(monkeypatch: pytest.MonkeyPatch) -> None:
     """I4: a member claims an expired lease only when ``until + clock_skew_s < now``."""
     monkeypatch.setattr(partition_worker, "time", StillClock(NOW))
-    state = cursor_with(3, [(900.0, [Op("claim", 0, 0, token="a", member="x", until=NOW - 2.0),
-                                     Op("claim", 0, 1, token="b", member="x", until=math.nextafter(NOW - 2.0, 0))])])
+    state = cursor_with(
+        3,
+        [
+            (
+                900.0,
+                [
+                    Op("claim", 0, 0, token="a", member="x", until=NOW - 2.0),
+                    Op("claim", 0, 1, token="b", member="x", until=math.nextafter(NOW - 2.0, 0)),
+                ],
+            )
+        ],
+    )
     worker = worker_with(state, {0: records(3)})
     claims, more = worker._choose_claims(state, 10, [])
     assert [c.pos for c in claims] == [(0, 1), (0, 2)], "(0,0) is expired, but within the margin"
@@ -748,13 +791,25 @@ def test_claims_respect_demand_priority_and_report_more(monkeypatch: pytest.Monk
     assert worker._choose_claims(state, 0, []) == ([], True), "no demand: only whether anything waits"
 
 
-def test_a_message_at_its_delivery_limit_goes_to_the_janitor_not_to_a_claim(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_message_at_its_delivery_limit_goes_to_the_janitor_not_to_a_claim(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(partition_worker, "time", StillClock(NOW))
-    state = cursor_with(3, [
-        (900.0, [Op("claim", 0, 0, token="a", member="x", until=950.0), Op("release", 0, 0, token="a"),
-                 Op("claim", 0, 1, token="b", member="x", until=950.0), Op("release", 0, 1, token="b")]),
-        (901.0, [Op("claim", 0, 0, token="c", member="x", until=950.0), Op("release", 0, 0, token="c")]),
-    ])
+    state = cursor_with(
+        3,
+        [
+            (
+                900.0,
+                [
+                    Op("claim", 0, 0, token="a", member="x", until=950.0),
+                    Op("release", 0, 0, token="a"),
+                    Op("claim", 0, 1, token="b", member="x", until=950.0),
+                    Op("release", 0, 1, token="b"),
+                ],
+            ),
+            (901.0, [Op("claim", 0, 0, token="c", member="x", until=950.0), Op("release", 0, 0, token="c")]),
+        ],
+    )
     assert state.deliveries == {(0, 0): 2, (0, 1): 1}
     worker = worker_with(state, {0: records(3)}, limit=2)
     claims, _ = worker._choose_claims(state, 10, [])
@@ -767,8 +822,18 @@ def test_janitor_waits_for_a_last_lease_to_pass_the_margin(monkeypatch: pytest.M
     """A message on its last allowed delivery is dead-lettered only once its lease is expired
     beyond the clock-skew margin (its holder may still be working on it before that)."""
     monkeypatch.setattr(partition_worker, "time", StillClock(NOW))
-    state = cursor_with(2, [(900.0, [Op("claim", 0, 0, token="a", member="x", until=NOW - 2.0),
-                                     Op("claim", 0, 1, token="b", member="x", until=math.nextafter(NOW - 2.0, 0))])])
+    state = cursor_with(
+        2,
+        [
+            (
+                900.0,
+                [
+                    Op("claim", 0, 0, token="a", member="x", until=NOW - 2.0),
+                    Op("claim", 0, 1, token="b", member="x", until=math.nextafter(NOW - 2.0, 0)),
+                ],
+            )
+        ],
+    )
     worker = worker_with(state, {0: records(2)}, limit=1)
     assert worker.dead_letter_candidates() == [((0, 1), 1)]
     worker._dead_ready[(0, 1)] = "max_deliveries"
@@ -778,7 +843,10 @@ def test_janitor_waits_for_a_last_lease_to_pass_the_margin(monkeypatch: pytest.M
 def test_stealing_takes_messages_exactly_steal_after_old(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(partition_worker, "time", StillClock(NOW))
     state = cursor_with(2, [])
-    recs = [Record(id="old", created_at=NOW - 2.0), Record(id="young", created_at=math.nextafter(NOW - 2.0, math.inf))]
+    recs = [
+        Record(id="old", created_at=NOW - 2.0),
+        Record(id="young", created_at=math.nextafter(NOW - 2.0, math.inf)),
+    ]
     worker = worker_with(state, {0: recs})
     claims, _ = worker._choose_claims(state, 10, [], min_age=2.0)
     assert [c.pos for c in claims] == [(0, 0)]
@@ -792,8 +860,14 @@ def test_new_segment_delayed_until_now_is_claimable_now(monkeypatch: pytest.Monk
     monkeypatch.setattr(partition_worker, "time", StillClock(NOW))
     state = cursor_with(1, [(900.0, [Op("claim", 0, 0, token="a", member="x", until=2000.0)])])
     header = SegmentHeader(TOPIC, 0, 1, 3, 1, "p", 0.0, "b1")
-    new = Segment(header, [Record(id="due", not_before=NOW), Record(id="later", not_before=math.nextafter(NOW, math.inf)),
-                           Record(id="skipped")])
+    new = Segment(
+        header,
+        [
+            Record(id="due", not_before=NOW),
+            Record(id="later", not_before=math.nextafter(NOW, math.inf)),
+            Record(id="skipped"),
+        ],
+    )
     worker = worker_with(state, {0: records(1)})
     worker._discovered.append(new)
     seen = Op("seen", 1, count=3, base=1, delayed={0: NOW, 1: math.nextafter(NOW, math.inf)}, skip=[2])
@@ -812,9 +886,14 @@ async def test_poll_hands_out_only_with_more_than_the_margin_left(monkeypatch: p
         consumer = await bq.register_consumer("c", TOPIC, visibility_timeout_s=2.0)
         now = time.time()
         margin = 0.2  # min(0.5, 2.0 / 10)
-        at_receipt, past_receipt = Receipt(TOPIC, 0, 0, 0, "ta").encode(), Receipt(TOPIC, 0, 0, 1, "tb").encode()
+        at_receipt, past_receipt = (
+            Receipt(TOPIC, 0, 0, 0, "ta").encode(),
+            Receipt(TOPIC, 0, 0, 1, "tb").encode(),
+        )
         at_margin = Message(TOPIC, 0, 0, 0, 0, Record(id="at"), at_receipt, 1, now + margin)
-        past_margin = Message(TOPIC, 0, 0, 1, 1, Record(id="past"), past_receipt, 1, math.nextafter(now + margin, math.inf))
+        past_margin = Message(
+            TOPIC, 0, 0, 1, 1, Record(id="past"), past_receipt, 1, math.nextafter(now + margin, math.inf)
+        )
         consumer._buffer.extend([at_margin, past_margin])
         monkeypatch.setattr(consumer_module, "time", StillClock(now))
         got = await consumer.poll(10, 0)  # the buffer is not empty: nothing is awaited
@@ -830,9 +909,19 @@ async def test_poll_hands_out_only_with_more_than_the_margin_left(monkeypatch: p
 
 def held_state() -> CursorState:
     """Position (0,0) leased with token "t" until 1030, (0,1) done, (0,2) free."""
-    return cursor_with(3, [(1000.0, [Op("claim", 0, 0, token="t", member="A", until=1030.0),
-                                     Op("claim", 0, 1, token="u", member="A", until=1030.0),
-                                     Op("ack", 0, 1, token="u")])])
+    return cursor_with(
+        3,
+        [
+            (
+                1000.0,
+                [
+                    Op("claim", 0, 0, token="t", member="A", until=1030.0),
+                    Op("claim", 0, 1, token="u", member="A", until=1030.0),
+                    Op("ack", 0, 1, token="u"),
+                ],
+            )
+        ],
+    )
 
 
 @pytest.mark.parametrize(
@@ -840,7 +929,10 @@ def held_state() -> CursorState:
     [
         (Op("claim", 0, 0, token="t", until=1030.0), True),
         (Op("claim", 0, 0, token="t", until=math.nextafter(1030.0, 0)), True),
-        (Op("claim", 0, 0, token="t", until=math.nextafter(1030.0, math.inf)), False),  # a later extend is not ours
+        (
+            Op("claim", 0, 0, token="t", until=math.nextafter(1030.0, math.inf)),
+            False,
+        ),  # a later extend is not ours
         (Op("claim", 0, 0, token="other", until=1030.0), False),
         (Op("claim", 0, 2, token="t", until=1030.0), False),
         (Op("extend", 0, 0, token="t", until=1030.0), True),

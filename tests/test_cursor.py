@@ -40,7 +40,9 @@ def test_start_only_once_and_sets_window() -> None:
 
 def test_seen_must_be_contiguous() -> None:
     state = started(floor=0)
-    results = apply(state, [Op("seen", seq=1, count=3), Op("seen", seq=0, count=2), Op("seen", seq=0, count=2)])
+    results = apply(
+        state, [Op("seen", seq=1, count=3), Op("seen", seq=0, count=2), Op("seen", seq=0, count=2)]
+    )
     assert results == [False, True, False]
     assert state.frontier == 0
     assert state.end_offset == 2
@@ -77,8 +79,11 @@ def test_stale_token_cannot_ack_extend_or_release() -> None:
     apply(state, [claim(0, 0, "b", until=T0 + 40)], at=T0 + 11)
     results = apply(
         state,
-        [Op("ack", 0, 0, token="a"), Op("extend", 0, 0, token="a", until=T0 + 99),
-         Op("release", 0, 0, token="a")],
+        [
+            Op("ack", 0, 0, token="a"),
+            Op("extend", 0, 0, token="a", until=T0 + 99),
+            Op("release", 0, 0, token="a"),
+        ],
         at=T0 + 12,
     )
     assert results == [False, False, False]
@@ -121,8 +126,11 @@ def test_dead_with_token_or_without_live_lease() -> None:
     apply(state, [claim(0, 0, "a", until=T0 + 10), claim(0, 1, "b", until=T0 + 10)])
     results = apply(
         state,
-        [Op("dead", 0, 0, token="a", reason="nack"), Op("dead", 0, 1, reason="max"),
-         Op("dead", 0, 2, reason="max")],
+        [
+            Op("dead", 0, 0, token="a", reason="nack"),
+            Op("dead", 0, 1, reason="max"),
+            Op("dead", 0, 2, reason="max"),
+        ],
         at=T0 + 5,
     )
     assert results == [True, False, True]  # (0,1) has a live lease held by someone else
@@ -163,12 +171,20 @@ def test_delta_out_of_order_is_an_error() -> None:
 
 def test_state_and_delta_round_trip_through_json() -> None:
     state = started(3, 2)
-    apply(state, [claim(0, 0, "a"), claim(0, 1, "b"), Op("ack", 0, 1, token="b"),
-                  Op("release", 0, 0, token="a", not_before=T0 + 9)])
+    apply(
+        state,
+        [
+            claim(0, 0, "a"),
+            claim(0, 1, "b"),
+            Op("ack", 0, 1, token="b"),
+            Op("release", 0, 0, token="a", not_before=T0 + 9),
+        ],
+    )
     again = CursorState.from_json(json.loads(json.dumps(state.to_json())))
     assert again == state
-    delta = Delta(7, "m", "x", T0, [Op("seen", seq=3, count=2, base=9, delayed={0: 1.5}, skip=[1]),
-                                    claim(0, 0, "t")])
+    delta = Delta(
+        7, "m", "x", T0, [Op("seen", seq=3, count=2, base=9, delayed={0: 1.5}, skip=[1]), claim(0, 0, "t")]
+    )
     assert Delta.from_json(json.loads(json.dumps(delta.to_json()))).to_json() == delta.to_json()
 
 
@@ -224,7 +240,10 @@ def test_release_not_before_equal_to_at_is_no_delay() -> None:
     apply(state, [claim(0, 0, "a"), claim(0, 1, "b")])
     results = apply(
         state,
-        [Op("release", 0, 0, token="a", not_before=T0 + 5), Op("release", 0, 1, token="b", not_before=after(T0 + 5))],
+        [
+            Op("release", 0, 0, token="a", not_before=T0 + 5),
+            Op("release", 0, 1, token="b", not_before=after(T0 + 5)),
+        ],
         at=T0 + 5,
     )
     assert results == [True, True]
@@ -267,7 +286,9 @@ def test_expire_bounds_seq_above_floor_and_base_not_below_floor_offset() -> None
     state = CursorState()
     assert apply(state, [Op("expire", seq=6, base=50)]) == [False], "not started"
     apply(state, [Op("start", seq=5, base=50)])
-    results = apply(state, [Op("expire", seq=5, base=60), Op("expire", seq=6, base=49), Op("expire", seq=6, base=50)])
+    results = apply(
+        state, [Op("expire", seq=5, base=60), Op("expire", seq=6, base=49), Op("expire", seq=6, base=50)]
+    )
     assert results == [False, False, True]
     assert (state.floor, state.floor_offset, state.frontier, state.end_offset) == (6, 50, 5, 50)
     assert state.counters.collected == 0, "nothing lay between the old and the new floor"
@@ -277,13 +298,25 @@ def test_expire_counts_exactly_what_it_skips_and_keeps_the_segment_at_seq() -> N
     """Only segments below ``seq`` go, with their leases, deliveries and delays; every message
     skipped that was not done is counted in ``collected`` (I5)."""
     state = started(2, 3)  # seq 0: offsets 0-1, seq 1: offsets 2-4
-    apply(state, [claim(0, 0, "a"), Op("ack", 0, 0, token="a"), claim(0, 1, "b"),
-                  claim(1, 0, "c"), Op("ack", 1, 0, token="c"), claim(1, 1, "d"),
-                  claim(1, 2, "e"), Op("release", 1, 2, token="e", not_before=T0 + 60)])
+    apply(
+        state,
+        [
+            claim(0, 0, "a"),
+            Op("ack", 0, 0, token="a"),
+            claim(0, 1, "b"),
+            claim(1, 0, "c"),
+            Op("ack", 1, 0, token="c"),
+            claim(1, 1, "d"),
+            claim(1, 2, "e"),
+            Op("release", 1, 2, token="e", not_before=T0 + 60),
+        ],
+    )
     assert apply(state, [Op("expire", seq=1, base=2)]) == [True]
     assert state.counters.collected == 1, "(0,1) was leased, not done: one message collected"
     assert set(state.segments) == {1} and state.segments[1].done == {0}
-    assert set(state.leases) == {(1, 1)} and set(state.deliveries) == {(1, 2)} and set(state.delayed) == {(1, 2)}
+    assert (
+        set(state.leases) == {(1, 1)} and set(state.deliveries) == {(1, 2)} and set(state.delayed) == {(1, 2)}
+    )
     assert (state.floor, state.floor_offset, state.frontier) == (1, 2, 1)
     # past the frontier: the unseen offsets 5-8 count too, and everything below goes
     assert apply(state, [Op("expire", seq=4, base=9)]) == [True]
@@ -312,13 +345,26 @@ def test_seen_keeps_only_delays_and_skips_inside_the_segment() -> None:
 
 def test_seen_count_and_corrupt_rules() -> None:
     state = started()
-    results = apply(state, [Op("seen", seq=0, count=0), Op("seen", seq=0, count=-1),
-                            Op("seen", seq=0, count=1, corrupt=True), Op("seen", seq=0, count=0, corrupt=True)])
+    results = apply(
+        state,
+        [
+            Op("seen", seq=0, count=0),
+            Op("seen", seq=0, count=-1),
+            Op("seen", seq=0, count=1, corrupt=True),
+            Op("seen", seq=0, count=0, corrupt=True),
+        ],
+    )
     assert results == [False, False, False, True]
     assert state.counters.corrupt == 1
     assert (state.floor, state.frontier, state.segments) == (1, 0, {}), "an empty segment is complete at once"
-    assert apply(state, [Op("seen", seq=1, count=0, corrupt=True), Op("seen", seq=2, count=3, skip=[0, 2]),
-                         Op("seen", seq=3, count=1, base=0)]) == [True, True, True]
+    assert apply(
+        state,
+        [
+            Op("seen", seq=1, count=0, corrupt=True),
+            Op("seen", seq=2, count=3, skip=[0, 2]),
+            Op("seen", seq=3, count=1, base=0),
+        ],
+    ) == [True, True, True]
     assert (state.counters.corrupt, state.counters.skipped) == (2, 2)
     assert apply(CursorState(), [Op("seen", seq=0, count=1)]) == [False], "not started"
 
@@ -350,8 +396,14 @@ def test_first_claim_is_no_redelivery_and_records_the_member() -> None:
 def test_extend_needs_the_token_and_a_deadline() -> None:
     state = started(1)
     apply(state, [claim(0, 0, "a", until=T0 + 10)])
-    results = apply(state, [Op("extend", 0, 0, token="a"), Op("extend", 0, 0, until=T0 + 99),
-                            Op("extend", 1, 0, token="a", until=T0 + 99)])
+    results = apply(
+        state,
+        [
+            Op("extend", 0, 0, token="a"),
+            Op("extend", 0, 0, until=T0 + 99),
+            Op("extend", 1, 0, token="a", until=T0 + 99),
+        ],
+    )
     assert results == [False, False, False]
     assert state.leases[(0, 0)].until == T0 + 10
 
@@ -370,12 +422,21 @@ def test_ack_and_dead_clear_every_trace_of_the_position() -> None:
     state = started(3)
     apply(state, [claim(0, 0, "a"), Op("release", 0, 0, token="a", not_before=T0 + 5)])
     apply(state, [claim(0, 0, "b", until=T0 + 40), Op("ack", 0, 0, token="b")], at=T0 + 5)
-    apply(state, [claim(0, 1, "c"), Op("release", 0, 1, token="c", not_before=T0 + 500),
-                  Op("dead", 0, 1, reason="max")])
+    apply(
+        state,
+        [
+            claim(0, 1, "c"),
+            Op("release", 0, 1, token="c", not_before=T0 + 500),
+            Op("dead", 0, 1, reason="max"),
+        ],
+    )
     assert (state.leases, state.deliveries, state.delayed) == ({}, {}, {})
     assert state.segments[0].done == {0, 1}
     assert (state.counters.acked, state.counters.dead) == (1, 1)
-    assert apply(state, [Op("dead", 0, 1, reason="again"), Op("dead", 0, 3, reason="outside")]) == [False, False]
+    assert apply(state, [Op("dead", 0, 1, reason="again"), Op("dead", 0, 3, reason="outside")]) == [
+        False,
+        False,
+    ]
 
 
 def test_delta_and_state_json_are_the_documented_format() -> None:
@@ -395,7 +456,11 @@ def test_delta_and_state_json_are_the_documented_format() -> None:
         Op("dead", 3, 1, reason="nack"),
     ]
     assert Delta(9, "m1", "nonce", 12.5, ops).to_json() == {
-        "v": 1, "n": 9, "member": "m1", "id": "nonce", "at": 12.5,
+        "v": 1,
+        "n": 9,
+        "member": "m1",
+        "id": "nonce",
+        "at": 12.5,
         "ops": [
             {"op": "start", "seq": 3, "base": 30},
             {"op": "seen", "seq": 3, "count": 2, "base": 30},
@@ -413,21 +478,53 @@ def test_delta_and_state_json_are_the_documented_format() -> None:
     decoded = Delta.from_json(json.loads(json.dumps(Delta(9, "m1", "nonce", 12.5, ops).to_json())))
     assert decoded == Delta(9, "m1", "nonce", 12.5, ops)
     bare = Delta.from_json({"n": 2, "at": 1.0, "ops": [{"op": "ack"}]})
-    assert (bare.member, bare.id, bare.ops) == ("", "", [Op("ack", seq=0, idx=0, counted=True, corrupt=False)])
+    assert (bare.member, bare.id, bare.ops) == (
+        "",
+        "",
+        [Op("ack", seq=0, idx=0, counted=True, corrupt=False)],
+    )
     assert Delta.from_json({"n": 3, "at": 1.0}).ops == [], "a delta without ops is an empty one"
 
     state = started(3, 2)
-    apply(state, [claim(0, 0, "a", until=T0 + 30), claim(0, 1, "b"), Op("ack", 0, 1, token="b"),
-                  claim(0, 2, "c"), Op("release", 0, 2, token="c", not_before=T0 + 9),
-                  claim(1, 0, "d"), Op("ack", 1, 0, token="d"), claim(1, 1, "e"), Op("ack", 1, 1, token="e")])
+    apply(
+        state,
+        [
+            claim(0, 0, "a", until=T0 + 30),
+            claim(0, 1, "b"),
+            Op("ack", 0, 1, token="b"),
+            claim(0, 2, "c"),
+            Op("release", 0, 2, token="c", not_before=T0 + 9),
+            claim(1, 0, "d"),
+            Op("ack", 1, 0, token="d"),
+            claim(1, 1, "e"),
+            Op("ack", 1, 1, token="e"),
+        ],
+    )
     assert state.to_json() == {
-        "v": 1, "n": 2, "started": True, "floor": 0, "floor_offset": 0, "frontier": 1,
-        "segments": {"0": {"count": 3, "base": 0, "done": [[1, 1]]}, "1": {"count": 2, "base": 3, "done": [[0, 1]]}},
+        "v": 1,
+        "n": 2,
+        "started": True,
+        "floor": 0,
+        "floor_offset": 0,
+        "frontier": 1,
+        "segments": {
+            "0": {"count": 3, "base": 0, "done": [[1, 1]]},
+            "1": {"count": 2, "base": 3, "done": [[0, 1]]},
+        },
         "leases": [[0, 0, "a", "m1", T0 + 30, 1]],
         "deliveries": [[0, 2, 1]],
         "delayed": [[0, 2, T0 + 9]],
-        "counters": {"delivered": 5, "redelivered": 0, "expired": 0, "acked": 3, "released": 1, "dead": 0,
-                     "skipped": 0, "collected": 0, "corrupt": 0},
+        "counters": {
+            "delivered": 5,
+            "redelivered": 0,
+            "expired": 0,
+            "acked": 3,
+            "released": 1,
+            "dead": 0,
+            "skipped": 0,
+            "collected": 0,
+            "corrupt": 0,
+        },
         "ids": [["m", "id", T0]],
     }
     assert CursorState.from_json(json.loads(json.dumps(state.to_json()))) == state

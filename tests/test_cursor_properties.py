@@ -116,7 +116,9 @@ class CursorMachine(RuleBasedStateMachine):
         self.keys = Keys("")
         self.store = MemoryStore()
         self.storage = self.run(
-            open_storage(Settings.from_dict({"backend": "memory", "strategy": "conditional_write"}), store=self.store)
+            open_storage(
+                Settings.from_dict({"backend": "memory", "strategy": "conditional_write"}), store=self.store
+            )
         )
         self.members = [
             CursorLog(self.storage, self.keys, "t", "c", 0, f"m{i}", checkpoint_every=4, clock=self.clock)
@@ -152,7 +154,10 @@ class CursorMachine(RuleBasedStateMachine):
 
         def build(state: CursorState) -> list[Op]:
             picks = [p for p in state.open_positions() if state.claimable(p, now)][:want]
-            return [Op("claim", s, i, token=token(), member=f"m{member}", until=now + VISIBILITY) for s, i in picks]
+            return [
+                Op("claim", s, i, token=token(), member=f"m{member}", until=now + VISIBILITY)
+                for s, i in picks
+            ]
 
         outcome = self.run(self.members[member].commit(build))
         if outcome is None:
@@ -164,8 +169,9 @@ class CursorMachine(RuleBasedStateMachine):
                 self.held[member][op.pos] = op.token
 
     @precondition(lambda self: any(self.held))
-    @rule(member=st.integers(0, MEMBERS - 1), kind=st.sampled_from(["ack", "release", "extend"]),
-          data=st.data())
+    @rule(
+        member=st.integers(0, MEMBERS - 1), kind=st.sampled_from(["ack", "release", "extend"]), data=st.data()
+    )
     def settle(self, member: int, kind: str, data: st.DataObject) -> None:
         if not self.held[member]:
             return

@@ -56,7 +56,12 @@ async def test_message_fields_round_trip(backend: Backend) -> None:
             await m.ack()
     m1, m2 = got[r1.id], got[r2.id]
     assert (m1.payload, m1.key, dict(m1.headers), m1.priority, m1.deliveries) == (
-        {"a": [1, 2, {"b": None}]}, "k1", {"h": "v"}, 3, 1)
+        {"a": [1, 2, {"b": None}]},
+        "k1",
+        {"h": "v"},
+        3,
+        1,
+    )
     assert m1.producer_id == p.id and m1.topic == "fields" and m1.created_at <= time.time()
     assert (m2.data, m2.content_type, m2.payload) == (b"\x00\xffraw", "image/png", None)
 
@@ -206,7 +211,12 @@ async def test_dead_letter_after_max_deliveries_exactly_as_published(backend: Ba
         await m.nack()
     dlq = await bq.register_consumer("inspect", "jobs.dlq")
     dead = await poll_one(dlq, timeout=15)
-    assert (dead.id, dead.payload, dead.key, dead.created_at) == (sent.id, {"poison": True}, "k", m.created_at)
+    assert (dead.id, dead.payload, dead.key, dead.created_at) == (
+        sent.id,
+        {"poison": True},
+        "k",
+        m.created_at,
+    )
     assert dead.producer_id == p.id
     assert dead.headers["trace"] == "abc"
     assert dead.headers["bucketq-dlq-source-topic"] == "jobs"
@@ -333,8 +343,18 @@ async def test_segments_are_json_lines_as_specified(backend: Backend) -> None:
     header, line = [json.loads(x) for x in blob.data.decode().strip().split("\n")]
     assert {"v", "topic", "partition", "seq", "producer_id", "created_at", "count"} <= set(header)
     assert header["v"] == 1 and header["count"] == 1
-    assert {"id", "key", "headers", "payload", "content_type", "created_at", "producer_id", "priority",
-            "not_before", "dedup_id"} <= set(line)
+    assert {
+        "id",
+        "key",
+        "headers",
+        "payload",
+        "content_type",
+        "created_at",
+        "producer_id",
+        "priority",
+        "not_before",
+        "dedup_id",
+    } <= set(line)
 
 
 async def test_listen_auto_extends_acks_on_return_and_nacks_on_error(backend: Backend) -> None:

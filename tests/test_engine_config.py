@@ -20,15 +20,33 @@ def test_settings_from_env_yaml_dict_and_builder(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setenv("BUCKETQ_STRATEGY", "csprng_verify")
     monkeypatch.setenv("BUCKETQ_PRODUCER__LINGER_MS", "7")
     s = Settings.load(s3_region="eu-west-1")
-    assert (s.s3_bucket, s.strategy, s.producer.linger_ms, s.s3_region) == ("from-env", "csprng_verify", 7, "eu-west-1")
+    assert (s.s3_bucket, s.strategy, s.producer.linger_ms, s.s3_region) == (
+        "from-env",
+        "csprng_verify",
+        7,
+        "eu-west-1",
+    )
     assert Settings.load(s3_bucket="flag").s3_bucket == "flag"  # explicit values beat env
     yaml_file = tmp_path / "bucketq.yaml"
-    yaml_file.write_text("s3_bucket: from-yaml\ns3_endpoint_url: http://x\nconsumer:\n  visibility_timeout_s: 9\n")
+    yaml_file.write_text(
+        "s3_bucket: from-yaml\ns3_endpoint_url: http://x\nconsumer:\n  visibility_timeout_s: 9\n"
+    )
     y = Settings.from_yaml(yaml_file)
-    assert (y.s3_bucket, y.consumer.visibility_timeout_s, y.strategy) == ("from-yaml", 9, "auto")  # env ignored
-    b = Bucketq.builder().s3("built", endpoint_url="http://y").strategy("conditional_write").producer(linger_ms=1)
+    assert (y.s3_bucket, y.consumer.visibility_timeout_s, y.strategy) == (
+        "from-yaml",
+        9,
+        "auto",
+    )  # env ignored
+    b = (
+        Bucketq.builder()
+        .s3("built", endpoint_url="http://y")
+        .strategy("conditional_write")
+        .producer(linger_ms=1)
+    )
     assert (b.settings().s3_bucket, b.settings().producer.linger_ms) == ("built", 1)
-    assert "hunter2" not in str(Settings.from_dict({"s3_bucket": "b", "s3_secret_access_key": "hunter2"}).redacted())
+    assert "hunter2" not in str(
+        Settings.from_dict({"s3_bucket": "b", "s3_secret_access_key": "hunter2"}).redacted()
+    )
 
 
 @pytest.mark.parametrize(
@@ -60,10 +78,16 @@ async def test_unreachable_endpoint_fails_fast_and_clearly() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    settings = Settings.from_dict({
-        "s3_bucket": "b", "s3_endpoint_url": f"http://127.0.0.1:{port}", "s3_access_key_id": "k",
-        "s3_secret_access_key": "s", "s3_connect_timeout_s": 1, "s3_max_attempts": 2,
-    })
+    settings = Settings.from_dict(
+        {
+            "s3_bucket": "b",
+            "s3_endpoint_url": f"http://127.0.0.1:{port}",
+            "s3_access_key_id": "k",
+            "s3_secret_access_key": "s",
+            "s3_connect_timeout_s": 1,
+            "s3_max_attempts": 2,
+        }
+    )
     started = time.monotonic()
     with pytest.raises(StorageError, match=f"127.0.0.1:{port}"):
         async with Bucketq(settings):
@@ -73,8 +97,11 @@ async def test_unreachable_endpoint_fails_fast_and_clearly() -> None:
 
 async def test_csprng_verify_forced_on_a_store_without_conditional_writes() -> None:
     store = MemoryStore(honour_conditions=False)
-    backend = Backend("memory", {"backend": "memory", "strategy": "auto",
-                                 "csprng": {"jitter_min_ms": 1, "jitter_max_ms": 3}}, store)
+    backend = Backend(
+        "memory",
+        {"backend": "memory", "strategy": "auto", "csprng": {"jitter_min_ms": 1, "jitter_max_ms": 3}},
+        store,
+    )
     bq = await backend.connect()
     assert bq.strategy == "csprng_verify"  # the probe saw no 412
     await bq.create_topic("t", partitions=2)
@@ -90,7 +117,8 @@ async def test_csprng_verify_forced_on_a_store_without_conditional_writes() -> N
 async def test_csprng_verify_forced_on_seaweedfs(seaweedfs_server) -> None:  # type: ignore[no-untyped-def]
     s = seaweedfs_server.settings(strategy="csprng_verify")
     data = s.model_dump(mode="json", exclude_none=True) | {
-        "s3_access_key_id": seaweedfs_server.access_key, "s3_secret_access_key": seaweedfs_server.secret_key,
+        "s3_access_key_id": seaweedfs_server.access_key,
+        "s3_secret_access_key": seaweedfs_server.secret_key,
         "csprng": {"jitter_min_ms": 5, "jitter_max_ms": 20},
     }
     backend = Backend("seaweedfs", data)

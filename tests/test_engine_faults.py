@@ -22,8 +22,11 @@ async def faulty(request: pytest.FixtureRequest) -> tuple[Backend, FaultyStore]:
     else:
         server = request.getfixturevalue("moto_server")
         s = server.settings(strategy="conditional_write", s3_max_attempts=1)
-        b = Backend("moto", s.model_dump(mode="json", exclude_none=True) | {
-            "s3_access_key_id": server.access_key, "s3_secret_access_key": server.secret_key})
+        b = Backend(
+            "moto",
+            s.model_dump(mode="json", exclude_none=True)
+            | {"s3_access_key_id": server.access_key, "s3_secret_access_key": server.secret_key},
+        )
         inner = build_store(b.settings())
     store = FaultyStore(inner, seed=7)
     b.store = store

@@ -55,9 +55,12 @@ async def test_members_of_one_consumer_share_work_without_duplicates(race_backen
     ids = {r.id for r in await asyncio.gather(*(p.publish("work", i, key=f"k{i}") for i in range(800)))}
     # heartbeats every 0.5 s: the members see each other within a second even when their joins
     # are slow (a loaded machine), so the first one cannot drain everything alone
-    members = [await (await race_backend.connect()).register_consumer("workers", "work", max_in_flight=50,
-                                                                      heartbeat_interval_s=0.5)
-               for _ in range(3)]
+    members = [
+        await (await race_backend.connect()).register_consumer(
+            "workers", "work", max_in_flight=50, heartbeat_interval_s=0.5
+        )
+        for _ in range(3)
+    ]
     seen: dict[str, int] = {}
     per_member = [0, 0, 0]
 
@@ -82,7 +85,9 @@ async def test_idle_members_steal_aged_work_from_a_busy_partition(race_backend: 
     p = await setup.register_producer("p")
     ids = {r.id for r in await asyncio.gather(*(p.publish("hot", i) for i in range(120)))}
     opts = {"max_in_flight": 5, "steal_after_s": 0.3, "foreign_poll_ms": 100}
-    members = [await (await race_backend.connect()).register_consumer("slow", "hot", **opts) for _ in range(3)]
+    members = [
+        await (await race_backend.connect()).register_consumer("slow", "hot", **opts) for _ in range(3)
+    ]
     seen: dict[str, int] = {}
     per_member = [0, 0, 0]
 
@@ -159,8 +164,13 @@ HOLDING_CONSUMER = textwrap.dedent("""
 
 
 def _spawn(code: str, bucket: Path) -> subprocess.Popen[str]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.Popen([sys.executable, "-c", code, str(bucket)], stdout=subprocess.PIPE, text=True, env=env)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
+    }
+    return subprocess.Popen(
+        [sys.executable, "-c", code, str(bucket)], stdout=subprocess.PIPE, text=True, env=env
+    )
 
 
 async def test_sigkilled_processes_lose_no_acknowledged_publish_and_leases_come_back(tmp_path: Path) -> None:

@@ -119,7 +119,9 @@ async def test_delta_put_into_a_freed_number_is_rejected_and_reloaded(short_fenc
     bq = Bucketq.builder().memory().build(store=faulty)
     await bq.open()
     await bq.catalog.create("t")
-    commit = asyncio.create_task(a.commit(lambda s: [Op("seen", s.frontier + 1, count=1, base=s.frontier + 1)]))
+    commit = asyncio.create_task(
+        a.commit(lambda s: [Op("seen", s.frontier + 1, count=1, base=s.frontier + 1)])
+    )
     await asyncio.sleep(0.05)
     await bq.collect_garbage(["t"], delta_grace_s=GRACE_S)
     await asyncio.sleep(GRACE_S + 1.1)
@@ -463,7 +465,9 @@ async def test_undecodable_segment_is_skipped_and_counted(backend: Backend) -> N
     bq = await backend.connect()
     await bq.create_topic("t")
     keys = Keys(bq.settings.root)
-    await bq.storage.create(keys.segment("t", 0, 0), b'{"v":1,"topic":"t","partition":0,"seq":0,"count":2,"base":0}\nnot json\n')
+    await bq.storage.create(
+        keys.segment("t", 0, 0), b'{"v":1,"topic":"t","partition":0,"seq":0,"count":2,"base":0}\nnot json\n'
+    )
     p = await bq.register_producer("p")
     await p.publish("t", "after")
     c = await bq.register_consumer("c", "t")
@@ -486,7 +490,12 @@ async def test_clock_far_ahead_is_reported(caplog: pytest.LogCaptureFixture) -> 
 async def test_lease_lost_after_outage_is_reported_not_forked(short_fences: None) -> None:
     """r2b: a member cut off past its lease gets LeaseLost for its ack, and never a fork."""
     faulty = FaultyStore(MemoryStore())
-    bq_a = Bucketq.builder().memory().consumer(visibility_timeout_s=1.0, clock_skew_s=0.0, max_commit_attempts=2).build(store=faulty)
+    bq_a = (
+        Bucketq.builder()
+        .memory()
+        .consumer(visibility_timeout_s=1.0, clock_skew_s=0.0, max_commit_attempts=2)
+        .build(store=faulty)
+    )
     await bq_a.open()
     await bq_a.create_topic("t")
     p = await bq_a.register_producer("p")

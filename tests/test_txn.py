@@ -52,13 +52,21 @@ async def _append_chunk(storage: Storage, keys: Keys, record: TxnRecord, partiti
     def encode(header: SegmentHeader) -> bytes:
         return encode_segment(dataclasses.replace(header, txn=record.id, chunk=chunk), lines)
 
-    return (await writer.append(lines, f"{record.id}-{partition}-{chunk}-{time.monotonic()}", encode=encode)).seq
+    return (
+        await writer.append(lines, f"{record.id}-{partition}-{chunk}-{time.monotonic()}", encode=encode)
+    ).seq
 
 
-async def _begin(storage: Storage, keys: Keys, topic: str, txn: str, chunks: int, timeout_s: float = 60.0) -> tuple[TxnRecord, str]:
+async def _begin(
+    storage: Storage, keys: Keys, topic: str, txn: str, chunks: int, timeout_s: float = 60.0
+) -> tuple[TxnRecord, str]:
     start, _ = await find_tail(storage, keys, topic, 0)
     record = TxnRecord(
-        txn, topic, job=txn.split(".")[0], owner="run-1", timeout_s=timeout_s,
+        txn,
+        topic,
+        job=txn.split(".")[0],
+        owner="run-1",
+        timeout_s=timeout_s,
         partitions={0: TxnPartition(start, [Chunk(3, 0, f"src-{i}") for i in range(chunks)])},
     )
     return record, await create_txn(storage, keys, record)
@@ -113,13 +121,17 @@ async def test_aborted_and_expired_transactions_are_skipped(tmp_path: Path) -> N
         storage, keys = bq.storage, Keys(bq.settings.root)
         aborted, _ = await _begin(storage, keys, "jobs", "job-b.000001", chunks=1)
         await _append_chunk(storage, keys, aborted, 0, 0)
-        assert (await abort_txn(storage, keys, "jobs", aborted.id, "test", only_expired=False)).state == "aborted"  # type: ignore[union-attr]
+        assert (
+            await abort_txn(storage, keys, "jobs", aborted.id, "test", only_expired=False)
+        ).state == "aborted"  # type: ignore[union-attr]
         # a committer that died: pending with a short timeout; the reader aborts it once it expired
         dead, _ = await _begin(storage, keys, "jobs", "job-c.000001", chunks=1, timeout_s=0.5)
         await _append_chunk(storage, keys, dead, 0, 0)
         producer = await bq.register_producer("plain")
         await producer.publish("jobs", {"n": 7})
-        assert await stable_limits(storage, keys, "jobs", abort_expired=False) == {0: dead.partitions[0].start}
+        assert await stable_limits(storage, keys, "jobs", abort_expired=False) == {
+            0: dead.partitions[0].start
+        }
 
         consumer = await bq.register_consumer("worker", "jobs")
         assert await _receive(bq, consumer, 1, wait_s=0.3) == []  # stopped at the pending one
@@ -220,7 +232,9 @@ def test_segment_header_fields_are_optional() -> None:
         b'"batch":"b"}\n{"id":"x","payload":1}\n'
     )
     lines = [_line(i) for i in range(50)]
-    packed = encode_segment(dataclasses.replace(header, count=50, txn="j.000001", chunk=2, codec="zlib"), lines)
+    packed = encode_segment(
+        dataclasses.replace(header, count=50, txn="j.000001", chunk=2, codec="zlib"), lines
+    )
     assert encode_header(decode_segment(packed).header).startswith(packed.split(b"\n", 1)[0])
     segment = decode_segment(packed)
     assert (segment.header.txn, segment.header.chunk, segment.header.codec) == ("j.000001", 2, "zlib")

@@ -78,7 +78,8 @@ def bench(
     ),
     json_file: Path | None = typer.Option(None, "--json", help="Write the runs as a JSON list to this file."),
     via: Via = typer.Option(
-        Via.library, "--via",
+        Via.library,
+        "--via",
         help="library: in-process connections; sidecar: apps speaking HTTP to sidecar processes (e2e).",
     ),
     spark: bool = typer.Option(False, "--spark", help="Spark read and write throughput on local[2] instead."),
@@ -86,9 +87,20 @@ def bench(
     """Measure throughput, S3 requests per message, latency, duplicates and losses."""
     if via is Via.sidecar or spark:
         if backend not in (BenchBackend.moto, BenchBackend.seaweedfs):
-            raise typer.BadParameter("--via sidecar and --spark need --backend moto or seaweedfs", param_hint="--backend")
-        run(_bench_server(backend.value, "spark" if spark else "sidecar", messages, consumers, partitions,
-                          payload_bytes, json_file))
+            raise typer.BadParameter(
+                "--via sidecar and --spark need --backend moto or seaweedfs", param_hint="--backend"
+            )
+        run(
+            _bench_server(
+                backend.value,
+                "spark" if spark else "sidecar",
+                messages,
+                consumers,
+                partitions,
+                payload_bytes,
+                json_file,
+            )
+        )
         return
     run(
         _bench(
@@ -162,7 +174,12 @@ async def _bench(
 
 
 async def _bench_server(
-    backend: str, kind: str, messages: int, sidecars: int, partitions: int, payload_bytes: int,
+    backend: str,
+    kind: str,
+    messages: int,
+    sidecars: int,
+    partitions: int,
+    payload_bytes: int,
     json_file: Path | None,
 ) -> None:
     """The sidecar (e2e over HTTP) or Spark benchmark on a server it starts; the same JSON list format."""
@@ -177,20 +194,52 @@ async def _bench_server(
             from bucketq.sidecar.bench import run_via_sidecar
 
             record = await run_via_sidecar(
-                server.endpoint_url, bucket, messages, sidecars, partitions, payload_bytes,
-                access_key=server.access_key, secret_key=server.secret_key,
+                server.endpoint_url,
+                bucket,
+                messages,
+                sidecars,
+                partitions,
+                payload_bytes,
+                access_key=server.access_key,
+                secret_key=server.secret_key,
             )
             records = [record | {"backend": backend}]
         else:
             from bucketq.spark.bench import run_spark_bench
 
             records = await asyncio.to_thread(
-                run_spark_bench, server.endpoint_url, bucket, messages, partitions, payload_bytes,
-                access_key=server.access_key, secret_key=server.secret_key,
+                run_spark_bench,
+                server.endpoint_url,
+                bucket,
+                messages,
+                partitions,
+                payload_bytes,
+                access_key=server.access_key,
+                secret_key=server.secret_key,
             )
-    keys = ("scenario", "messages", "msgs_per_s", "s3_requests_per_message", "p50_ms", "p99_ms",
-            "duplicates", "lost", "rss_peak_mib") if kind == "sidecar" else (
-            "scenario", "messages", "seconds", "msgs_per_s", "vs_json", "bytes_per_message", "s3_requests_per_message")
+    keys = (
+        (
+            "scenario",
+            "messages",
+            "msgs_per_s",
+            "s3_requests_per_message",
+            "p50_ms",
+            "p99_ms",
+            "duplicates",
+            "lost",
+            "rss_peak_mib",
+        )
+        if kind == "sidecar"
+        else (
+            "scenario",
+            "messages",
+            "seconds",
+            "msgs_per_s",
+            "vs_json",
+            "bytes_per_message",
+            "s3_requests_per_message",
+        )
+    )
     from rich.table import Table
 
     table = Table(*keys, title=f"bucketq bench ({kind}, {backend})")

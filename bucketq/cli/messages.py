@@ -193,8 +193,13 @@ async def _settle(messages: list[Message], *, no_ack: bool) -> int:
 def message_json(msg: Message, *, acked: bool) -> dict[str, Any]:
     """The message as stored (its segment line) plus where it sits and how often it was delivered."""
     return {
-        "id": msg.id, "topic": msg.topic, "partition": msg.partition, "offset": msg.offset,
-        **msg.record.to_json(), "deliveries": msg.deliveries, "acked": acked,
+        "id": msg.id,
+        "topic": msg.topic,
+        "partition": msg.partition,
+        "offset": msg.offset,
+        **msg.record.to_json(),
+        "deliveries": msg.deliveries,
+        "acked": acked,
     }
 
 

@@ -38,8 +38,11 @@ def message(
     else:
         fields["payload"] = payload
     optional = {
-        "content_type": content_type, "key": key, "dedup_id": dedup_id,
-        "delay_seconds": delay, "not_before": not_before,
+        "content_type": content_type,
+        "key": key,
+        "dedup_id": dedup_id,
+        "delay_seconds": delay,
+        "not_before": not_before,
     }
     fields.update({k: v for k, v in optional.items() if v is not None})
     if headers:
@@ -52,7 +55,9 @@ def wire(m: OutgoingMessage) -> dict[str, Any]:
 
 
 def batch_body(messages: Iterable[OutgoingMessage | Mapping[str, Any]]) -> dict[str, Any]:
-    items = [m if isinstance(m, OutgoingMessage) else OutgoingMessage.model_validate(dict(m)) for m in messages]
+    items = [
+        m if isinstance(m, OutgoingMessage) else OutgoingMessage.model_validate(dict(m)) for m in messages
+    ]
     return {"messages": [wire(m) for m in items]}
 
 

@@ -98,8 +98,17 @@ class AsyncClient:
         not_before: float | None = None,
     ) -> PublishResponse:
         """Publish one message; returns once it is durable in the bucket."""
-        m = message(payload, data=data, content_type=content_type, key=key, headers=headers,
-                    dedup_id=dedup_id, priority=priority, delay=delay, not_before=not_before)
+        m = message(
+            payload,
+            data=data,
+            content_type=content_type,
+            key=key,
+            headers=headers,
+            dedup_id=dedup_id,
+            priority=priority,
+            delay=delay,
+            not_before=not_before,
+        )
         return await self._model(PublishResponse, "POST", publish_path(topic), wire(m))
 
     async def publish_batch(
@@ -109,8 +118,9 @@ class AsyncClient:
 
         Check ``failed`` and each result's ``status``: entries fail one by one (e.g. 503).
         """
-        return await self._model(PublishBatchResponse, "POST", publish_path(topic, batch=True),
-                                 batch_body(messages))
+        return await self._model(
+            PublishBatchResponse, "POST", publish_path(topic, batch=True), batch_body(messages)
+        )
 
     # -- consume ---------------------------------------------------------------------------------
 
@@ -127,11 +137,15 @@ class AsyncClient:
         self, receipt: str, *, requeue: bool = True, delay: float = 0.0, reason: str | None = None
     ) -> SettleResponse:
         """Give back for redelivery after ``delay`` seconds, or with ``requeue=False`` dead-letter."""
-        return await self._model(SettleResponse, "POST", "/v1/nack", nack_body(receipt, requeue, delay, reason))
+        return await self._model(
+            SettleResponse, "POST", "/v1/nack", nack_body(receipt, requeue, delay, reason)
+        )
 
     async def extend(self, receipt: str, seconds: float) -> float:
         """Keep the lease ``seconds`` more from now; returns the new deadline (unix time)."""
-        resp = await self._model(SettleResponse, "POST", "/v1/extend", {"receipt": receipt, "seconds": seconds})
+        resp = await self._model(
+            SettleResponse, "POST", "/v1/extend", {"receipt": receipt, "seconds": seconds}
+        )
         assert resp.lease_until is not None
         return resp.lease_until
 

@@ -77,10 +77,16 @@ class PushServer:
             if isinstance(body, dict) and "messages" in body:
                 batch = PushBatch.model_validate(body)
                 statuses = await asyncio.gather(*(self._run_handler(m) for m in batch.messages))
-                return web.json_response({
-                    "statuses": [{"id": m.id, "status": s} for m, s in zip(batch.messages, statuses, strict=True)]
-                })
-            return web.json_response({"status": await self._run_handler(DeliveredMessage.model_validate(body))})
+                return web.json_response(
+                    {
+                        "statuses": [
+                            {"id": m.id, "status": s} for m, s in zip(batch.messages, statuses, strict=True)
+                        ]
+                    }
+                )
+            return web.json_response(
+                {"status": await self._run_handler(DeliveredMessage.model_validate(body))}
+            )
         except (ValueError, ValidationError) as exc:
             log.error("unreadable push request: %s", exc)
             return web.json_response({"status": "RETRY", "error": str(exc)}, status=400)

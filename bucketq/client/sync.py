@@ -83,11 +83,15 @@ class Client:
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
                 self.close()
                 if attempt == 2:
-                    raise ConnectionFailedError(0, "connection_failed", f"{method} {self.url}{path}: {exc}") from exc
+                    raise ConnectionFailedError(
+                        0, "connection_failed", f"{method} {self.url}{path}: {exc}"
+                    ) from exc
                 continue
             except OSError as exc:
                 self.close()
-                raise ConnectionFailedError(0, "connection_failed", f"{method} {self.url}{path}: {exc}") from exc
+                raise ConnectionFailedError(
+                    0, "connection_failed", f"{method} {self.url}{path}: {exc}"
+                ) from exc
             if resp.status >= 400:
                 raise error_for(resp.status, data, dict(resp.getheaders()))
             return data
@@ -113,15 +117,26 @@ class Client:
         not_before: float | None = None,
     ) -> PublishResponse:
         """Publish one message; returns once it is durable in the bucket."""
-        m = message(payload, data=data, content_type=content_type, key=key, headers=headers,
-                    dedup_id=dedup_id, priority=priority, delay=delay, not_before=not_before)
+        m = message(
+            payload,
+            data=data,
+            content_type=content_type,
+            key=key,
+            headers=headers,
+            dedup_id=dedup_id,
+            priority=priority,
+            delay=delay,
+            not_before=not_before,
+        )
         return self._model(PublishResponse, "POST", publish_path(topic), wire(m))
 
     def publish_batch(
         self, topic: str, messages: Iterable[OutgoingMessage | Mapping[str, Any]]
     ) -> PublishBatchResponse:
         """Publish many messages; check ``failed`` and each result's ``status``."""
-        return self._model(PublishBatchResponse, "POST", publish_path(topic, batch=True), batch_body(messages))
+        return self._model(
+            PublishBatchResponse, "POST", publish_path(topic, batch=True), batch_body(messages)
+        )
 
     # -- consume ---------------------------------------------------------------------------------
 

@@ -104,10 +104,14 @@ class Bucketq:
             if found in UPGRADABLE_FORMATS:
                 log.warning(
                     "upgrading bucket storage format %s to %s in place; stop processes of older versions: "
-                    "they do not honour GC fences", found, FORMAT,
+                    "they do not honour GC fences",
+                    found,
+                    FORMAT,
                 )
                 try:
-                    await self.storage.store.put(key, json.dumps({"format": FORMAT}).encode(), if_match=blob.etag)
+                    await self.storage.store.put(
+                        key, json.dumps({"format": FORMAT}).encode(), if_match=blob.etag
+                    )
                 except PreconditionFailed:
                     pass  # another process upgraded it at the same moment
                 return
@@ -184,7 +188,9 @@ class Bucketq:
     async def register_producer(self, name: str = "default", **overrides: Any) -> Producer:
         """A producer registered under ``name`` (stable id); ``overrides`` tune its ProducerSettings."""
         reg = await self._registry.register("producer", name)
-        settings = self.settings.producer.model_copy(update=overrides) if overrides else self.settings.producer
+        settings = (
+            self.settings.producer.model_copy(update=overrides) if overrides else self.settings.producer
+        )
         ProducerSettings.model_validate(settings.model_dump())
         peers = ProducerPeers(self.storage, self.keys, self.registry, reg)
         await peers.refresh(heartbeat=False)  # register() just wrote the registration
@@ -216,8 +222,14 @@ class Bucketq:
             raise ConfigError(f"invalid consumer settings: {exc}") from None
         reg = await self._registry.register("consumer", name, topics=topic_list)
         consumer = Consumer(
-            self.storage, self.keys, self.catalog, self._dlq_producer(), settings,
-            name=name, consumer_id=reg.id, topics=topic_list,
+            self.storage,
+            self.keys,
+            self.catalog,
+            self._dlq_producer(),
+            settings,
+            name=name,
+            consumer_id=reg.id,
+            topics=topic_list,
         )
         await consumer.start()
         self._consumers.append(consumer)
@@ -226,8 +238,12 @@ class Bucketq:
     def _dlq_producer(self) -> Producer:
         if self._default_producer is None:
             self._default_producer = Producer(
-                self.storage, self.keys, self.catalog, self.settings.producer,
-                producer_id="dead-letter", name="dead-letter",
+                self.storage,
+                self.keys,
+                self.catalog,
+                self.settings.producer,
+                producer_id="dead-letter",
+                name="dead-letter",
             )
             self._producers.append(self._default_producer)
         return self._default_producer
@@ -280,8 +296,10 @@ class BucketqBuilder:
     ) -> BucketqBuilder:
         self._data.update(backend="s3", s3_bucket=bucket)
         for k, v in {
-            "s3_endpoint_url": endpoint_url, "s3_region": region,
-            "s3_access_key_id": access_key_id, "s3_secret_access_key": secret_access_key,
+            "s3_endpoint_url": endpoint_url,
+            "s3_region": region,
+            "s3_access_key_id": access_key_id,
+            "s3_secret_access_key": secret_access_key,
         }.items():
             if v is not None:
                 self._data[k] = v

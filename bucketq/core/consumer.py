@@ -117,8 +117,11 @@ class Consumer:
                 self.storage, self.keys, topic, self.name, self.member, self.settings.member_ttl_s
             )
             sub = _TopicSub(topic, config.partitions, membership, marker.incarnation)
-            self._apply_config(sub, config.dead_letter.max_deliveries if config.dead_letter.enabled else None,
-                               config.dead_letter_topic(topic))
+            self._apply_config(
+                sub,
+                config.dead_letter.max_deliveries if config.dead_letter.enabled else None,
+                config.dead_letter_topic(topic),
+            )
             self._subs[topic] = sub
             if sub.dead_letter_topic is not None:
                 await self._ensure_dead_letter_topic(sub.dead_letter_topic)
@@ -160,8 +163,13 @@ class Consumer:
                 return
             if attempt == self.settings.max_commit_attempts:
                 raise errors[0]
-            log.warning("consumer %s: starting the cursors of %s failed (attempt %d), retrying: %s",
-                        self.name, sub.topic, attempt, errors[0])
+            log.warning(
+                "consumer %s: starting the cursors of %s failed (attempt %d), retrying: %s",
+                self.name,
+                sub.topic,
+                attempt,
+                errors[0],
+            )
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
 
@@ -179,9 +187,17 @@ class Consumer:
             return any(w.state.started for p, w in sub.workers.items() if p != partition)
 
         return PartitionWorker(
-            self.storage, self.keys, sub.topic, self.name, partition, self.member, self.settings,
-            lambda: sub.max_deliveries, self._dead_letter,
-            subscription_started=siblings_started, incarnation=lambda: sub.incarnation,
+            self.storage,
+            self.keys,
+            sub.topic,
+            self.name,
+            partition,
+            self.member,
+            self.settings,
+            lambda: sub.max_deliveries,
+            self._dead_letter,
+            subscription_started=siblings_started,
+            incarnation=lambda: sub.incarnation,
         )
 
     async def close(self, *, drain: bool = True) -> None:
@@ -217,7 +233,9 @@ class Consumer:
             for worker in sub.workers.values():
                 for intent in worker.intents:
                     if not intent.future.done():
-                        intent.future.set_exception(ClosedError("consumer closed before the settlement was committed"))
+                        intent.future.set_exception(
+                            ClosedError("consumer closed before the settlement was committed")
+                        )
                 worker.intents = []
         for sub in self._subs.values():
             await sub.membership.leave()
@@ -307,14 +325,17 @@ class Consumer:
             return
         config = marker.config
         if marker.incarnation != sub.incarnation:
-            log.warning("consumer %s: topic %s was deleted and created again; starting over", self.name, sub.topic)
+            log.warning(
+                "consumer %s: topic %s was deleted and created again; starting over", self.name, sub.topic
+            )
             self._drop_topic_messages(sub.topic)
             sub.incarnation = marker.incarnation
             sub.workers = {}
             sub.partitions = 0
         sub.gone = None
         self._apply_config(
-            sub, config.dead_letter.max_deliveries if config.dead_letter.enabled else None,
+            sub,
+            config.dead_letter.max_deliveries if config.dead_letter.enabled else None,
             config.dead_letter_topic(sub.topic),
         )
         for p in range(sub.partitions, config.partitions):
@@ -338,7 +359,11 @@ class Consumer:
         paused (a paused member discovers nothing, so all it owns is the others' to take), or
         its cycles on the partition keep failing on the store (it is cut off from the partition's
         objects while its heartbeats still land: its leases run out and nobody else would claim)."""
-        mine = [p for p in owned_partitions(self.member, sub.membership.members, sub.partitions) if p in sub.workers]
+        mine = [
+            p
+            for p in owned_partitions(self.member, sub.membership.members, sub.partitions)
+            if p in sub.workers
+        ]
         if not self._claiming:
             return mine
         failing = [p for p in mine if sub.workers[p].failed_cycles >= FAILED_CYCLES_FOR_HELP]
@@ -479,7 +504,9 @@ class Consumer:
         if await self._settle(receipt, "ack", "acked"):
             self.counters.acked += 1
 
-    async def nack(self, receipt: str, *, requeue: bool = True, delay: float = 0.0, reason: str = "nack") -> None:
+    async def nack(
+        self, receipt: str, *, requeue: bool = True, delay: float = 0.0, reason: str = "nack"
+    ) -> None:
         """Requeue (after ``delay`` seconds), or with requeue=False dead-letter the message."""
         if requeue:
             nb = time.time() + delay if delay > 0 else None
@@ -526,15 +553,17 @@ class Consumer:
             return
         await self._ensure_dead_letter_topic(dlq)
         headers = dict(record.headers)
-        headers.update({
-            f"{DLQ_HEADER_PREFIX}source-topic": topic,
-            f"{DLQ_HEADER_PREFIX}partition": str(partition),
-            f"{DLQ_HEADER_PREFIX}position": f"{pos[0]}:{pos[1]}",
-            f"{DLQ_HEADER_PREFIX}consumer": self.name,
-            f"{DLQ_HEADER_PREFIX}reason": reason,
-            f"{DLQ_HEADER_PREFIX}deliveries": str(deliveries),
-            f"{DLQ_HEADER_PREFIX}at": f"{time.time():.3f}",
-        })
+        headers.update(
+            {
+                f"{DLQ_HEADER_PREFIX}source-topic": topic,
+                f"{DLQ_HEADER_PREFIX}partition": str(partition),
+                f"{DLQ_HEADER_PREFIX}position": f"{pos[0]}:{pos[1]}",
+                f"{DLQ_HEADER_PREFIX}consumer": self.name,
+                f"{DLQ_HEADER_PREFIX}reason": reason,
+                f"{DLQ_HEADER_PREFIX}deliveries": str(deliveries),
+                f"{DLQ_HEADER_PREFIX}at": f"{time.time():.3f}",
+            }
+        )
         headers.pop("bucketq-redrive-for", None)
         await self.producer.publish_record(
             dlq, record, headers=headers, dedup_id=f"dlq/{topic}/{self.name}/{partition}/{pos[0]}/{pos[1]}"
@@ -584,7 +613,9 @@ class Consumer:
             self._wake.set()  # demand changed
         return out
 
-    async def listen(self, handler: Handler, *, concurrency: int = 8, stop: asyncio.Event | None = None) -> None:
+    async def listen(
+        self, handler: Handler, *, concurrency: int = 8, stop: asyncio.Event | None = None
+    ) -> None:
         """Run ``handler`` on every message; ack on return, nack on exception; leases auto-extend."""
         sem = asyncio.Semaphore(concurrency)
         tasks: set[asyncio.Task[None]] = set()

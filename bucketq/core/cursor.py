@@ -247,9 +247,7 @@ class CursorState:
             ],
             "deliveries": [[seq, idx, d] for (seq, idx), d in sorted(self.deliveries.items())],
             "delayed": [[seq, idx, t] for (seq, idx), t in sorted(self.delayed.items())],
-            "counters": {
-                name: getattr(self.counters, name) for name in Counters.__dataclass_fields__
-            },
+            "counters": {name: getattr(self.counters, name) for name in Counters.__dataclass_fields__},
             "ids": [[member, i, at] for member, (i, at) in sorted(self.ids.items())],
         }
 

@@ -97,7 +97,9 @@ class CursorLog:
         GET is looked for again (never mistaken for an empty log); one that cannot be decoded (a
         killed writer's empty object) is passed over for the next older one (I8)."""
         prefix = self.keys.checkpoints_prefix(self.topic, self.consumer, self.partition)
-        start_after = self.keys.checkpoint(self.topic, self.consumer, self.partition, after) if after else None
+        start_after = (
+            self.keys.checkpoint(self.topic, self.consumer, self.partition, after) if after else None
+        )
         for _ in range(10):
             listed = [info.key async for info in self.storage.list(prefix, start_after=start_after)]
             vanished = False
@@ -112,7 +114,9 @@ class CursorLog:
                     log.warning("checkpoint %s cannot be decoded (%s); using an older one", key, exc)
             if not vanished:
                 return None
-        raise StorageError(f"cursor {self.topic}/{self.consumer}/p{self.partition}: checkpoints keep vanishing")
+        raise StorageError(
+            f"cursor {self.topic}/{self.consumer}/p{self.partition}: checkpoints keep vanishing"
+        )
 
     async def load(self) -> CursorState:
         """Fence, newest checkpoint, then every delta after it until the first missing one."""
@@ -154,7 +158,11 @@ class CursorLog:
         if self.state.n + 1 < self.fence.floor:
             log.info(
                 "cursor %s/%s/p%d: replica at %d is below the trim fence %d; reloading",
-                self.topic, self.consumer, self.partition, self.state.n, self.fence.floor,
+                self.topic,
+                self.consumer,
+                self.partition,
+                self.state.n,
+                self.fence.floor,
             )
             await self.load()
 
@@ -185,7 +193,12 @@ class CursorLog:
             log.warning(
                 "cursor %s/%s/p%d: member %s's clock is %.1fs ahead of ours (margin %.1fs): lease "
                 "expiry may be early; check NTP on both hosts",
-                self.topic, self.consumer, self.partition, delta.member, lead, self.clock_skew_s,
+                self.topic,
+                self.consumer,
+                self.partition,
+                delta.member,
+                lead,
+                self.clock_skew_s,
             )
 
     async def _resolve_inflight(self) -> CommitOutcome | None:
@@ -261,7 +274,11 @@ class CursorLog:
                 self.orphans += 1
                 log.warning(
                     "cursor %s/%s/p%d: delta %d landed below the trim fence %d; reloading",
-                    self.topic, self.consumer, self.partition, delta.n, self.fence.floor,
+                    self.topic,
+                    self.consumer,
+                    self.partition,
+                    delta.n,
+                    self.fence.floor,
                 )
                 self._inflight = None
                 await self.load()

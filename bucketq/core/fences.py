@@ -77,7 +77,10 @@ class FenceValue:
         obj = json.loads(data)
         history = tuple((int(f), float(t)) for f, t in obj.get("history", []))
         return cls(
-            int(obj["floor"]), int(obj.get("base", 0)), float(obj.get("at", 0.0)), bool(obj.get("deleted")),
+            int(obj["floor"]),
+            int(obj.get("base", 0)),
+            float(obj.get("at", 0.0)),
+            bool(obj.get("deleted")),
             history,
         )
 

@@ -58,8 +58,15 @@ class GcReport:
     @property
     def total(self) -> int:
         return (
-            self.segments + self.deltas + self.checkpoints + self.members + self.dedup_markers
-            + self.probes + self.claims + self.orphans + self.transactions
+            self.segments
+            + self.deltas
+            + self.checkpoints
+            + self.members
+            + self.dedup_markers
+            + self.probes
+            + self.claims
+            + self.orphans
+            + self.transactions
         )
 
 
@@ -143,8 +150,16 @@ async def collect_garbage(
             if unstarted:
                 continue  # a subscription is choosing its start position here: free nothing
             await _collect_segments(
-                storage, keys, topic, partition, min(floors) if floors else None,
-                config.retention_seconds, now, clock, segment_grace_s, deleter,
+                storage,
+                keys,
+                topic,
+                partition,
+                min(floors) if floors else None,
+                config.retention_seconds,
+                now,
+                clock,
+                segment_grace_s,
+                deleter,
             )
         async for info in storage.list(keys.dedup_prefix(topic)):
             if now - info.last_modified > dedup_window_s:
@@ -168,8 +183,16 @@ async def collect_garbage(
 
 
 async def _collect_segments(
-    storage: Storage, keys: Keys, topic: str, partition: int, min_floor: int | None,
-    retention_s: float, now: float, clock: _StoreClock, grace_s: float, deleter: _Deleter,
+    storage: Storage,
+    keys: Keys,
+    topic: str,
+    partition: int,
+    min_floor: int | None,
+    retention_s: float,
+    now: float,
+    clock: _StoreClock,
+    grace_s: float,
+    deleter: _Deleter,
 ) -> None:
     """Raise the partition's floor fence (phase 1), then free below an old enough fence (phase 2)."""
     fence_key = keys.segment_floor(topic, partition)
@@ -206,8 +229,14 @@ async def _collect_segments(
 
 
 async def _collect_log(
-    storage: Storage, keys: Keys, topic: str, consumer: str, partition: int,
-    clock: _StoreClock, grace_s: float, deleter: _Deleter,
+    storage: Storage,
+    keys: Keys,
+    topic: str,
+    consumer: str,
+    partition: int,
+    clock: _StoreClock,
+    grace_s: float,
+    deleter: _Deleter,
 ) -> None:
     """Raise the log's trim fence above the second-newest checkpoint (phase 1) and drop the older
     checkpoints; free the deltas below an old enough fence (phase 2). The checkpoint a reload
@@ -257,7 +286,12 @@ async def _collect_deleted_topics(
 
 
 async def _collect_transactions(
-    storage: Storage, keys: Keys, catalog: TopicCatalog, topics: list[str] | None, now: float, deleter: _Deleter
+    storage: Storage,
+    keys: Keys,
+    catalog: TopicCatalog,
+    topics: list[str] | None,
+    now: float,
+    deleter: _Deleter,
 ) -> None:
     """Job commits (core/txn.py): expired pending transactions are aborted; resolved records whose
     segments are gone, and Spark staging areas nobody needs any more, are deleted."""
@@ -271,7 +305,11 @@ async def _collect_transactions(
 
 
 async def _collect_claims(
-    storage: Storage, keys: Keys, now: float, claim_timeout_s: float, deleter: _Deleter,
+    storage: Storage,
+    keys: Keys,
+    now: float,
+    claim_timeout_s: float,
+    deleter: _Deleter,
     topics: list[str] | None,
 ) -> None:
     """csprng_verify claims left behind by crashed writers (only where that strategy is used)."""

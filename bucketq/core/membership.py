@@ -28,7 +28,9 @@ def owned_partitions(member: str, members: list[str], partitions: int) -> list[i
 class Membership:
     """Heartbeats of one member of one subscription, and the live member list."""
 
-    def __init__(self, storage: Storage, keys: Keys, topic: str, consumer: str, member: str, ttl_s: float) -> None:
+    def __init__(
+        self, storage: Storage, keys: Keys, topic: str, consumer: str, member: str, ttl_s: float
+    ) -> None:
         self.storage = storage
         self.keys = keys
         self.topic = topic
@@ -42,10 +44,15 @@ class Membership:
 
     async def heartbeat(self, help_wanted: list[int] | None = None) -> None:
         """Overwrite this member's heartbeat; ``help_wanted`` lists owned partitions it cannot keep up with."""
-        body = json.dumps({
-            "member": self.member, "at": time.time(), "host": socket.gethostname(), "pid": os.getpid(),
-            "help": sorted(help_wanted or []),
-        }).encode()
+        body = json.dumps(
+            {
+                "member": self.member,
+                "at": time.time(),
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "help": sorted(help_wanted or []),
+            }
+        ).encode()
         await self.storage.overwrite(self.keys.member(self.topic, self.consumer, self.member), body)
 
     async def refresh(self) -> list[str]:

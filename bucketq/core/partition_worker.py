@@ -45,7 +45,9 @@ def seen_op(segment: Segment, consumer: str, incarnation: str = "") -> Op:
     if segment.hidden:  # a job commit's segment its transaction does not show (core/txn.py)
         return Op("seen", h.seq, count=h.count, base=h.base, skip=list(range(h.count)))
     delayed = {i: r.not_before for i, r in enumerate(segment.records) if r.not_before}
-    skip = [i for i, r in enumerate(segment.records) if r.headers.get(REDRIVE_FOR_HEADER) not in (None, consumer)]
+    skip = [
+        i for i, r in enumerate(segment.records) if r.headers.get(REDRIVE_FOR_HEADER) not in (None, consumer)
+    ]
     return Op("seen", h.seq, count=h.count, base=h.base, delayed=delayed or None, skip=skip or None)
 
 
@@ -64,8 +66,15 @@ class Intent:
     def op(self) -> Op:
         r = self.receipt
         return Op(
-            self.kind, r.seq, r.idx, token=r.token, until=self.until, not_before=self.not_before,
-            counted=self.counted, reason=self.reason, ref=self,
+            self.kind,
+            r.seq,
+            r.idx,
+            token=r.token,
+            until=self.until,
+            not_before=self.not_before,
+            counted=self.counted,
+            reason=self.reason,
+            ref=self,
         )
 
 
@@ -109,8 +118,14 @@ class PartitionWorker:
         self.subscription_started = subscription_started
         self.incarnation = incarnation
         self.log = CursorLog(
-            storage, keys, topic, consumer, partition, member,
-            checkpoint_every=settings.checkpoint_every, max_attempts=settings.max_commit_attempts,
+            storage,
+            keys,
+            topic,
+            consumer,
+            partition,
+            member,
+            checkpoint_every=settings.checkpoint_every,
+            max_attempts=settings.max_commit_attempts,
             clock_skew_s=settings.clock_skew_s,
         )
         self.floor_fence = FenceView(storage, keys.segment_floor(topic, partition), SEGMENT_TRUST_S)
@@ -263,7 +278,11 @@ class PartitionWorker:
             return None
         log.warning(
             "%s/%s/p%d: segments %d..%d were collected before this subscription read them; skipping",
-            self.topic, self.consumer, self.partition, state.floor, seq - 1,
+            self.topic,
+            self.consumer,
+            self.partition,
+            state.floor,
+            seq - 1,
         )
         return Op("expire", seq, base=base)
 
@@ -401,15 +420,24 @@ class PartitionWorker:
             if record is None or lease is None or lease.token != op.token:
                 return
             seg = self._segments.get(op.seq)
-            base = seg.header.base if seg else next(
-                (d.header.base for d in self._discovered if d.header.seq == op.seq), 0
+            base = (
+                seg.header.base
+                if seg
+                else next((d.header.base for d in self._discovered if d.header.seq == op.seq), 0)
             )
             assert op.token is not None and op.until is not None
             receipt = Receipt(self.topic, self.partition, op.seq, op.idx, op.token)
             result.messages.append(
                 Message(
-                    self.topic, self.partition, op.seq, op.idx, base + op.idx, record,
-                    receipt.encode(), lease.deliveries, op.until,
+                    self.topic,
+                    self.partition,
+                    op.seq,
+                    op.idx,
+                    base + op.idx,
+                    record,
+                    receipt.encode(),
+                    lease.deliveries,
+                    op.until,
                 )
             )
 
@@ -447,7 +475,9 @@ def _decode(data: bytes, topic: str, partition: int, seq: int) -> Segment:
     try:
         return decode_segment(data)
     except (StorageError, ValueError, KeyError, TypeError) as exc:
-        log.error("%s/p%d: segment %d cannot be decoded (%s); its messages are skipped", topic, partition, seq, exc)
+        log.error(
+            "%s/p%d: segment %d cannot be decoded (%s); its messages are skipped", topic, partition, seq, exc
+        )
         try:
             header = decode_header(data)
         except StorageError:

@@ -56,8 +56,13 @@ class PublishResult:
 
 def _duplicate(topic: str, marker: dict[str, Any]) -> PublishResult:
     return PublishResult(
-        marker["id"], topic, int(marker["partition"]), int(marker["seq"]),
-        int(marker["index"]), int(marker["offset"]), duplicate=True,
+        marker["id"],
+        topic,
+        int(marker["partition"]),
+        int(marker["seq"]),
+        int(marker["index"]),
+        int(marker["offset"]),
+        duplicate=True,
     )
 
 
@@ -94,8 +99,14 @@ class PartitionAppender:
         self.producer_id = producer_id
         self.settings = settings
         self.writer = SegmentWriter(
-            storage, keys, topic, partition, producer_id,
-            timeout_s=settings.publish_timeout_s, max_attempts=settings.max_attempts, catalog=catalog,
+            storage,
+            keys,
+            topic,
+            partition,
+            producer_id,
+            timeout_s=settings.publish_timeout_s,
+            max_attempts=settings.max_attempts,
+            catalog=catalog,
         )
         self.segments_written = 0
         self._buffer: list[_Pending] = []
@@ -186,7 +197,10 @@ class PartitionAppender:
             batch.append(self._buffer.pop(0))
             size += len(nxt.line) + 1
         self._buffer_bytes -= size
-        if len(self._buffer) < self.settings.max_batch_messages and self._buffer_bytes < self.settings.max_batch_bytes:
+        if (
+            len(self._buffer) < self.settings.max_batch_messages
+            and self._buffer_bytes < self.settings.max_batch_bytes
+        ):
             self._full.clear()
         return batch
 
@@ -196,7 +210,9 @@ class PartitionAppender:
         for index, p in enumerate(batch):
             if not p.future.done():
                 p.future.set_result(
-                    PublishResult(p.record.id, self.topic, self.partition, landed.seq, index, landed.base + index)
+                    PublishResult(
+                        p.record.id, self.topic, self.partition, landed.seq, index, landed.base + index
+                    )
                 )
         self._schedule_head()
 
@@ -250,7 +266,9 @@ class Producer:
         key = (topic, partition)
         app = self._appenders.get(key)
         if app is None:
-            app = PartitionAppender(self.storage, self.keys, topic, partition, self.id, self.settings, self.catalog)
+            app = PartitionAppender(
+                self.storage, self.keys, topic, partition, self.id, self.settings, self.catalog
+            )
             app.on_conflict = lambda: self._move_on(topic, partition)
             self._appenders[key] = app
         return app
@@ -377,9 +395,15 @@ class Producer:
             from_seq = appender.writer.next_seq
             if from_seq is None:
                 from_seq, _ = await find_tail(self.storage, self.keys, topic, partition)
-            pending = json.dumps({
-                "state": "pending", "id": record.id, "at": time.time(), "partition": partition, "from_seq": from_seq,
-            }).encode()
+            pending = json.dumps(
+                {
+                    "state": "pending",
+                    "id": record.id,
+                    "at": time.time(),
+                    "partition": partition,
+                    "from_seq": from_seq,
+                }
+            ).encode()
             try:
                 etag = await self.storage.create(marker_key, pending)
                 break
@@ -395,7 +419,9 @@ class Producer:
             age = time.time() - float(marker.get("at", 0))
             if marker.get("state") == "committed" and age <= window:
                 return _duplicate(topic, marker)
-            stale = age > window if marker.get("state") == "committed" else age > self.settings.publish_timeout_s
+            stale = (
+                age > window if marker.get("state") == "committed" else age > self.settings.publish_timeout_s
+            )
             if stale:  # take over an expired or abandoned marker
                 try:
                     etag = await self.storage.store.put(marker_key, pending, if_match=blob.etag)
@@ -437,10 +463,17 @@ class Producer:
             seq += 1
 
     async def _commit_marker(self, marker_key: str, result: PublishResult, etag: str, dedup_id: str) -> None:
-        committed = json.dumps({
-            "state": "committed", "id": result.id, "partition": result.partition, "seq": result.seq,
-            "index": result.index, "offset": result.offset, "at": time.time(),
-        }).encode()
+        committed = json.dumps(
+            {
+                "state": "committed",
+                "id": result.id,
+                "partition": result.partition,
+                "seq": result.seq,
+                "index": result.index,
+                "offset": result.offset,
+                "at": time.time(),
+            }
+        ).encode()
         for attempt in range(5):
             try:
                 await self.storage.store.put(marker_key, committed, if_match=etag)

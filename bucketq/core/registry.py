@@ -56,8 +56,14 @@ class Registry:
     async def heartbeat(self, reg: Registration) -> Registration:
         """Refresh ``last_seen`` of a registration made earlier (one overwrite)."""
         now = time.time()
-        body = {"kind": reg.kind, "name": reg.name, "id": reg.id, "created_at": reg.created_at,
-                "last_seen": now, "meta": reg.meta}
+        body = {
+            "kind": reg.kind,
+            "name": reg.name,
+            "id": reg.id,
+            "created_at": reg.created_at,
+            "last_seen": now,
+            "meta": reg.meta,
+        }
         await self.storage.overwrite(self._key(reg.kind, reg.id), json.dumps(body).encode())
         return Registration(reg.kind, reg.name, reg.id, reg.created_at, now, reg.meta)
 
@@ -75,5 +81,10 @@ class Registry:
             return None
         obj = json.loads(blob.data)
         return Registration(
-            kind, obj["name"], obj["id"], float(obj["created_at"]), float(obj["last_seen"]), obj.get("meta", {})
+            kind,
+            obj["name"],
+            obj["id"],
+            float(obj["created_at"]),
+            float(obj["last_seen"]),
+            obj.get("meta", {}),
         )

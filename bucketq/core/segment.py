@@ -233,9 +233,13 @@ def segment_lines(data: bytes, header: SegmentHeader) -> list[bytes]:
         try:
             body = zlib.decompress(body)
         except zlib.error as exc:
-            raise StorageError(f"corrupt segment {header.topic}/p{header.partition}/{header.seq}: {exc}") from None
+            raise StorageError(
+                f"corrupt segment {header.topic}/p{header.partition}/{header.seq}: {exc}"
+            ) from None
     elif header.codec is not None:
-        raise StorageError(f"segment {header.topic}/p{header.partition}/{header.seq} has unknown codec {header.codec!r}")
+        raise StorageError(
+            f"segment {header.topic}/p{header.partition}/{header.seq} has unknown codec {header.codec!r}"
+        )
     return [line for line in body.split(b"\n") if line.strip()]
 
 

@@ -116,7 +116,14 @@ class SegmentWriter:
             assert self.next_seq is not None
             seq, base = self.next_seq, self.next_offset
             header = SegmentHeader(
-                self.topic, self.partition, seq, len(lines), base, self.producer_id, time.time(), batch_id,
+                self.topic,
+                self.partition,
+                seq,
+                len(lines),
+                base,
+                self.producer_id,
+                time.time(),
+                batch_id,
                 incarnation=incarnation or None,
             )
             body = encode(header) if encode is not None else encode_segment(header, lines)
@@ -140,7 +147,11 @@ class SegmentWriter:
                 await asyncio.sleep(min(2.0, 0.05 * 2 ** min(attempt, 6)) * random.uniform(0.5, 1.0))
                 continue
             if taken:
-                there = taken_header(blob.data, self.topic, self.partition, seq, base) if blob is not None else None
+                there = (
+                    taken_header(blob.data, self.topic, self.partition, seq, base)
+                    if blob is not None
+                    else None
+                )
                 if there is not None and there.batch == batch_id:
                     pass  # our own write landed; its response was lost: check it like a success
                 else:
@@ -158,7 +169,10 @@ class SegmentWriter:
                 self.orphans += 1
                 log.warning(
                     "%s/p%d: segment %d landed below the GC floor %d (stale tail); writing again at the tail",
-                    self.topic, self.partition, seq, self.fence.floor,
+                    self.topic,
+                    self.partition,
+                    seq,
+                    self.fence.floor,
                 )
                 self.next_seq = None
                 continue

@@ -49,7 +49,9 @@ async def _before_pending_transactions(cursor: CursorLog, seq: int, base: int) -
     created later starts at or above it. Ordinary segments between the two are delivered too
     (older than the subscription, which is harmless).
     """
-    limit = (await stable_limits(cursor.storage, cursor.keys, cursor.topic, abort_expired=False)).get(cursor.partition)
+    limit = (await stable_limits(cursor.storage, cursor.keys, cursor.topic, abort_expired=False)).get(
+        cursor.partition
+    )
     if limit is None or limit >= seq:
         return seq, base
     for n in range(limit, seq):

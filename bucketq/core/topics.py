@@ -231,7 +231,9 @@ class TopicCatalog:
             parts.append(PartitionInfo(p, seq, offset))
         return TopicInfo(topic, marker.config, marker.created_at, parts, await self.consumers(topic))
 
-    async def delete(self, topic: str, *, purge: bool = True, fence_wait_s: float = TOPIC_DELETE_WAIT_S) -> int:
+    async def delete(
+        self, topic: str, *, purge: bool = True, fence_wait_s: float = TOPIC_DELETE_WAIT_S
+    ) -> int:
         """Delete the topic; with purge, every object under it. Returns the number of objects deleted.
 
         1. The marker is overwritten ``deleting``: from then on no publish is acknowledged
@@ -266,7 +268,8 @@ class TopicCatalog:
             for p in range(partitions):
                 seq, offset = await find_tail(self.storage, self.keys, topic, p)
                 await raise_fence(
-                    self.storage, self.keys.segment_floor(topic, p),
+                    self.storage,
+                    self.keys.segment_floor(topic, p),
                     FenceValue(seq, offset, time.time(), deleted=True),
                 )
             keep = {self.keys.segment_floor(topic, p) for p in range(partitions)}
@@ -286,4 +289,3 @@ class TopicCatalog:
                     deleted += len(batch)
         await self.storage.delete([marker_key])
         return deleted + 1
-

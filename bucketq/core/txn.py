@@ -83,7 +83,12 @@ class Chunk:
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Chunk:
         seq = obj.get("seq")
-        return cls(int(obj["count"]), int(obj.get("bytes", 0)), str(obj.get("src", "")), None if seq is None else int(seq))
+        return cls(
+            int(obj["count"]),
+            int(obj.get("bytes", 0)),
+            str(obj.get("src", "")),
+            None if seq is None else int(seq),
+        )
 
 
 @dataclass(slots=True)
@@ -147,8 +152,14 @@ class TxnRecord:
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "v": 1, "id": self.id, "topic": self.topic, "state": self.state, "job": self.job,
-            "owner": self.owner, "created_at": self.created_at, "updated_at": self.updated_at,
+            "v": 1,
+            "id": self.id,
+            "topic": self.topic,
+            "state": self.state,
+            "job": self.job,
+            "owner": self.owner,
+            "created_at": self.created_at,
+            "updated_at": self.updated_at,
             "timeout_s": self.timeout_s,
             "partitions": {str(p): part.to_json() for p, part in sorted(self.partitions.items())},
         }
@@ -169,12 +180,17 @@ class TxnRecord:
             if state not in ("pending", "committed", "aborted"):
                 raise ValueError(f"unknown state {state!r}")
             return cls(
-                id=str(obj["id"]), topic=str(obj.get("topic", "")), state=state, job=str(obj.get("job", "")),
-                owner=str(obj.get("owner", "")), created_at=float(obj.get("created_at", 0.0)),
+                id=str(obj["id"]),
+                topic=str(obj.get("topic", "")),
+                state=state,
+                job=str(obj.get("job", "")),
+                owner=str(obj.get("owner", "")),
+                created_at=float(obj.get("created_at", 0.0)),
                 updated_at=float(obj.get("updated_at", 0.0)),
                 timeout_s=float(obj.get("timeout_s", DEFAULT_TIMEOUT_S)),
                 partitions={int(p): TxnPartition.from_json(v) for p, v in obj.get("partitions", {}).items()},
-                reason=obj.get("reason"), info=dict(obj.get("info") or {}),
+                reason=obj.get("reason"),
+                info=dict(obj.get("info") or {}),
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise StorageError(f"corrupt transaction record: {exc}") from None
@@ -209,7 +225,9 @@ async def create_txn(storage: Storage, keys: Keys, record: TxnRecord) -> str:
     return await storage.create(keys.txn(record.topic, record.id), record.encode())
 
 
-async def rewrite_txn(storage: Storage, keys: Keys, record: TxnRecord, etag: str) -> tuple[TxnRecord, str, bool]:
+async def rewrite_txn(
+    storage: Storage, keys: Keys, record: TxnRecord, etag: str
+) -> tuple[TxnRecord, str, bool]:
     """Overwrite the record with ``record`` only if it still has ``etag`` (If-Match).
 
     Returns ``(record now stored, its etag, whether ours won)``: when another writer changed it
@@ -228,8 +246,15 @@ async def rewrite_txn(storage: Storage, keys: Keys, record: TxnRecord, etag: str
 
 
 async def abort_txn(
-    storage: Storage, keys: Keys, topic: str, txn: str, reason: str, *, etag: str | None = None,
-    only_expired: bool = True, now: float | None = None,
+    storage: Storage,
+    keys: Keys,
+    topic: str,
+    txn: str,
+    reason: str,
+    *,
+    etag: str | None = None,
+    only_expired: bool = True,
+    now: float | None = None,
 ) -> TxnRecord | None:
     """Abort a pending transaction (only once it expired, unless ``only_expired`` is false).
 
@@ -293,7 +318,9 @@ async def stable_limits(
     for txn, (record, etag) in records.items():
         if record.state == "pending" and abort_expired and record.expired(now):
             try:
-                stored = await abort_txn(storage, keys, topic, txn, "timed out (found by a reader)", etag=etag, now=now)
+                stored = await abort_txn(
+                    storage, keys, topic, txn, "timed out (found by a reader)", etag=etag, now=now
+                )
                 record = stored or record
             except StorageError as exc:
                 log.info("could not abort expired transaction %s: %s", txn, exc)
@@ -316,7 +343,12 @@ class TxnResolver:
     """
 
     def __init__(
-        self, storage: Storage, keys: Keys, topic: str, *, recheck_s: float = PENDING_RECHECK_S,
+        self,
+        storage: Storage,
+        keys: Keys,
+        topic: str,
+        *,
+        recheck_s: float = PENDING_RECHECK_S,
         abort_expired: bool = True,
     ) -> None:
         self.storage = storage
@@ -362,9 +394,12 @@ class TxnResolver:
         record, etag = found
         if record.state == "pending" and self.abort_expired and record.expired():
             try:
-                record = await abort_txn(
-                    self.storage, self.keys, self.topic, txn, "timed out (found by a reader)", etag=etag
-                ) or record
+                record = (
+                    await abort_txn(
+                        self.storage, self.keys, self.topic, txn, "timed out (found by a reader)", etag=etag
+                    )
+                    or record
+                )
             except StorageError as exc:
                 log.info("could not abort expired transaction %s: %s", txn, exc)
         if record.final:
@@ -382,7 +417,9 @@ class TxnResolver:
         return "skip" if record is None else record.visibility(header)
 
 
-_RESOLVERS: weakref.WeakKeyDictionary[Storage, dict[tuple[str, str], TxnResolver]] = weakref.WeakKeyDictionary()
+_RESOLVERS: weakref.WeakKeyDictionary[Storage, dict[tuple[str, str], TxnResolver]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def resolver_for(storage: Storage, keys: Keys, topic: str) -> TxnResolver:
@@ -405,8 +442,13 @@ async def txn_visibility(storage: Storage, keys: Keys, topic: str, header: Segme
 
 
 async def collect_transactions(
-    storage: Storage, keys: Keys, topics: list[str], delete: Callable[[str], Awaitable[None]], *,
-    now: float | None = None, staging_ttl_s: float = STAGING_TTL_S,
+    storage: Storage,
+    keys: Keys,
+    topics: list[str],
+    delete: Callable[[str], Awaitable[None]],
+    *,
+    now: float | None = None,
+    staging_ttl_s: float = STAGING_TTL_S,
     include_staging: bool = True,
 ) -> int:
     """Garbage of job commits; returns how many objects were handed to ``delete``.
@@ -426,7 +468,12 @@ async def collect_transactions(
         records = await read_all(storage, keys, topic, await list_txns(storage, keys, topic))
         for txn, (record, etag) in records.items():
             if record.state == "pending" and record.expired(now):
-                record = await abort_txn(storage, keys, topic, txn, "timed out (garbage collection)", etag=etag, now=now) or record
+                record = (
+                    await abort_txn(
+                        storage, keys, topic, txn, "timed out (garbage collection)", etag=etag, now=now
+                    )
+                    or record
+                )
             if record.state == "pending":
                 referenced.update(c.src for part in record.partitions.values() for c in part.chunks)
                 referenced.add(record.owner)
@@ -436,7 +483,11 @@ async def collect_transactions(
 
 
 async def _collect_staging(
-    storage: Storage, keys: Keys, referenced: set[str], now: float, ttl_s: float,
+    storage: Storage,
+    keys: Keys,
+    referenced: set[str],
+    now: float,
+    ttl_s: float,
     delete: Callable[[str], Awaitable[None]],
 ) -> int:
     """Spark staging runs (``_spark/staging/{job}/{run}/``) and markers nobody needs any more."""

@@ -47,7 +47,9 @@ class Buckets:
                 except BaseException:
                     await bq.close()
                     raise
-                log.info("namespace %s: storage root %r (strategy %s)", namespace, bq.settings.root, bq.strategy)
+                log.info(
+                    "namespace %s: storage root %r (strategy %s)", namespace, bq.settings.root, bq.strategy
+                )
                 self._open[namespace] = bq
             return bq
 

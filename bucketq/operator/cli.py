@@ -17,13 +17,19 @@ from bucketq.errors import ConfigError
 def command(
     namespace: Annotated[
         list[str] | None,
-        typer.Option("--namespace", "-n", help="Namespace to serve (repeatable; default: every namespace).",
-                     show_default=False),
+        typer.Option(
+            "--namespace",
+            "-n",
+            help="Namespace to serve (repeatable; default: every namespace).",
+            show_default=False,
+        ),
     ] = None,
     webhook_port: Annotated[
         int | None, typer.Option(help="Admission webhook port [9443].", show_default=False)
     ] = None,
-    no_webhook: Annotated[bool, typer.Option("--no-webhook", help="Do not serve the sidecar injector.")] = False,
+    no_webhook: Annotated[
+        bool, typer.Option("--no-webhook", help="Do not serve the sidecar injector.")
+    ] = False,
     metrics_port: Annotated[
         int | None, typer.Option(help="Queue metrics port, 0 for none [9090].", show_default=False)
     ] = None,
@@ -55,14 +61,18 @@ def command(
         typer.echo(f"bucketq operator: invalid operator configuration: {problems}", err=True)
         raise typer.Exit(2) from None
     logging.basicConfig(
-        level=log_level.upper(), stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        level=log_level.upper(),
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     asyncio.run(run(engine, settings))
 
 
 def crds_command(
-    out: Annotated[Path, typer.Option("--out", "-o", help="Directory to write the CRD YAML files to.")] = Path("crds"),
+    out: Annotated[
+        Path, typer.Option("--out", "-o", help="Directory to write the CRD YAML files to.")
+    ] = Path("crds"),
     check: Annotated[
         bool, typer.Option("--check", help="Write nothing; fail if the files differ from the generated ones.")
     ] = False,
@@ -71,10 +81,15 @@ def crds_command(
     from bucketq.operator.crds import rendered_files, write_crds
 
     if check:
-        stale = [name for name, text in rendered_files().items()
-                 if not (out / name).exists() or (out / name).read_text() != text]
+        stale = [
+            name
+            for name, text in rendered_files().items()
+            if not (out / name).exists() or (out / name).read_text() != text
+        ]
         if stale:
-            typer.echo(f"bucketq crds: out of date in {out}/: {', '.join(stale)} (run: bucketq crds)", err=True)
+            typer.echo(
+                f"bucketq crds: out of date in {out}/: {', '.join(stale)} (run: bucketq crds)", err=True
+            )
             raise typer.Exit(1)
         typer.echo(f"{out}/ is up to date")
         return

@@ -30,13 +30,15 @@ class OperatorSettings(BaseSettings):
     member_ttl_s: float = Field(300.0, gt=0, description="Member heartbeats older than this are deleted.")
     dedup_window_s: float = Field(3600.0, gt=0, description="Dedup markers older than this are deleted.")
     gc_segment_grace_s: float = Field(
-        SEGMENT_GRACE_S, ge=0,
+        SEGMENT_GRACE_S,
+        ge=0,
         description="GC frees segments this long after raising a partition's floor fence. Keep it above the "
         f"writers' fence trust ({SEGMENT_TRUST_S:.0f} s) plus clock skew: lower values break the "
         "never-reuse-a-number invariant (tests only).",
     )
     gc_delta_grace_s: float = Field(
-        DELTA_GRACE_S, ge=0,
+        DELTA_GRACE_S,
+        ge=0,
         description=f"The same for cursor deltas (writers trust a fence copy {DELTA_TRUST_S:.0f} s).",
     )
     retry_min_s: float = Field(2.0, gt=0, description="First retry delay after a failed reconcile.")
@@ -52,24 +54,34 @@ class OperatorSettings(BaseSettings):
     webhook: bool = True
     webhook_addr: str = "0.0.0.0"
     webhook_port: int = Field(9443, ge=1, le=65535)
-    webhook_host: str | None = Field(None, description="Host name the apiserver uses (the Service's DNS name).")
-    webhook_cert_file: str | None = Field(None, description="TLS certificate (else a self-signed one is made).")
+    webhook_host: str | None = Field(
+        None, description="Host name the apiserver uses (the Service's DNS name)."
+    )
+    webhook_cert_file: str | None = Field(
+        None, description="TLS certificate (else a self-signed one is made)."
+    )
     webhook_key_file: str | None = None
     webhook_ca_file: str | None = Field(None, description="CA bundle for the webhook configuration.")
     webhook_insecure: bool = Field(False, description="Plain HTTP (tests and local runs only).")
-    webhook_managed: bool = Field(True, description="Let the operator maintain its MutatingWebhookConfiguration.")
+    webhook_managed: bool = Field(
+        True, description="Let the operator maintain its MutatingWebhookConfiguration."
+    )
     missing_consumer: Literal["reject", "warn"] = "reject"
 
     # the injected sidecar
     sidecar_image: str = DEFAULT_SIDECAR_IMAGE
     sidecar_image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = "IfNotPresent"
-    sidecar_native: bool = Field(True, description="Init container with restartPolicy Always (Kubernetes 1.29+).")
+    sidecar_native: bool = Field(
+        True, description="Init container with restartPolicy Always (Kubernetes 1.29+)."
+    )
     sidecar_api_port: int = Field(3500, ge=1, le=65535)
     sidecar_metrics_port: int = Field(9090, ge=1, le=65535)
     sidecar_secret: str = Field("bucketq-s3", description="Default Secret with the pods' S3 credentials.")
     sidecar_secret_access_key_id_key: str = "accessKeyId"
     sidecar_secret_secret_access_key_key: str = "secretAccessKey"
-    sidecar_s3_endpoint_url: str | None = Field(None, description="S3 endpoint as seen from pods (default: ours).")
+    sidecar_s3_endpoint_url: str | None = Field(
+        None, description="S3 endpoint as seen from pods (default: ours)."
+    )
     sidecar_cpu_request: str = "50m"
     sidecar_memory_request: str = "64Mi"
     sidecar_cpu_limit: str | None = None

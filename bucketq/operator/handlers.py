@@ -101,7 +101,9 @@ class Operator:
         self.settings = settings or OperatorSettings()
         self.buckets = Buckets(engine)
         self.metrics = QueueMetrics()
-        self.reconciler = Reconciler(self.buckets, self.metrics, self.settings.retry_min_s, self.settings.retry_max_s)
+        self.reconciler = Reconciler(
+            self.buckets, self.metrics, self.settings.retry_min_s, self.settings.retry_max_s
+        )
         self.injector = SidecarInjector(engine, self.settings)
         self._metrics_runner: web.AppRunner | None = None
 
@@ -112,8 +114,11 @@ class Operator:
         s, reg = self.settings, registry
         kopf.on.startup(id="startup", registry=reg)(_fn(self.startup))
         kopf.on.cleanup(id="cleanup", registry=reg)(_fn(self.cleanup))
-        for plural, index_id in (("topics", "topic_index"), ("consumers", "consumer_index"),
-                                 ("deadletterpolicies", "dlp_index")):
+        for plural, index_id in (
+            ("topics", "topic_index"),
+            ("consumers", "consumer_index"),
+            ("deadletterpolicies", "dlp_index"),
+        ):
             kopf.index(GROUP, VERSION, plural, id=index_id, registry=reg)(_fn(self.index_spec))
         for plural, reconcile, finalize in (
             ("topics", self.reconcile_topic, self.finalize_topic),
@@ -123,20 +128,35 @@ class Operator:
             for on in (kopf.on.create, kopf.on.update, kopf.on.resume):
                 on(GROUP, VERSION, plural, id="reconcile", registry=reg)(_fn(reconcile))
             kopf.timer(GROUP, VERSION, plural, id="refresh", interval=s.status_interval_s, registry=reg)(
-                _fn(self.refresh))
+                _fn(self.refresh)
+            )
             if finalize is not None:
                 kopf.on.delete(GROUP, VERSION, plural, id="finalize", registry=reg)(_fn(finalize))
         kopf.timer(GROUP, VERSION, "topics", id="gc", interval=s.gc_interval_s, registry=reg)(
-            _fn(self.collect_garbage))
+            _fn(self.collect_garbage)
+        )
         if s.webhook:
-            kopf.on.mutate("v1", "pods", id="inject-sidecar", operations=["CREATE"], ignore_failures=True,
-                           side_effects=False, registry=reg)(_fn(self.injector.mutate))
+            kopf.on.mutate(
+                "v1",
+                "pods",
+                id="inject-sidecar",
+                operations=["CREATE"],
+                ignore_failures=True,
+                side_effects=False,
+                registry=reg,
+            )(_fn(self.injector.mutate))
         return registry
 
     async def startup(self, **_: Any) -> None:
         if self.settings.metrics_port:
-            self._metrics_runner = await self.metrics.serve(self.settings.metrics_host, self.settings.metrics_port)
-            log.info("queue metrics on http://%s:%d/metrics", self.settings.metrics_host, self.settings.metrics_port)
+            self._metrics_runner = await self.metrics.serve(
+                self.settings.metrics_host, self.settings.metrics_port
+            )
+            log.info(
+                "queue metrics on http://%s:%d/metrics",
+                self.settings.metrics_host,
+                self.settings.metrics_port,
+            )
 
     async def cleanup(self, **_: Any) -> None:
         if self._metrics_runner is not None:
@@ -154,12 +174,15 @@ class Operator:
             return None
         found = _lookup(dlp_index, namespace, name)
         if found is None:
-            raise Waiting("DeadLetterPolicyNotFound",
-                          f"DeadLetterPolicy {name!r} does not exist in namespace {namespace!r}")
+            raise Waiting(
+                "DeadLetterPolicyNotFound",
+                f"DeadLetterPolicy {name!r} does not exist in namespace {namespace!r}",
+            )
         return _parse(DeadLetterPolicySpec, found, "DeadLetterPolicy")
 
-    async def _topic(self, name: str, namespace: str, spec: Mapping[str, Any], dlp_index: Index,
-                     with_figures: bool) -> dict[str, Any]:
+    async def _topic(
+        self, name: str, namespace: str, spec: Mapping[str, Any], dlp_index: Index, with_figures: bool
+    ) -> dict[str, Any]:
         topic = _parse(TopicSpec, spec, "Topic")
         _name(name, "topic")
         config = topic_config(topic, self._policy(dlp_index, namespace, topic.dead_letter_policy))
@@ -170,20 +193,41 @@ class Operator:
             raise
         except BucketqError as exc:
             raise InvalidSpec(str(exc)) from None
-        fields: dict[str, Any] = {"partitions": config.partitions, "deadLetterTopic": config.dead_letter_topic(name)}
+        fields: dict[str, Any] = {
+            "partitions": config.partitions,
+            "deadLetterTopic": config.dead_letter_topic(name),
+        }
         if with_figures:
             figures = await topic_figures(bq, name)
             self.metrics.set_topic(namespace, name, figures)
             fields.update(figures.status())
         return fields
 
-    async def reconcile_topic(self, name: str, namespace: str, spec: Mapping[str, Any], body: Mapping[str, Any],
-                              patch: kopf.Patch, retry: int, dlp_index: Index, **_: Any) -> None:
+    async def reconcile_topic(
+        self,
+        name: str,
+        namespace: str,
+        spec: Mapping[str, Any],
+        body: Mapping[str, Any],
+        patch: kopf.Patch,
+        retry: int,
+        dlp_index: Index,
+        **_: Any,
+    ) -> None:
         async with self.reconciler.reconciling("Topic", namespace, body, patch, retry=retry) as out:
             out.set(**await self._topic(name, namespace, spec, dlp_index, with_figures=False))
 
-    async def finalize_topic(self, name: str, namespace: str, spec: Mapping[str, Any], body: Mapping[str, Any],
-                             patch: kopf.Patch, retry: int, logger: Any, **_: Any) -> None:
+    async def finalize_topic(
+        self,
+        name: str,
+        namespace: str,
+        spec: Mapping[str, Any],
+        body: Mapping[str, Any],
+        patch: kopf.Patch,
+        retry: int,
+        logger: Any,
+        **_: Any,
+    ) -> None:
         self.metrics.forget_topic(namespace, name)
         policy = spec.get("deletionPolicy", DeletionPolicy.RETAIN)
         if policy != DeletionPolicy.DELETE:
@@ -196,12 +240,14 @@ class Operator:
             message = self.buckets.redact(str(exc))
             patch.status["phase"] = str(Phase.DELETING)
             self.metrics.reconcile_errors.labels("Topic", "StorageUnavailable").inc()
-            raise kopf.TemporaryError(f"cannot purge topic {name!r}: {message}",
-                                      delay=self.reconciler.backoff(retry)) from None
+            raise kopf.TemporaryError(
+                f"cannot purge topic {name!r}: {message}", delay=self.reconciler.backoff(retry)
+            ) from None
         logger.info(f"deletionPolicy Delete: purged topic {name!r} ({deleted} objects)")
 
-    async def collect_garbage(self, name: str, namespace: str, patch: kopf.Patch, logger: Any, stopped: Any,
-                              **_: Any) -> None:
+    async def collect_garbage(
+        self, name: str, namespace: str, patch: kopf.Patch, logger: Any, stopped: Any, **_: Any
+    ) -> None:
         """Retention and garbage collection of one topic and its default dead-letter topic (DESIGN 2.5)."""
         await _until_stopped(stopped, self._collect_garbage(name, namespace, patch, logger))
 
@@ -215,8 +261,11 @@ class Operator:
             if config.dead_letter.enabled and config.dead_letter.topic is None:
                 topics.append(f"{name}.dlq")
             report = await bq.collect_garbage(
-                topics=topics, member_ttl_s=self.settings.member_ttl_s, dedup_window_s=self.settings.dedup_window_s,
-                segment_grace_s=self.settings.gc_segment_grace_s, delta_grace_s=self.settings.gc_delta_grace_s,
+                topics=topics,
+                member_ttl_s=self.settings.member_ttl_s,
+                dedup_window_s=self.settings.dedup_window_s,
+                segment_grace_s=self.settings.gc_segment_grace_s,
+                delta_grace_s=self.settings.gc_delta_grace_s,
             )
         except StorageError as exc:
             self.metrics.storage_reachable.labels(namespace).set(0)
@@ -233,8 +282,15 @@ class Operator:
 
     # -- consumers -------------------------------------------------------------------------------
 
-    async def _consumer(self, name: str, namespace: str, spec: Mapping[str, Any], indexes: Mapping[str, Index],
-                        out_conditions: list[Cond], with_figures: bool) -> dict[str, Any]:
+    async def _consumer(
+        self,
+        name: str,
+        namespace: str,
+        spec: Mapping[str, Any],
+        indexes: Mapping[str, Index],
+        out_conditions: list[Cond],
+        with_figures: bool,
+    ) -> dict[str, Any]:
         consumer = _parse(ConsumerSpec, spec, "Consumer")
         _name(name, "consumer")
         self._policy(indexes["dlp_index"], namespace, consumer.dead_letter_policy)
@@ -253,29 +309,57 @@ class Operator:
     def _policy_match(consumer: ConsumerSpec, namespace: str, topic_index: Index) -> Cond:
         """Dead-letter settings live on topics: a consumer's policy must be its topics' policy."""
         if consumer.dead_letter_policy is None:
-            return Cond(DEAD_LETTER_POLICY, True, "TopicPolicies", "dead-lettering follows each topic's policy")
+            return Cond(
+                DEAD_LETTER_POLICY, True, "TopicPolicies", "dead-lettering follows each topic's policy"
+            )
         other = []
         for topic in consumer.topics:
             found = _lookup(topic_index, namespace, topic)
             if found is not None and found.get("deadLetterPolicy") != consumer.dead_letter_policy:
                 other.append(f"{topic} uses {found.get('deadLetterPolicy') or 'the default policy'}")
         if other:
-            return Cond(DEAD_LETTER_POLICY, False, "PolicyMismatch",
-                        "dead-letter settings apply per topic; set the policy on the Topic: " + ", ".join(other))
+            return Cond(
+                DEAD_LETTER_POLICY,
+                False,
+                "PolicyMismatch",
+                "dead-letter settings apply per topic; set the policy on the Topic: " + ", ".join(other),
+            )
         return Cond(DEAD_LETTER_POLICY, True, "Applied", f"DeadLetterPolicy {consumer.dead_letter_policy!r}")
 
-    async def reconcile_consumer(self, name: str, namespace: str, spec: Mapping[str, Any], body: Mapping[str, Any],
-                                 patch: kopf.Patch, retry: int, dlp_index: Index, topic_index: Index,
-                                 old: Any = None, **_: Any) -> None:
+    async def reconcile_consumer(
+        self,
+        name: str,
+        namespace: str,
+        spec: Mapping[str, Any],
+        body: Mapping[str, Any],
+        patch: kopf.Patch,
+        retry: int,
+        dlp_index: Index,
+        topic_index: Index,
+        old: Any = None,
+        **_: Any,
+    ) -> None:
         async with self.reconciler.reconciling("Consumer", namespace, body, patch, retry=retry) as out:
             indexes = {"dlp_index": dlp_index, "topic_index": topic_index}
-            out.set(**await self._consumer(name, namespace, spec, indexes, out.conditions, with_figures=False))
-            dropped = sorted(set((old or {}).get("spec", {}).get("topics") or ()) - set(spec.get("topics") or ()))
+            out.set(
+                **await self._consumer(name, namespace, spec, indexes, out.conditions, with_figures=False)
+            )
+            dropped = sorted(
+                set((old or {}).get("spec", {}).get("topics") or ()) - set(spec.get("topics") or ())
+            )
             if dropped and spec.get("deletionPolicy") == DeletionPolicy.DELETE:
                 await unsubscribe(await self.buckets.get(namespace), name, dropped)
 
-    async def finalize_consumer(self, name: str, namespace: str, spec: Mapping[str, Any], patch: kopf.Patch,
-                                retry: int, logger: Any, **_: Any) -> None:
+    async def finalize_consumer(
+        self,
+        name: str,
+        namespace: str,
+        spec: Mapping[str, Any],
+        patch: kopf.Patch,
+        retry: int,
+        logger: Any,
+        **_: Any,
+    ) -> None:
         if spec.get("deletionPolicy", DeletionPolicy.RETAIN) != DeletionPolicy.DELETE:
             logger.info(f"deletionPolicy Retain: the cursors of consumer {name!r} are kept")
             return
@@ -285,14 +369,22 @@ class Operator:
         except StorageError as exc:
             patch.status["phase"] = str(Phase.DELETING)
             self.metrics.reconcile_errors.labels("Consumer", "StorageUnavailable").inc()
-            raise kopf.TemporaryError(f"cannot remove consumer {name!r}: {self.buckets.redact(str(exc))}",
-                                      delay=self.reconciler.backoff(retry)) from None
+            raise kopf.TemporaryError(
+                f"cannot remove consumer {name!r}: {self.buckets.redact(str(exc))}",
+                delay=self.reconciler.backoff(retry),
+            ) from None
         logger.info(f"deletionPolicy Delete: removed consumer {name!r} ({deleted} objects)")
 
     # -- dead-letter policies --------------------------------------------------------------------
 
-    async def _apply_policy(self, name: str, namespace: str, spec: Mapping[str, Any], topic_index: Index,
-                            out_conditions: list[Cond]) -> dict[str, Any]:
+    async def _apply_policy(
+        self,
+        name: str,
+        namespace: str,
+        spec: Mapping[str, Any],
+        topic_index: Index,
+        out_conditions: list[Cond],
+    ) -> dict[str, Any]:
         policy = _parse(DeadLetterPolicySpec, spec, "DeadLetterPolicy")
         bq = await self.buckets.get(namespace)
         applied, failed = [], []
@@ -313,31 +405,65 @@ class Operator:
             out_conditions.append(Cond("Applied", True, "Applied", f"applied to {len(applied)} topic(s)"))
         return {"appliedTo": sorted(applied)}
 
-    async def reconcile_policy(self, name: str, namespace: str, spec: Mapping[str, Any], body: Mapping[str, Any],
-                               patch: kopf.Patch, retry: int, topic_index: Index, **_: Any) -> None:
-        async with self.reconciler.reconciling("DeadLetterPolicy", namespace, body, patch, retry=retry) as out:
+    async def reconcile_policy(
+        self,
+        name: str,
+        namespace: str,
+        spec: Mapping[str, Any],
+        body: Mapping[str, Any],
+        patch: kopf.Patch,
+        retry: int,
+        topic_index: Index,
+        **_: Any,
+    ) -> None:
+        async with self.reconciler.reconciling(
+            "DeadLetterPolicy", namespace, body, patch, retry=retry
+        ) as out:
             out.set(**await self._apply_policy(name, namespace, spec, topic_index, out.conditions))
 
     # -- periodic refresh ------------------------------------------------------------------------
 
-    async def refresh(self, name: str, namespace: str, spec: Mapping[str, Any], body: Mapping[str, Any],
-                      patch: kopf.Patch, resource: Any, dlp_index: Index, topic_index: Index, stopped: Any,
-                      **_: Any) -> None:
+    async def refresh(
+        self,
+        name: str,
+        namespace: str,
+        spec: Mapping[str, Any],
+        body: Mapping[str, Any],
+        patch: kopf.Patch,
+        resource: Any,
+        dlp_index: Index,
+        topic_index: Index,
+        stopped: Any,
+        **_: Any,
+    ) -> None:
         """Re-apply the spec (drift after restarts or outages) and refresh the status figures."""
-        await _until_stopped(stopped, self._refresh(name, namespace, spec, body, patch, resource, dlp_index,
-                                                    topic_index))
+        await _until_stopped(
+            stopped, self._refresh(name, namespace, spec, body, patch, resource, dlp_index, topic_index)
+        )
 
-    async def _refresh(self, name: str, namespace: str, spec: Mapping[str, Any], body: Mapping[str, Any],
-                       patch: kopf.Patch, resource: Any, dlp_index: Index, topic_index: Index) -> None:
+    async def _refresh(
+        self,
+        name: str,
+        namespace: str,
+        spec: Mapping[str, Any],
+        body: Mapping[str, Any],
+        patch: kopf.Patch,
+        resource: Any,
+        dlp_index: Index,
+        topic_index: Index,
+    ) -> None:
         kind = str(body.get("kind") or resource.kind)
-        if (body.get("status") or {}).get("phase") == Phase.FAILED and \
-                (body.get("status") or {}).get("observedGeneration") == body["metadata"].get("generation"):
+        if (body.get("status") or {}).get("phase") == Phase.FAILED and (body.get("status") or {}).get(
+            "observedGeneration"
+        ) == body["metadata"].get("generation"):
             return  # an invalid spec stays failed until it changes
         async with self.reconciler.reconciling(kind, namespace, body, patch, raise_errors=False) as out:
             if kind == "Topic":
                 out.set(**await self._topic(name, namespace, spec, dlp_index, with_figures=True))
             elif kind == "Consumer":
                 indexes = {"dlp_index": dlp_index, "topic_index": topic_index}
-                out.set(**await self._consumer(name, namespace, spec, indexes, out.conditions, with_figures=True))
+                out.set(
+                    **await self._consumer(name, namespace, spec, indexes, out.conditions, with_figures=True)
+                )
             else:
                 out.set(**await self._apply_policy(name, namespace, spec, topic_index, out.conditions))

@@ -76,7 +76,9 @@ def annotations_of(pod: Mapping[str, Any]) -> dict[str, str]:
 def wants_injection(pod: Mapping[str, Any]) -> bool:
     """The pod asks for the sidecar with the ``bucketq.io/inject`` annotation or label."""
     labels = (pod.get("metadata") or {}).get("labels") or {}
-    return any(str(v).strip().lower() in _TRUE for v in (annotations_of(pod).get(INJECT, ""), labels.get(INJECT, "")))
+    return any(
+        str(v).strip().lower() in _TRUE for v in (annotations_of(pod).get(INJECT, ""), labels.get(INJECT, ""))
+    )
 
 
 def already_injected(pod: Mapping[str, Any]) -> bool:
@@ -159,13 +161,16 @@ def resolve(annotations: Mapping[str, str], name: str | None, spec: ConsumerSpec
         if name is None or not topics:
             raise InjectionError(f"push delivery needs {CONSUMER} and topics (annotation or Consumer)")
         if port is None:
-            raise InjectionError(f"push delivery needs the app's port: annotation {APP_PORT} or the Consumer's "
-                                 "spec.delivery.push.port")
+            raise InjectionError(
+                f"push delivery needs the app's port: annotation {APP_PORT} or the Consumer's "
+                "spec.delivery.push.port"
+            )
     return Wiring(name if topics else None, topics, delivery, port, path, spec)
 
 
-def sidecar_env(wiring: Wiring, annotations: Mapping[str, str], engine: Settings,
-                settings: OperatorSettings) -> list[dict[str, Any]]:
+def sidecar_env(
+    wiring: Wiring, annotations: Mapping[str, str], engine: Settings, settings: OperatorSettings
+) -> list[dict[str, Any]]:
     """Environment of the sidecar: engine settings (no secrets in clear), then its own settings."""
     env: list[dict[str, Any]] = [
         {"name": NAMESPACE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
@@ -174,7 +179,10 @@ def sidecar_env(wiring: Wiring, annotations: Mapping[str, str], engine: Settings
         {"name": "BUCKETQ_S3_REGION", "value": engine.s3_region},
         {"name": "BUCKETQ_S3_PATH_STYLE", "value": str(engine.s3_path_style).lower()},
         {"name": "BUCKETQ_STRATEGY", "value": engine.strategy},
-        {"name": "BUCKETQ_ROOT", "value": f"{engine.root}/$({NAMESPACE_ENV})" if engine.root else f"$({NAMESPACE_ENV})"},
+        {
+            "name": "BUCKETQ_ROOT",
+            "value": f"{engine.root}/$({NAMESPACE_ENV})" if engine.root else f"$({NAMESPACE_ENV})",
+        },
     ]
     endpoint = settings.sidecar_s3_endpoint_url or engine.s3_endpoint_url
     if endpoint:
@@ -206,12 +214,16 @@ def sidecar_env(wiring: Wiring, annotations: Mapping[str, str], engine: Settings
             MAX_IN_FLIGHT=spec.max_in_flight,
         )
         if spec.delivery.push is not None:
-            own.update(PUSH_CONCURRENCY=spec.delivery.push.concurrency,
-                       PUSH_TIMEOUT_S=spec.delivery.push.timeout_seconds)
+            own.update(
+                PUSH_CONCURRENCY=spec.delivery.push.concurrency,
+                PUSH_TIMEOUT_S=spec.delivery.push.timeout_seconds,
+            )
     if LOG_LEVEL in annotations:
         level = annotations[LOG_LEVEL].strip().upper()
         if level not in _LOG_LEVELS:
-            raise InjectionError(f"annotation {LOG_LEVEL}: {level!r} is not one of {', '.join(sorted(_LOG_LEVELS))}")
+            raise InjectionError(
+                f"annotation {LOG_LEVEL}: {level!r} is not one of {', '.join(sorted(_LOG_LEVELS))}"
+            )
         own["LOG_LEVEL"] = level
     env += [{"name": f"BUCKETQ_SIDECAR_{k}", "value": str(v)} for k, v in own.items() if v is not None]
     if spec is not None and spec.ordered and wiring.consumer is not None:
@@ -232,18 +244,25 @@ def sidecar_resources(annotations: Mapping[str, str], settings: OperatorSettings
         if value is None or value == "":
             continue
         if not _QUANTITY.match(value.strip()):
-            raise InjectionError(f"annotation {key}: {value!r} is not a Kubernetes quantity (e.g. 100m, 128Mi)")
+            raise InjectionError(
+                f"annotation {key}: {value!r} is not a Kubernetes quantity (e.g. 100m, 128Mi)"
+            )
         resources[section][resource] = value.strip()
     return {k: v for k, v in resources.items() if v}
 
 
-def sidecar_container(wiring: Wiring, annotations: Mapping[str, str], engine: Settings,
-                      settings: OperatorSettings, native: bool) -> dict[str, Any]:
+def sidecar_container(
+    wiring: Wiring, annotations: Mapping[str, str], engine: Settings, settings: OperatorSettings, native: bool
+) -> dict[str, Any]:
     port = settings.sidecar_metrics_port
 
     def probe(path: str, period: int, failures: int) -> dict[str, Any]:
-        return {"httpGet": {"path": path, "port": port}, "periodSeconds": period, "failureThreshold": failures,
-                "timeoutSeconds": 2}
+        return {
+            "httpGet": {"path": path, "port": port},
+            "periodSeconds": period,
+            "failureThreshold": failures,
+            "timeoutSeconds": 2,
+        }
 
     container: dict[str, Any] = {
         "name": CONTAINER,
@@ -297,11 +316,13 @@ def plan(
     out.spec["volumes"] = [*copy.deepcopy(volumes), {"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}}]
     out.annotations[INJECTED] = "true"
     if "prometheus.io/scrape" not in annotations:
-        out.annotations.update({
-            "prometheus.io/scrape": "true",
-            "prometheus.io/port": str(settings.sidecar_metrics_port),
-            "prometheus.io/path": "/metrics",
-        })
+        out.annotations.update(
+            {
+                "prometheus.io/scrape": "true",
+                "prometheus.io/port": str(settings.sidecar_metrics_port),
+                "prometheus.io/path": "/metrics",
+            }
+        )
     return out
 
 

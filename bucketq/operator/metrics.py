@@ -27,19 +27,28 @@ class QueueMetrics(Collector):
         self._topics: dict[tuple[str, str], TopicFigures] = {}
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.reconcile_errors = Counter(
-            "bucketq_operator_reconcile_errors", "Failed reconciliations, by kind and reason.",
-            ["kind", "reason"], registry=r,
+            "bucketq_operator_reconcile_errors",
+            "Failed reconciliations, by kind and reason.",
+            ["kind", "reason"],
+            registry=r,
         )
         self.reconciles = Counter(
-            "bucketq_operator_reconciles", "Reconciliations, by kind and result.", ["kind", "result"], registry=r,
+            "bucketq_operator_reconciles",
+            "Reconciliations, by kind and result.",
+            ["kind", "result"],
+            registry=r,
         )
         self.gc_deleted = Counter(
-            "bucketq_gc_deleted_objects", "Objects deleted by retention and garbage collection.",
-            ["namespace", "topic", "kind"], registry=r,
+            "bucketq_gc_deleted_objects",
+            "Objects deleted by retention and garbage collection.",
+            ["namespace", "topic", "kind"],
+            registry=r,
         )
         self.storage_reachable = Gauge(
-            "bucketq_storage_reachable", "1 when the last storage call of a namespace succeeded.",
-            ["namespace"], registry=r,
+            "bucketq_storage_reachable",
+            "1 when the last storage call of a namespace succeeded.",
+            ["namespace"],
+            registry=r,
         )
         r.register(self)
 
@@ -66,23 +75,33 @@ class QueueMetrics(Collector):
     def collect(self) -> Iterator[Metric]:
         g = {
             "backlog": GaugeMetricFamily(
-                "bucketq_subscription_backlog", "Messages visible or delayed, not leased, not done.", labels=_SUB),
+                "bucketq_subscription_backlog",
+                "Messages visible or delayed, not leased, not done.",
+                labels=_SUB,
+            ),
             "in_flight": GaugeMetricFamily(
-                "bucketq_subscription_in_flight", "Messages leased to a member right now.", labels=_SUB),
+                "bucketq_subscription_in_flight", "Messages leased to a member right now.", labels=_SUB
+            ),
             "delayed": GaugeMetricFamily(
-                "bucketq_subscription_delayed", "Messages waiting for their not-before time.", labels=_SUB),
+                "bucketq_subscription_delayed", "Messages waiting for their not-before time.", labels=_SUB
+            ),
             "oldest": GaugeMetricFamily(
                 "bucketq_subscription_oldest_message_age_seconds",
-                "Age of the oldest message not yet done (0 when none).", labels=_SUB),
+                "Age of the oldest message not yet done (0 when none).",
+                labels=_SUB,
+            ),
         }
         c = {
             "dead": CounterMetricFamily(
-                "bucketq_subscription_dead_lettered", "Messages moved to the dead-letter topic.", labels=_SUB),
+                "bucketq_subscription_dead_lettered", "Messages moved to the dead-letter topic.", labels=_SUB
+            ),
             "acked": CounterMetricFamily("bucketq_subscription_acked", "Messages acknowledged.", labels=_SUB),
             "redelivered": CounterMetricFamily(
-                "bucketq_subscription_redelivered", "Deliveries of messages delivered before.", labels=_SUB),
+                "bucketq_subscription_redelivered", "Deliveries of messages delivered before.", labels=_SUB
+            ),
             "published": CounterMetricFamily(
-                "bucketq_topic_published_messages", "Messages ever published to the topic.", labels=_TOPIC),
+                "bucketq_topic_published_messages", "Messages ever published to the topic.", labels=_TOPIC
+            ),
         }
         partitions = GaugeMetricFamily("bucketq_topic_partitions", "Partitions of the topic.", labels=_TOPIC)
         for (ns, topic), figures in sorted(self._topics.items()):

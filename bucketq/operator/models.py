@@ -65,16 +65,22 @@ class TopicSpec(CrdModel):
     """A topic: its partitions, retention and message size limit; the resource name is the topic name."""
 
     partitions: int = Field(
-        1, ge=1, le=MAX_PARTITIONS,
+        1,
+        ge=1,
+        le=MAX_PARTITIONS,
         description="Number of partitions (per-key order holds within a partition). May only grow.",
         json_schema_extra=_cel("self >= oldSelf", "partitions may only grow"),
     )
     retention_seconds: int = Field(
-        int(DEFAULT_RETENTION_S), ge=1, le=10 * 365 * 24 * 3600,
+        int(DEFAULT_RETENTION_S),
+        ge=1,
+        le=10 * 365 * 24 * 3600,
         description="Segments older than this and consumed by every consumer are deleted by garbage collection.",
     )
     max_message_bytes: int = Field(
-        DEFAULT_MAX_MESSAGE_BYTES, ge=64, le=64 * 1024 * 1024,
+        DEFAULT_MAX_MESSAGE_BYTES,
+        ge=64,
+        le=64 * 1024 * 1024,
         description="Largest accepted message (encoded), in bytes.",
     )
     deletion_policy: DeletionPolicy = Field(
@@ -82,7 +88,8 @@ class TopicSpec(CrdModel):
         description="Retain keeps the topic's objects in the bucket when the Topic is deleted; Delete purges them.",
     )
     dead_letter_policy: Name | None = Field(
-        None, description="Name of a DeadLetterPolicy in the same namespace (default: dead-letter after 5 deliveries).",
+        None,
+        description="Name of a DeadLetterPolicy in the same namespace (default: dead-letter after 5 deliveries).",
     )
 
 
@@ -90,12 +97,21 @@ class PushDelivery(CrdModel):
     """Push delivery: the sidecar POSTs messages to the app."""
 
     port: int | None = Field(
-        None, ge=1, le=65535, description="The app's port (or the pod annotation bucketq.io/app-port).",
+        None,
+        ge=1,
+        le=65535,
+        description="The app's port (or the pod annotation bucketq.io/app-port).",
     )
-    path: str = Field("/bucketq", pattern=r"^/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*$", max_length=256,
-                      description="HTTP path the sidecar POSTs messages to.")
+    path: str = Field(
+        "/bucketq",
+        pattern=r"^/[A-Za-z0-9._~!$&'()*+,;=:@%/-]*$",
+        max_length=256,
+        description="HTTP path the sidecar POSTs messages to.",
+    )
     concurrency: int = Field(16, ge=1, le=10_000, description="Concurrent push requests per pod.")
-    timeout_seconds: int = Field(600, ge=1, le=43_200, description="How long the app may take to answer a push.")
+    timeout_seconds: int = Field(
+        600, ge=1, le=43_200, description="How long the app may take to answer a push."
+    )
 
 
 class Delivery(CrdModel):
@@ -105,7 +121,9 @@ class Delivery(CrdModel):
         json_schema_extra=_cel("self.mode == 'push' || !has(self.push)", "push settings need mode: push"),
     )
 
-    mode: Literal["pull", "push"] = Field("pull", description="pull: the app asks the sidecar; push: the sidecar POSTs.")
+    mode: Literal["pull", "push"] = Field(
+        "pull", description="pull: the app asks the sidecar; push: the sidecar POSTs."
+    )
     push: PushDelivery | None = Field(None, description="Push settings (mode: push).")
 
 
@@ -113,7 +131,10 @@ class ConsumerSpec(CrdModel):
     """A consumer group: every pod naming it shares the work; each consumer gets every message."""
 
     topics: list[Name] = Field(
-        ..., min_length=1, max_length=64, description="Topics this consumer subscribes to.",
+        ...,
+        min_length=1,
+        max_length=64,
+        description="Topics this consumer subscribes to.",
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
     start_position: Literal["earliest", "latest"] = Field(
@@ -122,16 +143,21 @@ class ConsumerSpec(CrdModel):
         json_schema_extra=_cel("self == oldSelf", "startPosition is immutable"),
     )
     visibility_timeout_seconds: int = Field(
-        30, ge=1, le=43_200, description="How long a delivered message stays leased before it is redelivered.",
+        30,
+        ge=1,
+        le=43_200,
+        description="How long a delivered message stays leased before it is redelivered.",
     )
     max_in_flight: int = Field(1000, ge=1, le=100_000, description="Leased messages per pod at most.")
     ordered: bool = Field(False, description="Deliver messages with the same key one at a time, in order.")
     delivery: Delivery = Field(
-        default_factory=Delivery, description="pull or push delivery to the app.",
+        default_factory=Delivery,
+        description="pull or push delivery to the app.",
         json_schema_extra={"default": {}},
     )
     dead_letter_policy: Name | None = Field(
-        None, description="Name of a DeadLetterPolicy in the same namespace; it must match its topics' policy.",
+        None,
+        description="Name of a DeadLetterPolicy in the same namespace; it must match its topics' policy.",
     )
     deletion_policy: DeletionPolicy = Field(
         DeletionPolicy.RETAIN,
@@ -150,10 +176,14 @@ class DeadLetterPolicySpec(CrdModel):
     )
 
     max_deliveries: int = Field(
-        5, ge=1, le=1000, description="Deliveries after which a message is dead-lettered instead of redelivered.",
+        5,
+        ge=1,
+        le=1000,
+        description="Deliveries after which a message is dead-lettered instead of redelivered.",
     )
     dead_letter_topic: Name | None = Field(
-        None, description="Topic receiving dead letters (created if missing); default: '{topic}.dlq'.",
+        None,
+        description="Topic receiving dead letters (created if missing); default: '{topic}.dlq'.",
     )
     drop_action: Literal["DeadLetter", "Discard"] = Field(
         "DeadLetter",
@@ -173,7 +203,9 @@ class Condition(CrdModel):
     reason: str | None = Field(None, max_length=128, description="CamelCase reason of the last transition.")
     message: str | None = Field(None, max_length=4096, description="Human-readable details.")
     last_transition_time: str | None = Field(
-        None, json_schema_extra={"format": "date-time"}, description="When the status last changed.",
+        None,
+        json_schema_extra={"format": "date-time"},
+        description="When the status last changed.",
     )
     observed_generation: int | None = Field(None, ge=0, description="Generation the condition was set for.")
 
@@ -198,9 +230,13 @@ class TopicStatus(StatusBase):
     dead_letter_topic: str | None = Field(None, description="Where dead letters go (none when discarded).")
     consumers: list[str] | None = Field(None, description="Consumers with a subscription on the topic.")
     last_garbage_collection: str | None = Field(
-        None, json_schema_extra={"format": "date-time"}, description="When garbage collection last ran.",
+        None,
+        json_schema_extra={"format": "date-time"},
+        description="When garbage collection last ran.",
     )
-    garbage_collected_objects: int | None = Field(None, ge=0, description="Objects deleted by the last collection.")
+    garbage_collected_objects: int | None = Field(
+        None, ge=0, description="Objects deleted by the last collection."
+    )
 
 
 class ConsumerStatus(StatusBase):
@@ -251,7 +287,11 @@ _AGE = PrinterColumn("Age", "date", ".metadata.creationTimestamp")
 _PHASE = PrinterColumn("Phase", "string", ".status.phase", "Pending, Ready, Degraded, Failed or Deleting.")
 
 TOPIC = Kind(
-    "Topic", "topics", ("bqt",), TopicSpec, TopicStatus,
+    "Topic",
+    "topics",
+    ("bqt",),
+    TopicSpec,
+    TopicStatus,
     (
         PrinterColumn("Partitions", "integer", ".spec.partitions", "Partitions of the topic."),
         PrinterColumn("Backlog", "integer", ".status.backlog", "Largest backlog over the topic's consumers."),
@@ -262,7 +302,11 @@ TOPIC = Kind(
     ),
 )
 CONSUMER = Kind(
-    "Consumer", "consumers", ("bqc",), ConsumerSpec, ConsumerStatus,
+    "Consumer",
+    "consumers",
+    ("bqc",),
+    ConsumerSpec,
+    ConsumerStatus,
     (
         PrinterColumn("Topics", "string", ".spec.topics", "Subscribed topics."),
         PrinterColumn("Delivery", "string", ".spec.delivery.mode", "pull or push."),
@@ -274,9 +318,15 @@ CONSUMER = Kind(
     ),
 )
 DEAD_LETTER_POLICY = Kind(
-    "DeadLetterPolicy", "deadletterpolicies", ("bqdlp",), DeadLetterPolicySpec, DeadLetterPolicyStatus,
+    "DeadLetterPolicy",
+    "deadletterpolicies",
+    ("bqdlp",),
+    DeadLetterPolicySpec,
+    DeadLetterPolicyStatus,
     (
-        PrinterColumn("Max-Deliveries", "integer", ".spec.maxDeliveries", "Deliveries before dead-lettering."),
+        PrinterColumn(
+            "Max-Deliveries", "integer", ".spec.maxDeliveries", "Deliveries before dead-lettering."
+        ),
         PrinterColumn("Drop", "string", ".spec.dropAction", "DeadLetter or Discard."),
         _PHASE,
         _AGE,

@@ -44,7 +44,9 @@ class Outcome:
 class Reconciler:
     """Turns the end of a reconciliation into a status patch and a kopf outcome."""
 
-    def __init__(self, buckets: Buckets, metrics: QueueMetrics, retry_min_s: float, retry_max_s: float) -> None:
+    def __init__(
+        self, buckets: Buckets, metrics: QueueMetrics, retry_min_s: float, retry_max_s: float
+    ) -> None:
         self.buckets = buckets
         self.metrics = metrics
         self.retry_min_s = retry_min_s

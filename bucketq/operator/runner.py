@@ -26,7 +26,8 @@ def kopf_settings(settings: OperatorSettings) -> kopf.OperatorSettings:
     s.persistence.finalizer = f"{GROUP}/finalizer"
     s.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     s.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-        prefix=GROUP, key="last-handled-configuration",
+        prefix=GROUP,
+        key="last-handled-configuration",
     )
     s.posting.level = logging.WARNING  # events for failures, not for every success
     s.peering.standalone = settings.peering is None
@@ -61,7 +62,9 @@ async def serve(
 ) -> None:
     """Run ``operator`` until ``stop_flag`` is set (or SIGTERM/SIGINT in the main thread)."""
     settings = operator.settings
-    scope: dict[str, Any] = {"namespaces": settings.namespaces} if settings.namespaces else {"clusterwide": True}
+    scope: dict[str, Any] = (
+        {"namespaces": settings.namespaces} if settings.namespaces else {"clusterwide": True}
+    )
     liveness = f"http://0.0.0.0:{settings.liveness_port}/healthz" if settings.liveness_port else None
     await kopf.operator(
         registry=registry_for(operator, login=login),

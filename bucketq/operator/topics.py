@@ -19,7 +19,9 @@ def dead_letter_config(policy: DeadLetterPolicySpec | None) -> DeadLetterConfig:
         return DeadLetterConfig()
     if policy.drop_action == "Discard":
         return DeadLetterConfig(enabled=False, max_deliveries=policy.max_deliveries)
-    return DeadLetterConfig(enabled=True, max_deliveries=policy.max_deliveries, topic=policy.dead_letter_topic)
+    return DeadLetterConfig(
+        enabled=True, max_deliveries=policy.max_deliveries, topic=policy.dead_letter_topic
+    )
 
 
 def topic_config(spec: TopicSpec, policy: DeadLetterPolicySpec | None) -> TopicConfig:

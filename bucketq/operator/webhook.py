@@ -58,8 +58,9 @@ def webhook_server(settings: OperatorSettings) -> kopf.WebhookServer:
             hosts.append(settings.webhook_addr)
         cert, key = self_signed(hosts, Path(tempfile.mkdtemp(prefix="bucketq-webhook-")))
         certfile, keyfile = str(cert), str(key)
-    return NamespacedWebhookServer(addr=addr, port=port, host=host, certfile=certfile, pkeyfile=keyfile,
-                                   cafile=settings.webhook_ca_file)
+    return NamespacedWebhookServer(
+        addr=addr, port=port, host=host, certfile=certfile, pkeyfile=keyfile, cafile=settings.webhook_ca_file
+    )
 
 
 class SidecarInjector:
@@ -69,8 +70,14 @@ class SidecarInjector:
         self.engine = engine
         self.settings = settings
 
-    def mutate(self, body: Mapping[str, Any], patch: kopf.Patch, warnings: list[str],
-               consumer_index: Mapping[Any, Any], **_: Any) -> None:
+    def mutate(
+        self,
+        body: Mapping[str, Any],
+        patch: kopf.Patch,
+        warnings: list[str],
+        consumer_index: Mapping[Any, Any],
+        **_: Any,
+    ) -> None:
         """Inject the sidecar into a pod annotated ``bucketq.io/inject: "true"`` (once)."""
         if not wants_injection(body) or already_injected(body):
             return
@@ -89,8 +96,9 @@ class SidecarInjector:
             patch.metadata.annotations[key] = value
         warnings.extend(injection.warnings)
 
-    def _consumer(self, index: Mapping[Any, Any], namespace: str, name: str | None,
-                  warnings: list[str]) -> ConsumerSpec | None:
+    def _consumer(
+        self, index: Mapping[Any, Any], namespace: str, name: str | None, warnings: list[str]
+    ) -> ConsumerSpec | None:
         if name is None:
             return None
         for raw in index.get((namespace, name)) or ():
@@ -98,8 +106,10 @@ class SidecarInjector:
                 return ConsumerSpec.model_validate(dict(raw))
             except ValueError as exc:
                 raise InjectionError(f"Consumer {name!r} has an invalid spec: {exc}") from None
-        message = (f"Consumer {name!r} does not exist in namespace {namespace!r} (annotation bucketq.io/consumer): "
-                   f"create it first (kubectl apply -f consumer.yaml) or fix the annotation")
+        message = (
+            f"Consumer {name!r} does not exist in namespace {namespace!r} (annotation bucketq.io/consumer): "
+            f"create it first (kubectl apply -f consumer.yaml) or fix the annotation"
+        )
         if self.settings.missing_consumer == "reject":
             raise InjectionError(message)
         warnings.append(f"bucketq: {message}; the pod is admitted anyway")

@@ -89,20 +89,31 @@ async def run_via_sidecar(
     """
     key = access_key or os.environ.get("BUCKETQ_S3_ACCESS_KEY_ID") or DEFAULT_CREDENTIALS[0]
     secret = secret_key or os.environ.get("BUCKETQ_S3_SECRET_ACCESS_KEY") or DEFAULT_CREDENTIALS[1]
-    settings = Settings.from_dict({
-        "backend": "s3", "s3_endpoint_url": endpoint_url, "s3_bucket": bucket,
-        "s3_access_key_id": key, "s3_secret_access_key": secret,
-    })
+    settings = Settings.from_dict(
+        {
+            "backend": "s3",
+            "s3_endpoint_url": endpoint_url,
+            "s3_bucket": bucket,
+            "s3_access_key_id": key,
+            "s3_secret_access_key": secret,
+        }
+    )
     topic = f"bench-e2e-{uuid.uuid4().hex[:8]}"
     async with Bucketq(settings) as bq:
         await bq.create_topic(topic, partitions=partitions)
         strategy = bq.strategy
     in_flight = max_in_flight or messages  # any one sidecar may hold them all (hold phase)
     env = {
-        "BUCKETQ_BACKEND": "s3", "BUCKETQ_S3_ENDPOINT_URL": endpoint_url, "BUCKETQ_S3_BUCKET": bucket,
-        "BUCKETQ_S3_ACCESS_KEY_ID": key, "BUCKETQ_S3_SECRET_ACCESS_KEY": secret, "BUCKETQ_STRATEGY": strategy,
-        "BUCKETQ_SIDECAR_CONSUMER": "bench", "BUCKETQ_SIDECAR_TOPICS": topic,
-        "BUCKETQ_SIDECAR_MAX_IN_FLIGHT": str(in_flight), "BUCKETQ_SIDECAR_METRICS_PORT": "0",
+        "BUCKETQ_BACKEND": "s3",
+        "BUCKETQ_S3_ENDPOINT_URL": endpoint_url,
+        "BUCKETQ_S3_BUCKET": bucket,
+        "BUCKETQ_S3_ACCESS_KEY_ID": key,
+        "BUCKETQ_S3_SECRET_ACCESS_KEY": secret,
+        "BUCKETQ_STRATEGY": strategy,
+        "BUCKETQ_SIDECAR_CONSUMER": "bench",
+        "BUCKETQ_SIDECAR_TOPICS": topic,
+        "BUCKETQ_SIDECAR_MAX_IN_FLIGHT": str(in_flight),
+        "BUCKETQ_SIDECAR_METRICS_PORT": "0",
         "BUCKETQ_SIDECAR_PUBLISH_BUFFER_SIZE": str(max(10_000, messages)),
         "BUCKETQ_SIDECAR_DRAIN_GRACE_S": "5",
         **(engine_env or {}),
@@ -112,7 +123,9 @@ async def run_via_sidecar(
     sampler: asyncio.Task[None] | None = None
     try:
         await asyncio.gather(*(asyncio.to_thread(_wait_ready, sc) for sc in procs))
-        baseline = sum(await asyncio.gather(*(asyncio.to_thread(_s3_requests, sc) for sc in procs)), Counter())
+        baseline = sum(
+            await asyncio.gather(*(asyncio.to_thread(_s3_requests, sc) for sc in procs)), Counter()
+        )
         run = _Run()
         sampler = asyncio.get_running_loop().create_task(_sample(procs, run))
         started = time.perf_counter()
@@ -177,7 +190,8 @@ async def _drive(
         ]
         tasks += [
             asyncio.create_task(_worker(client, run, messages))
-            for client in clients for _ in range(WORKERS_PER_SIDECAR)
+            for client in clients
+            for _ in range(WORKERS_PER_SIDECAR)
         ]
         try:
             await asyncio.wait_for(run.done.wait(), timeout_s)
@@ -202,7 +216,9 @@ async def _hold(
     held: list[dict[str, str]] = [{} for _ in procs]  # per sidecar: message id -> latest receipt
     try:
         shares = [messages // len(procs) + (1 if i < messages % len(procs) else 0) for i in range(len(procs))]
-        await asyncio.gather(*(_publisher(c, topic, n, pad, run) for c, n in zip(clients, shares, strict=True)))
+        await asyncio.gather(
+            *(_publisher(c, topic, n, pad, run) for c, n in zip(clients, shares, strict=True))
+        )
         deadline = time.monotonic() + timeout_s
         while sum(map(len, held)) < len(run.published) and time.monotonic() < deadline:
             batches = await asyncio.gather(*(c.pull(max_messages=PULL_BATCH, wait=0.5) for c in clients))
@@ -216,7 +232,11 @@ async def _hold(
                 await client.ack_batch(pending[i : i + PULL_BATCH])
     finally:
         await asyncio.gather(*(c.close() for c in clients))
-    return {"in_flight_held": in_flight, "rss_mib_at_in_flight": max(rss), "rss_mib_at_in_flight_by_sidecar": rss}
+    return {
+        "in_flight_held": in_flight,
+        "rss_mib_at_in_flight": max(rss),
+        "rss_mib_at_in_flight_by_sidecar": rss,
+    }
 
 
 async def _publisher(client: AsyncClient, topic: str, count: int, pad: str, run: _Run) -> None:
@@ -304,8 +324,12 @@ def _start(workdir: Path, index: int, env: Mapping[str, str]) -> _Sidecar:
     log_path = workdir / f"sidecar-{index}.log"
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "bucketq.sidecar"], stdin=subprocess.DEVNULL, stdout=log,
-            stderr=subprocess.STDOUT, env=full, cwd=workdir,
+            [sys.executable, "-m", "bucketq.sidecar"],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=full,
+            cwd=workdir,
         )
     return _Sidecar(proc, f"http://127.0.0.1:{port}", log_path)
 
@@ -320,12 +344,16 @@ def _wait_ready(sc: _Sidecar, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if sc.process.poll() is not None:
-            raise RuntimeError(f"sidecar exited with {sc.process.returncode}: {sc.log_path.read_text()[-2000:]}")
+            raise RuntimeError(
+                f"sidecar exited with {sc.process.returncode}: {sc.log_path.read_text()[-2000:]}"
+            )
         with contextlib.suppress(OSError, urllib.error.HTTPError):
             _get(sc.url + "/readyz")
             return
         time.sleep(0.05)
-    raise RuntimeError(f"sidecar at {sc.url} not ready within {timeout:g}s: {sc.log_path.read_text()[-2000:]}")
+    raise RuntimeError(
+        f"sidecar at {sc.url} not ready within {timeout:g}s: {sc.log_path.read_text()[-2000:]}"
+    )
 
 
 def _s3_requests(sc: _Sidecar) -> Counter[str]:

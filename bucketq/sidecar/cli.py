@@ -16,16 +16,22 @@ from bucketq.errors import ConfigError
 def command(
     config: Annotated[
         Path | None,
-        typer.Option("--config", "-c", help="YAML file (default: $BUCKETQ_SIDECAR_CONFIG).", show_default=False),
+        typer.Option(
+            "--config", "-c", help="YAML file (default: $BUCKETQ_SIDECAR_CONFIG).", show_default=False
+        ),
     ] = None,
     consumer: Annotated[str | None, typer.Option(help="Consumer (group) name.", show_default=False)] = None,
     topics: Annotated[
         str | None, typer.Option(help="Comma-separated topics to consume.", show_default=False)
     ] = None,
     delivery: Annotated[str | None, typer.Option(help="pull or push.", show_default=False)] = None,
-    app_port: Annotated[int | None, typer.Option(help="The app's port (push mode).", show_default=False)] = None,
+    app_port: Annotated[
+        int | None, typer.Option(help="The app's port (push mode).", show_default=False)
+    ] = None,
     app_path: Annotated[str | None, typer.Option(help="The app's push path.", show_default=False)] = None,
-    listen_host: Annotated[str | None, typer.Option(help="API address [127.0.0.1].", show_default=False)] = None,
+    listen_host: Annotated[
+        str | None, typer.Option(help="API address [127.0.0.1].", show_default=False)
+    ] = None,
     listen_port: Annotated[int | None, typer.Option(help="API port [3500].", show_default=False)] = None,
     metrics_port: Annotated[
         int | None, typer.Option(help="Metrics/probes port, 0 for none [9090].", show_default=False)
@@ -42,9 +48,15 @@ def command(
     from bucketq.sidecar.process import run
 
     overrides = {
-        "consumer": consumer, "topics": topics, "delivery": delivery, "app_port": app_port,
-        "app_path": app_path, "listen_host": listen_host, "listen_port": listen_port,
-        "metrics_port": metrics_port, "log_level": log_level,
+        "consumer": consumer,
+        "topics": topics,
+        "delivery": delivery,
+        "app_port": app_port,
+        "app_path": app_path,
+        "listen_host": listen_host,
+        "listen_port": listen_port,
+        "metrics_port": metrics_port,
+        "log_level": log_level,
     }
     try:
         cfg = load_config(config, overrides=overrides)
@@ -53,7 +65,8 @@ def command(
         raise typer.Exit(2) from None
     level = logging.getLevelNamesMapping()[cfg.sidecar.log_level]
     logging.basicConfig(
-        level=max(logging.INFO, level), stream=sys.stderr,
+        level=max(logging.INFO, level),
+        stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("bucketq").setLevel(level)  # DEBUG is ours, not botocore's

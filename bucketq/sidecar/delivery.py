@@ -29,12 +29,21 @@ def to_wire(msg: Message, *, with_receipt: bool) -> DeliveredMessage:
     """The JSON form of a leased message (``payload``, or ``data_b64`` for raw bytes)."""
     data = msg.data
     return DeliveredMessage(
-        id=msg.id, topic=msg.topic, partition=msg.partition, seq=msg.seq, index=msg.index,
-        offset=msg.offset, key=msg.key, headers=dict(msg.headers),
+        id=msg.id,
+        topic=msg.topic,
+        partition=msg.partition,
+        seq=msg.seq,
+        index=msg.index,
+        offset=msg.offset,
+        key=msg.key,
+        headers=dict(msg.headers),
         payload=msg.payload if data is None else None,
         data_b64=base64.b64encode(data).decode() if data is not None else None,
-        content_type=msg.content_type, created_at=msg.created_at, producer_id=msg.producer_id,
-        priority=msg.priority, deliveries=msg.deliveries,
+        content_type=msg.content_type,
+        created_at=msg.created_at,
+        producer_id=msg.producer_id,
+        priority=msg.priority,
+        deliveries=msg.deliveries,
         receipt=msg.receipt if with_receipt else None,
         lease_until=msg.lease_until if with_receipt else None,
     )
@@ -116,7 +125,8 @@ class Deliveries:
             raise from_exception(exc) from None
         if topic not in self.cfg.topics:
             raise ApiError(
-                400, "invalid_receipt",
+                400,
+                "invalid_receipt",
                 f"receipt names topic {topic!r}, which this sidecar does not consume: "
                 "pass the receipt exactly as it was delivered",
             )
@@ -200,7 +210,9 @@ class Deliveries:
             if isinstance(outcome, SettleResponse):
                 out: Outcome = outcome.outcome
                 results.append(
-                    SettleEntryResult(receipt=receipt, status=200, outcome=out, lease_until=outcome.lease_until)
+                    SettleEntryResult(
+                        receipt=receipt, status=200, outcome=out, lease_until=outcome.lease_until
+                    )
                 )
             else:
                 err = from_exception(outcome)

@@ -80,7 +80,8 @@ def from_exception(exc: BaseException) -> ApiError:
         return exc
     if isinstance(exc, LeaseLost):
         return ApiError(
-            409, "lease_lost",
+            409,
+            "lease_lost",
             f"{exc}; the lease expired or the message was settled, and it may be redelivered elsewhere",
         )
     if isinstance(exc, InvalidReceipt):

@@ -34,14 +34,16 @@ async def read_model(request: web.Request, model: type[M], *, empty_ok: bool = F
         return model()
     if request.content_type != "application/json":
         raise ApiError(
-            415, "unsupported_media_type",
+            415,
+            "unsupported_media_type",
             f"send the body as JSON with 'Content-Type: application/json' (got {request.content_type!r})",
         )
     try:
         raw = await request.read()
     except web.HTTPRequestEntityTooLarge as exc:
         raise ApiError(
-            413, "body_too_large",
+            413,
+            "body_too_large",
             f"request body is larger than the limit of {request.app[MAX_BODY]} bytes",
         ) from exc
     if not raw.strip() and empty_ok:
@@ -51,7 +53,9 @@ async def read_model(request: web.Request, model: type[M], *, empty_ok: bool = F
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ApiError(400, "malformed_json", f"request body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
-        raise ApiError(400, "invalid_request", f"request body must be a JSON object, got {type(data).__name__}")
+        raise ApiError(
+            400, "invalid_request", f"request body must be a JSON object, got {type(data).__name__}"
+        )
     try:
         return model.model_validate(data)
     except ValidationError as exc:
@@ -68,7 +72,9 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     except web.HTTPException as exc:
         if exc.status < 400:
             raise
-        code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(exc.status, "http_error")
+        code = {404: "not_found", 405: "method_not_allowed", 413: "body_too_large"}.get(
+            exc.status, "http_error"
+        )
         message = {
             404: f"no such endpoint: {request.method} {request.path}",
             405: f"method {request.method} is not allowed on {request.path}",
@@ -89,7 +95,9 @@ def auth_middleware(token: str) -> Middleware:
             given = request.headers.get("Authorization", "").encode()
             if not hmac.compare_digest(given, expected):
                 raise ApiError(
-                    401, "unauthorized", "missing or wrong bearer token (header 'Authorization: Bearer ...')",
+                    401,
+                    "unauthorized",
+                    "missing or wrong bearer token (header 'Authorization: Bearer ...')",
                     headers={"WWW-Authenticate": "Bearer"},
                 )
         return await handler(request)

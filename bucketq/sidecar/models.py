@@ -119,7 +119,9 @@ class PublishBatchResponse(_Strict):
 
 class PullRequest(_Strict):
     max_messages: StrictInt = Field(10, ge=1, description="At most this many (limit: max_batch, 1000).")
-    wait_seconds: float = Field(0.0, ge=0, description="Long poll: wait up to this long for the first message.")
+    wait_seconds: float = Field(
+        0.0, ge=0, description="Long poll: wait up to this long for the first message."
+    )
 
 
 class DeliveredMessage(_Strict):
@@ -141,7 +143,9 @@ class DeliveredMessage(_Strict):
     priority: int = 0
     deliveries: int = Field(description="1 on the first delivery; more when redelivered.")
     receipt: str | None = Field(None, description="Opaque lease token for ack/nack/extend (pull only).")
-    lease_until: float | None = Field(None, description="Unix time the lease ends unless extended (pull only).")
+    lease_until: float | None = Field(
+        None, description="Unix time the lease ends unless extended (pull only)."
+    )
 
     def data(self) -> bytes | None:
         return None if self.data_b64 is None else base64.b64decode(self.data_b64)

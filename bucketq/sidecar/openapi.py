@@ -15,10 +15,26 @@ from pydantic.json_schema import models_json_schema
 from bucketq.sidecar import models as m
 
 SCHEMAS: list[type[BaseModel]] = [
-    m.ErrorBody, m.OutgoingMessage, m.PublishBatchRequest, m.PublishResponse, m.PublishEntryResult,
-    m.PublishBatchResponse, m.PullRequest, m.DeliveredMessage, m.PullResponse, m.AckRequest,
-    m.AckBatchRequest, m.NackRequest, m.NackBatchRequest, m.ExtendRequest, m.ExtendBatchRequest,
-    m.SettleResponse, m.SettleEntryResult, m.SettleBatchResponse, m.PushBatch, m.PushReply,
+    m.ErrorBody,
+    m.OutgoingMessage,
+    m.PublishBatchRequest,
+    m.PublishResponse,
+    m.PublishEntryResult,
+    m.PublishBatchResponse,
+    m.PullRequest,
+    m.DeliveredMessage,
+    m.PullResponse,
+    m.AckRequest,
+    m.AckBatchRequest,
+    m.NackRequest,
+    m.NackBatchRequest,
+    m.ExtendRequest,
+    m.ExtendBatchRequest,
+    m.SettleResponse,
+    m.SettleEntryResult,
+    m.SettleBatchResponse,
+    m.PushBatch,
+    m.PushReply,
 ]
 
 ERRORS = {
@@ -41,7 +57,9 @@ def _json(name: str) -> dict[str, Any]:
     return {"application/json": {"schema": _ref(name)}}
 
 
-def _op(summary: str, request: str | None, response: str, errors: list[str], description: str = "") -> dict[str, Any]:
+def _op(
+    summary: str, request: str | None, response: str, errors: list[str], description: str = ""
+) -> dict[str, Any]:
     op: dict[str, Any] = {"summary": summary}
     if description:
         op["description"] = description
@@ -55,46 +73,95 @@ def _op(summary: str, request: str | None, response: str, errors: list[str], des
 
 def build() -> dict[str, Any]:
     """The OpenAPI document as a dict."""
-    _, defs = models_json_schema([(s, "validation") for s in SCHEMAS], ref_template="#/components/schemas/{model}")
-    topic = {"name": "topic", "in": "path", "required": True, "schema": {"type": "string"},
-             "description": "Topic name (DNS-1123: lower-case letters, digits, '-' and '.')."}
-    publish = _op("Publish one message", "OutgoingMessage", "PublishResponse",
-                  ["400", "401", "404", "413", "415", "429", "503"],
-                  "Answers once the message is durable in the bucket, with its id and position.")
+    _, defs = models_json_schema(
+        [(s, "validation") for s in SCHEMAS], ref_template="#/components/schemas/{model}"
+    )
+    topic = {
+        "name": "topic",
+        "in": "path",
+        "required": True,
+        "schema": {"type": "string"},
+        "description": "Topic name (DNS-1123: lower-case letters, digits, '-' and '.').",
+    }
+    publish = _op(
+        "Publish one message",
+        "OutgoingMessage",
+        "PublishResponse",
+        ["400", "401", "404", "413", "415", "429", "503"],
+        "Answers once the message is durable in the bucket, with its id and position.",
+    )
     publish["post"]["parameters"] = [dict(topic)]
-    batch = _op("Publish a batch", "PublishBatchRequest", "PublishBatchResponse",
-                ["400", "401", "404", "413", "415", "429", "503"],
-                "The whole request is validated first (nothing is published if one message is invalid). "
-                "Each entry then reports its own status; when every entry failed alike the response has "
-                "that status (e.g. 503).")
+    batch = _op(
+        "Publish a batch",
+        "PublishBatchRequest",
+        "PublishBatchResponse",
+        ["400", "401", "404", "413", "415", "429", "503"],
+        "The whole request is validated first (nothing is published if one message is invalid). "
+        "Each entry then reports its own status; when every entry failed alike the response has "
+        "that status (e.g. 503).",
+    )
     batch["post"]["parameters"] = [dict(topic)]
     settle_errors = ["400", "401", "409", "415", "503"]
     batch_errors = ["400", "401", "413", "415"]
     paths: dict[str, Any] = {
         "/v1/publish/{topic}": publish,
         "/v1/publish/{topic}/batch": batch,
-        "/v1/pull": _op("Pull leased messages (long poll)", "PullRequest", "PullResponse",
-                        ["400", "401", "415", "503"],
-                        "Up to `max_messages`, waiting up to `wait_seconds` for the first. Each message "
-                        "carries an opaque `receipt`; settle it before `lease_until`. The body may be empty."),
+        "/v1/pull": _op(
+            "Pull leased messages (long poll)",
+            "PullRequest",
+            "PullResponse",
+            ["400", "401", "415", "503"],
+            "Up to `max_messages`, waiting up to `wait_seconds` for the first. Each message "
+            "carries an opaque `receipt`; settle it before `lease_until`. The body may be empty.",
+        ),
         "/v1/ack": _op("Acknowledge a message", "AckRequest", "SettleResponse", settle_errors),
-        "/v1/ack/batch": _op("Acknowledge many", "AckBatchRequest", "SettleBatchResponse", batch_errors,
-                             "Each entry has its own status (409 for a stale receipt)."),
-        "/v1/nack": _op("Give a message back, or dead-letter it", "NackRequest", "SettleResponse",
-                        settle_errors),
+        "/v1/ack/batch": _op(
+            "Acknowledge many",
+            "AckBatchRequest",
+            "SettleBatchResponse",
+            batch_errors,
+            "Each entry has its own status (409 for a stale receipt).",
+        ),
+        "/v1/nack": _op(
+            "Give a message back, or dead-letter it", "NackRequest", "SettleResponse", settle_errors
+        ),
         "/v1/nack/batch": _op("Nack many", "NackBatchRequest", "SettleBatchResponse", batch_errors),
         "/v1/extend": _op("Extend a lease", "ExtendRequest", "SettleResponse", settle_errors),
         "/v1/extend/batch": _op("Extend many", "ExtendBatchRequest", "SettleBatchResponse", batch_errors),
-        "/v1/status": {"get": {"summary": "What the sidecar is doing (JSON for humans and scripts)",
-                               "responses": {"200": {"description": "OK",
-                                                     "content": {"application/json": {"schema": {"type": "object"}}}}}}},
-        "/healthz": {"get": {"summary": "Liveness: the process serves requests",
-                             "responses": {"200": {"description": "alive"}}}},
-        "/readyz": {"get": {"summary": "Readiness: connected, strategy chosen, bucket answering, not draining",
-                            "responses": {"200": {"description": "ready"}, "503": {"description": "not ready"}}}},
-        "/metrics": {"get": {"summary": "Prometheus metrics (names prefixed bucketq_)",
-                             "responses": {"200": {"description": "text exposition format",
-                                                   "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
+        "/v1/status": {
+            "get": {
+                "summary": "What the sidecar is doing (JSON for humans and scripts)",
+                "responses": {
+                    "200": {
+                        "description": "OK",
+                        "content": {"application/json": {"schema": {"type": "object"}}},
+                    }
+                },
+            }
+        },
+        "/healthz": {
+            "get": {
+                "summary": "Liveness: the process serves requests",
+                "responses": {"200": {"description": "alive"}},
+            }
+        },
+        "/readyz": {
+            "get": {
+                "summary": "Readiness: connected, strategy chosen, bucket answering, not draining",
+                "responses": {"200": {"description": "ready"}, "503": {"description": "not ready"}},
+            }
+        },
+        "/metrics": {
+            "get": {
+                "summary": "Prometheus metrics (names prefixed bucketq_)",
+                "responses": {
+                    "200": {
+                        "description": "text exposition format",
+                        "content": {"text/plain": {"schema": {"type": "string"}}},
+                    }
+                },
+            }
+        },
     }
     responses = {
         f"E{code}": {"description": text, "content": _json("ErrorBody")} for code, text in ERRORS.items()
@@ -109,9 +176,9 @@ def build() -> dict[str, Any]:
             "title": "bucketq sidecar localhost API",
             "version": "1",
             "description": "The HTTP/1.1 + JSON API a bucketq sidecar serves to the app next to it "
-                           "(default http://127.0.0.1:3500). See docs/sidecar-api.md. In push mode the "
-                           "sidecar POSTs `DeliveredMessage` (or `PushBatch`) to the app, which answers "
-                           "`PushReply`.",
+            "(default http://127.0.0.1:3500). See docs/sidecar-api.md. In push mode the "
+            "sidecar POSTs `DeliveredMessage` (or `PushBatch`) to the app, which answers "
+            "`PushReply`.",
         },
         "servers": [{"url": "http://127.0.0.1:3500"}],
         "security": [{}, {"bearer": []}],
@@ -119,8 +186,13 @@ def build() -> dict[str, Any]:
         "components": {
             "schemas": defs["$defs"],
             "responses": responses,
-            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer",
-                                           "description": "Only when BUCKETQ_SIDECAR_TOKEN_FILE is set."}},
+            "securitySchemes": {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "Only when BUCKETQ_SIDECAR_TOKEN_FILE is set.",
+                }
+            },
         },
     }
 

@@ -36,7 +36,9 @@ class Sidecar:
         self.runtime = Runtime(config, self.metrics)
         self.publisher = Publisher(self.runtime, self.metrics)
         self.deliveries = Deliveries(self.runtime, self.metrics)
-        self.pusher = Pusher(self.runtime, self.deliveries, self.metrics) if self.cfg.delivery == "push" else None
+        self.pusher = (
+            Pusher(self.runtime, self.deliveries, self.metrics) if self.cfg.delivery == "push" else None
+        )
         self.api = Api(self.runtime, self.publisher, self.deliveries, self.metrics)
         if self.pusher is not None:
             pusher = self.pusher
@@ -50,11 +52,14 @@ class Sidecar:
     async def start(self) -> None:
         """Listen (API on localhost, probes/metrics on the metrics port) and connect in the background."""
         token = self.cfg.token()
-        self.api_port = await self._listen(build_api_app(self.api, token=token), self.cfg.listen_host,
-                                           self.cfg.listen_port)
+        self.api_port = await self._listen(
+            build_api_app(self.api, token=token), self.cfg.listen_host, self.cfg.listen_port
+        )
         log.info("API listening on http://%s:%d", self.cfg.listen_host, self.api_port)
         if self.cfg.metrics_port:
-            port = await self._listen(build_metrics_app(self.api), self.cfg.metrics_host, self.cfg.metrics_port)
+            port = await self._listen(
+                build_metrics_app(self.api), self.cfg.metrics_host, self.cfg.metrics_port
+            )
             log.info("metrics and probes on http://%s:%d/metrics", self.cfg.metrics_host, port)
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self.deliveries.reap_forever()))
@@ -62,7 +67,9 @@ class Sidecar:
             self._dispatcher = loop.create_task(self.pusher.run())
 
     async def _listen(self, app: web.Application, host: str, port: int) -> int:
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT_S)
+        runner = web.AppRunner(
+            app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT_S
+        )
         await runner.setup()
         self._runners.append(runner)
         await web.TCPSite(runner, host, port, reuse_address=True).start()

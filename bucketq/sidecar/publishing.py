@@ -36,14 +36,16 @@ class Publisher:
         self.runtime.producer()  # 503 while starting or draining
         if len(messages) > self.capacity:
             raise ApiError(
-                413, "batch_too_large",
+                413,
+                "batch_too_large",
                 f"{len(messages)} messages exceed the publish buffer of {self.capacity}: split the batch",
             )
         await self._validate(topic, messages)
         if self.pending + len(messages) > self.capacity:
             self.metrics.publish_errors.labels(topic, "buffer_full").inc(len(messages))
             raise ApiError(
-                429, "buffer_full",
+                429,
+                "buffer_full",
                 f"the publish buffer is full ({self.pending} of {self.capacity} messages pending); "
                 f"retry after {RETRY_AFTER_S}s",
                 headers={"Retry-After": str(RETRY_AFTER_S)},
@@ -73,8 +75,15 @@ class Publisher:
         for i, m in enumerate(messages):
             try:
                 record = build_record(
-                    m.payload, data=m.data(), content_type=m.content_type, key=m.key, headers=m.headers,
-                    priority=m.priority, not_before=m.not_before, delay=m.delay_seconds, dedup_id=m.dedup_id,
+                    m.payload,
+                    data=m.data(),
+                    content_type=m.content_type,
+                    key=m.key,
+                    headers=m.headers,
+                    priority=m.priority,
+                    not_before=m.not_before,
+                    delay=m.delay_seconds,
+                    dedup_id=m.dedup_id,
                 )
                 encode_record(record, config.max_message_bytes)
             except BucketqError as exc:
@@ -83,8 +92,10 @@ class Publisher:
         if not problems:
             return
         what = "message" if len(messages) == 1 else f"{len(problems)} of {len(messages)} messages"
-        summary = problems[0]["problem"] if len(messages) == 1 else "; ".join(
-            f"#{p['index']}: {p['problem']}" for p in problems[:5]
+        summary = (
+            problems[0]["problem"]
+            if len(messages) == 1
+            else "; ".join(f"#{p['index']}: {p['problem']}" for p in problems[:5])
         )
         raise ApiError(
             413 if too_large else 400,
@@ -97,8 +108,15 @@ class Publisher:
         producer = self.runtime.producer()
         task = asyncio.get_running_loop().create_task(
             producer.publish(
-                topic, m.payload, data=m.data(), content_type=m.content_type, key=m.key,
-                headers=m.headers, dedup_id=m.dedup_id, priority=m.priority, not_before=m.not_before,
+                topic,
+                m.payload,
+                data=m.data(),
+                content_type=m.content_type,
+                key=m.key,
+                headers=m.headers,
+                dedup_id=m.dedup_id,
+                priority=m.priority,
+                not_before=m.not_before,
                 delay=m.delay_seconds,
             )
         )
@@ -131,6 +149,11 @@ class Publisher:
 
 def _response(r: PublishResult) -> PublishResponse:
     return PublishResponse(
-        id=r.id, topic=r.topic, partition=r.partition, seq=r.seq, index=r.index, offset=r.offset,
+        id=r.id,
+        topic=r.topic,
+        partition=r.partition,
+        seq=r.seq,
+        index=r.index,
+        offset=r.offset,
         duplicate=r.duplicate,
     )

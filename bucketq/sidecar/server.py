@@ -33,7 +33,9 @@ from bucketq.sidecar.runtime import Runtime
 class Api:
     """Request handlers over the runtime, the publisher and the deliveries."""
 
-    def __init__(self, runtime: Runtime, publisher: Publisher, deliveries: Deliveries, metrics: Metrics) -> None:
+    def __init__(
+        self, runtime: Runtime, publisher: Publisher, deliveries: Deliveries, metrics: Metrics
+    ) -> None:
         self.runtime = runtime
         self.publisher = publisher
         self.deliveries = deliveries
@@ -55,7 +57,8 @@ class Api:
         body = await read_model(request, PublishBatchRequest)
         if len(body.messages) > self.cfg.max_batch:
             raise ApiError(
-                413, "batch_too_large",
+                413,
+                "batch_too_large",
                 f"{len(body.messages)} messages in one batch; the limit is {self.cfg.max_batch}",
             )
         results = await self.publisher.publish(request.match_info["topic"], body.messages)
@@ -93,30 +96,41 @@ class Api:
 
     def _check_batch(self, count: int) -> None:
         if count > self.cfg.max_batch:
-            raise ApiError(413, "batch_too_large", f"{count} entries in one batch; the limit is {self.cfg.max_batch}")
+            raise ApiError(
+                413, "batch_too_large", f"{count} entries in one batch; the limit is {self.cfg.max_batch}"
+            )
 
     async def ack_batch(self, request: web.Request) -> web.Response:
         body = await read_model(request, AckBatchRequest)
         self._check_batch(len(body.receipts))
         results = await self.deliveries.batch([(r, self.deliveries.ack(r)) for r in body.receipts])
-        return json_response(SettleBatchResponse(results=results, failed=sum(r.status != 200 for r in results)))
+        return json_response(
+            SettleBatchResponse(results=results, failed=sum(r.status != 200 for r in results))
+        )
 
     async def nack_batch(self, request: web.Request) -> web.Response:
         body = await read_model(request, NackBatchRequest)
         self._check_batch(len(body.entries))
         calls = [
-            (e.receipt, self.deliveries.nack(e.receipt, requeue=e.requeue, delay=e.delay_seconds, reason=e.reason))
+            (
+                e.receipt,
+                self.deliveries.nack(e.receipt, requeue=e.requeue, delay=e.delay_seconds, reason=e.reason),
+            )
             for e in body.entries
         ]
         results = await self.deliveries.batch(calls)
-        return json_response(SettleBatchResponse(results=results, failed=sum(r.status != 200 for r in results)))
+        return json_response(
+            SettleBatchResponse(results=results, failed=sum(r.status != 200 for r in results))
+        )
 
     async def extend_batch(self, request: web.Request) -> web.Response:
         body = await read_model(request, ExtendBatchRequest)
         self._check_batch(len(body.entries))
         calls = [(e.receipt, self.deliveries.extend(e.receipt, e.seconds)) for e in body.entries]
         results = await self.deliveries.batch(calls)
-        return json_response(SettleBatchResponse(results=results, failed=sum(r.status != 200 for r in results)))
+        return json_response(
+            SettleBatchResponse(results=results, failed=sum(r.status != 200 for r in results))
+        )
 
     # -- operations ------------------------------------------------------------------------------
 
@@ -139,9 +153,13 @@ class Api:
             c = consumer.counters
             body["member"] = consumer.member
             body["counters"] = {
-                "delivered": c.delivered, "acked": c.acked, "nacked": c.nacked,
-                "dead_lettered": c.dead_lettered, "lease_lost": c.lease_lost,
-                "commits": c.commits, "conflicts": c.conflicts,
+                "delivered": c.delivered,
+                "acked": c.acked,
+                "nacked": c.nacked,
+                "dead_lettered": c.dead_lettered,
+                "lease_lost": c.lease_lost,
+                "commits": c.commits,
+                "conflicts": c.conflicts,
             }
         store = self.runtime.store
         if store is not None:
@@ -170,18 +188,20 @@ def build_api_app(api: Api, *, token: str | None) -> web.Application:
         middlewares.append(auth_middleware(token))
     app = web.Application(client_max_size=api.cfg.max_body_bytes, middlewares=middlewares)
     app[MAX_BODY] = api.cfg.max_body_bytes
-    app.add_routes([
-        web.post("/v1/publish/{topic}", api.publish),
-        web.post("/v1/publish/{topic}/batch", api.publish_batch),
-        web.post("/v1/pull", api.pull),
-        web.post("/v1/ack", api.ack),
-        web.post("/v1/ack/batch", api.ack_batch),
-        web.post("/v1/nack", api.nack),
-        web.post("/v1/nack/batch", api.nack_batch),
-        web.post("/v1/extend", api.extend),
-        web.post("/v1/extend/batch", api.extend_batch),
-        web.get("/v1/status", api.status),
-    ])
+    app.add_routes(
+        [
+            web.post("/v1/publish/{topic}", api.publish),
+            web.post("/v1/publish/{topic}/batch", api.publish_batch),
+            web.post("/v1/pull", api.pull),
+            web.post("/v1/ack", api.ack),
+            web.post("/v1/ack/batch", api.ack_batch),
+            web.post("/v1/nack", api.nack),
+            web.post("/v1/nack/batch", api.nack_batch),
+            web.post("/v1/extend", api.extend),
+            web.post("/v1/extend/batch", api.extend_batch),
+            web.get("/v1/status", api.status),
+        ]
+    )
     _add_probes(app, api)
     return app
 
@@ -194,8 +214,10 @@ def build_metrics_app(api: Api) -> web.Application:
 
 
 def _add_probes(app: web.Application, api: Api) -> None:
-    app.add_routes([
-        web.get("/healthz", api.healthz),
-        web.get("/readyz", api.readyz),
-        web.get("/metrics", api.metrics_text),
-    ])
+    app.add_routes(
+        [
+            web.get("/healthz", api.healthz),
+            web.get("/readyz", api.readyz),
+            web.get("/metrics", api.metrics_text),
+        ]
+    )

@@ -72,8 +72,10 @@ class SparkBenchResult:
     def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out.update(
-            write_msgs_per_s=round(self.write_msgs_per_s, 1), write_mb_per_s=round(self.write_mb_per_s, 2),
-            read_msgs_per_s=round(self.read_msgs_per_s, 1), read_mb_per_s=round(self.read_mb_per_s, 2),
+            write_msgs_per_s=round(self.write_msgs_per_s, 1),
+            write_mb_per_s=round(self.write_mb_per_s, 2),
+            read_msgs_per_s=round(self.read_msgs_per_s, 1),
+            read_mb_per_s=round(self.read_mb_per_s, 2),
             write_requests_per_message=round(self.write_requests_per_message, 5),
             requests_target_met=self.write_requests_per_message <= REQUESTS_PER_MESSAGE_TARGET,
         )
@@ -86,7 +88,9 @@ async def _create(settings: Settings, topic: str, partitions: int) -> None:
 
 
 def _dir_bytes(path: str) -> int:
-    return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file() and not f.name.startswith((".", "_")))
+    return sum(
+        f.stat().st_size for f in Path(path).rglob("*") if f.is_file() and not f.name.startswith((".", "_"))
+    )
 
 
 def spark_bench(
@@ -146,7 +150,11 @@ def spark_bench(
 
         started = time.perf_counter()
         zipped = write_topic(
-            generated(messages), settings, topic + "-zlib", description="bench write (zlib)", show=False,
+            generated(messages),
+            settings,
+            topic + "-zlib",
+            description="bench write (zlib)",
+            show=False,
             compression="zlib",
         )
         result.write_zlib_s = time.perf_counter() - started
@@ -176,46 +184,79 @@ def run_spark_bench(
     same rows on local disk. Read requests are not counted (executors do not report them back):
     about one GET per segment plus one LIST per 1000 segments and a HEAD per task.
     """
-    data: dict[str, Any] = {"backend": "s3", "s3_endpoint_url": endpoint_url, "s3_bucket": bucket, "strategy": "auto"}
+    data: dict[str, Any] = {
+        "backend": "s3",
+        "s3_endpoint_url": endpoint_url,
+        "s3_bucket": bucket,
+        "strategy": "auto",
+    }
     if access_key is not None:
         data.update(s3_access_key_id=access_key, s3_secret_access_key=secret_key)
     r = spark_bench(
-        Settings.from_dict(data), messages=messages, payload_bytes=payload_bytes, partitions=partitions, master=master
+        Settings.from_dict(data),
+        messages=messages,
+        payload_bytes=payload_bytes,
+        partitions=partitions,
+        master=master,
     )
     n = max(1, messages)
-    common = {"messages": messages, "payload_bytes": payload_bytes, "partitions": partitions, "master": master}
+    common = {
+        "messages": messages,
+        "payload_bytes": payload_bytes,
+        "partitions": partitions,
+        "master": master,
+    }
 
     def ratio(a: float, b: float) -> float:
         return round(a / b, 2) if b else 0.0
 
     return [
-        common | {
-            "scenario": "spark-write", "seconds": round(r.write_s, 3),
-            "msgs_per_s": round(r.write_msgs_per_s, 1), "mb_per_s": round(r.write_mb_per_s, 2),
+        common
+        | {
+            "scenario": "spark-write",
+            "seconds": round(r.write_s, 3),
+            "msgs_per_s": round(r.write_msgs_per_s, 1),
+            "mb_per_s": round(r.write_mb_per_s, 2),
             "vs_json": ratio(r.write_s, r.json_write_s),
             "s3_requests_per_message": round(r.write_requests_per_message, 5),
-            "s3_requests": r.write_requests, "segments": r.segments, "bytes": r.bytes,
-            "bytes_per_message": round(r.bytes / n, 1), "line_bytes_per_message": round(r.line_bytes / n, 1),
-            "task_s": r.write_task_s, "commit_s": r.write_commit_s,
+            "s3_requests": r.write_requests,
+            "segments": r.segments,
+            "bytes": r.bytes,
+            "bytes_per_message": round(r.bytes / n, 1),
+            "line_bytes_per_message": round(r.line_bytes / n, 1),
+            "task_s": r.write_task_s,
+            "commit_s": r.write_commit_s,
         },
-        common | {
-            "scenario": "spark-write-zlib", "seconds": round(r.write_zlib_s, 3),
+        common
+        | {
+            "scenario": "spark-write-zlib",
+            "seconds": round(r.write_zlib_s, 3),
             "msgs_per_s": round(messages / r.write_zlib_s, 1) if r.write_zlib_s else 0.0,
             "vs_json": ratio(r.write_zlib_s, r.json_write_s),
-            "bytes": r.zlib_bytes, "bytes_per_message": round(r.zlib_bytes / n, 1),
+            "bytes": r.zlib_bytes,
+            "bytes_per_message": round(r.zlib_bytes / n, 1),
         },
-        common | {
-            "scenario": "spark-read", "seconds": round(r.read_s, 3), "rows": r.read_rows,
-            "msgs_per_s": round(r.read_msgs_per_s, 1), "mb_per_s": round(r.read_mb_per_s, 2),
+        common
+        | {
+            "scenario": "spark-read",
+            "seconds": round(r.read_s, 3),
+            "rows": r.read_rows,
+            "msgs_per_s": round(r.read_msgs_per_s, 1),
+            "mb_per_s": round(r.read_mb_per_s, 2),
             "vs_json": ratio(r.read_s, r.json_read_s),
         },
-        common | {
-            "scenario": "json-write-local", "seconds": round(r.json_write_s, 3),
+        common
+        | {
+            "scenario": "json-write-local",
+            "seconds": round(r.json_write_s, 3),
             "msgs_per_s": round(messages / r.json_write_s, 1) if r.json_write_s else 0.0,
-            "bytes": r.json_bytes, "bytes_per_message": round(r.json_bytes / n, 1),
+            "bytes": r.json_bytes,
+            "bytes_per_message": round(r.json_bytes / n, 1),
         },
-        common | {
-            "scenario": "json-read-local", "seconds": round(r.json_read_s, 3),
+        common
+        | {
+            "scenario": "json-read-local",
+            "seconds": round(r.json_read_s, 3),
             "msgs_per_s": round(messages / r.json_read_s, 1) if r.json_read_s else 0.0,
         },
     ]

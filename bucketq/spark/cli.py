@@ -74,10 +74,16 @@ def _fail(ctx: typer.Context, exc: Exception) -> NoReturn:
 def export_command(
     ctx: typer.Context,
     topic: str = typer.Option(..., "--topic", "-t", help="Topic (or dead-letter topic) to archive."),
-    to: str = typer.Option(..., "--to", help="Output directory (local path or any Spark URI, e.g. s3a://...)."),
+    to: str = typer.Option(
+        ..., "--to", help="Output directory (local path or any Spark URI, e.g. s3a://...)."
+    ),
     fmt: ExportFormat = typer.Option(ExportFormat.parquet, "--format", "-f", help="File format."),
-    since: str | None = typer.Option(None, "--since", help="Only messages created at or after (ISO-8601 or unix s)."),
-    until: str | None = typer.Option(None, "--until", help="Only messages created before (ISO-8601 or unix s)."),
+    since: str | None = typer.Option(
+        None, "--since", help="Only messages created at or after (ISO-8601 or unix s)."
+    ),
+    until: str | None = typer.Option(
+        None, "--until", help="Only messages created before (ISO-8601 or unix s)."
+    ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output directory."),
     master: str = MASTER,
     quiet: bool = QUIET,
@@ -89,12 +95,21 @@ def export_command(
         started = time.monotonic()
         spark = _session(ctx, master)
         count = pipelines.export(
-            spark, _settings(ctx), topic, to, fmt.value, since=since, until=until, overwrite=overwrite,
+            spark,
+            _settings(ctx),
+            topic,
+            to,
+            fmt.value,
+            since=since,
+            until=until,
+            overwrite=overwrite,
             show=not quiet,
         )
     except Exception as exc:
         _fail(ctx, exc)
-    out().print(f"exported {count} messages of {topic} to {to} ({fmt.value}) in {time.monotonic() - started:.1f}s")
+    out().print(
+        f"exported {count} messages of {topic} to {to} ({fmt.value}) in {time.monotonic() - started:.1f}s"
+    )
 
 
 @app.command("backfill")
@@ -111,7 +126,9 @@ def backfill_command(
     ),
     batch_messages: int = typer.Option(5000, "--batch-messages", min=1, help="Messages per segment."),
     dedup: bool = typer.Option(
-        True, "--dedup/--no-dedup", help="Skip rows whose 'id' the topic already has (or the dataset repeats)."
+        True,
+        "--dedup/--no-dedup",
+        help="Skip rows whose 'id' the topic already has (or the dataset repeats).",
     ),
     job_id: str | None = typer.Option(
         None, "--job-id", help="Write job id (default: derived from the topic, options and input files)."
@@ -128,13 +145,24 @@ def backfill_command(
         started = time.monotonic()
         spark = _session(ctx, master)
         report = pipelines.backfill(
-            spark, _settings(ctx), source, fmt.value, topic, partitions=partitions, show=not quiet,
-            dedup=dedup, job=job_id, payloadFormat=payload_format, batchMessages=batch_messages,
+            spark,
+            _settings(ctx),
+            source,
+            fmt.value,
+            topic,
+            partitions=partitions,
+            show=not quiet,
+            dedup=dedup,
+            job=job_id,
+            payloadFormat=payload_format,
+            batchMessages=batch_messages,
         )
     except Exception as exc:
         _fail(ctx, exc)
     if report.get("skipped"):
-        out().print(f"nothing to do: job {report['job']} already published {report['messages']} messages to {topic}")
+        out().print(
+            f"nothing to do: job {report['job']} already published {report['messages']} messages to {topic}"
+        )
         return
     out().print(
         f"published {report['messages']} messages to {topic} in {report['segments']} segments "
@@ -148,7 +176,9 @@ def redrive_command(
     dlq: str = typer.Option(..., "--dlq", help="Dead-letter topic, e.g. orders.dlq."),
     topic: str = typer.Option(..., "--topic", "-t", help="Source topic to move the dead letters back to."),
     where: str | None = typer.Option(
-        None, "--filter", help="SQL condition on the dead letters, e.g. \"headers['bucketq-dlq-reason'] = 'timeout'\"."
+        None,
+        "--filter",
+        help="SQL condition on the dead letters, e.g. \"headers['bucketq-dlq-reason'] = 'timeout'\".",
     ),
     consumer: str = typer.Option("redrive", "--consumer", help="The dead-letter topic's redrive consumer."),
     batch: int = typer.Option(100_000, "--batch", min=1, help="Dead letters per round."),
@@ -210,19 +240,39 @@ def _table(title: str, columns: list[str], rows: list[list[Any]]) -> Table:
 def _print_stats(r: dict[str, Any]) -> None:
     console = out()
     parts = r["partitions"]
-    console.print(_table(
-        f"{r['topic']}: {sum(p['messages'] for p in parts)} messages",
-        ["partition", "messages", "segments", "bytes", "oldest", "newest"],
-        [[p["partition"], p["messages"], p["segments"], p["bytes"], p["oldest"], p["newest"]] for p in parts],
-    ))
-    console.print(_table("messages per hour (newest first)", ["hour", "messages"],
-                         [[h["hour"], h["count"]] for h in r["hours"]]))
+    console.print(
+        _table(
+            f"{r['topic']}: {sum(p['messages'] for p in parts)} messages",
+            ["partition", "messages", "segments", "bytes", "oldest", "newest"],
+            [
+                [p["partition"], p["messages"], p["segments"], p["bytes"], p["oldest"], p["newest"]]
+                for p in parts
+            ],
+        )
+    )
+    console.print(
+        _table(
+            "messages per hour (newest first)",
+            ["hour", "messages"],
+            [[h["hour"], h["count"]] for h in r["hours"]],
+        )
+    )
     s = r["payload_bytes"]
     avg = f"{s['avg']:.1f}" if s["avg"] is not None else None
-    console.print(_table("payload bytes", ["min", "avg", "p50", "p95", "p99", "max"],
-                         [[s["min"], avg, s["p50"], s["p95"], s["p99"], s["max"]]]))
+    console.print(
+        _table(
+            "payload bytes",
+            ["min", "avg", "p50", "p95", "p99", "max"],
+            [[s["min"], avg, s["p50"], s["p95"], s["p99"], s["max"]]],
+        )
+    )
     if r["dead_letter_reasons"]:
-        console.print(_table(f"dead-letter reasons ({r['dead_letter_source']})", ["reason", "messages"],
-                             [[x["reason"], x["count"]] for x in r["dead_letter_reasons"]]))
+        console.print(
+            _table(
+                f"dead-letter reasons ({r['dead_letter_source']})",
+                ["reason", "messages"],
+                [[x["reason"], x["count"]] for x in r["dead_letter_reasons"]],
+            )
+        )
     else:
         console.print("no dead letters")

@@ -91,11 +91,19 @@ class JobReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "job": self.job, "topic": self.topic, "txn": self.txn, "tasks": self.tasks,
-            "messages": self.messages, "segments": self.segments, "bytes": self.bytes,
-            "payload_bytes": self.payload_bytes, "requests": self.requests,
-            "requests_total": sum(self.requests.values()), "committed_at": self.committed_at,
-            "task_seconds": round(self.task_seconds, 3), "commit_seconds": round(self.commit_seconds, 3),
+            "job": self.job,
+            "topic": self.topic,
+            "txn": self.txn,
+            "tasks": self.tasks,
+            "messages": self.messages,
+            "segments": self.segments,
+            "bytes": self.bytes,
+            "payload_bytes": self.payload_bytes,
+            "requests": self.requests,
+            "requests_total": sum(self.requests.values()),
+            "committed_at": self.committed_at,
+            "task_seconds": round(self.task_seconds, 3),
+            "commit_seconds": round(self.commit_seconds, 3),
             "recovered": self.recovered,
             "partitions": {str(p): vars(r) for p, r in sorted(self.partitions.items())},
         }
@@ -105,11 +113,16 @@ def _report_of(record: TxnRecord) -> dict[str, Any]:
     """A job report rebuilt from a committed record (its ``info`` holds the committer's report)."""
     if record.info.get("report"):
         return dict(record.info["report"])
-    report = JobReport(record.job, record.topic, record.id, messages=record.messages, committed_at=record.updated_at)
+    report = JobReport(
+        record.job, record.topic, record.id, messages=record.messages, committed_at=record.updated_at
+    )
     for p, part in record.partitions.items():
         seqs = [c.seq for c in part.chunks if c.seq is not None]
         report.partitions[p] = PartitionReport(
-            part.messages, len(part.chunks), sum(c.bytes for c in part.chunks), min(seqs, default=None),
+            part.messages,
+            len(part.chunks),
+            sum(c.bytes for c in part.chunks),
+            min(seqs, default=None),
             max(seqs, default=None),
         )
         report.segments += len(part.chunks)
@@ -120,15 +133,21 @@ def _report_of(record: TxnRecord) -> dict[str, Any]:
 # -- appending the chunks --------------------------------------------------------------------------
 
 
-async def _staged(storage: Storage, chunks: list[tuple[int, Chunk]]) -> AsyncIterator[tuple[int, Chunk, bytes]]:
+async def _staged(
+    storage: Storage, chunks: list[tuple[int, Chunk]]
+) -> AsyncIterator[tuple[int, Chunk, bytes]]:
     """The staged objects of ``chunks`` in order, a few fetched ahead."""
 
     async def fetch(chunk: Chunk) -> bytes:
         blob = await storage.get(chunk.src)
         if blob is None:
-            raise StorageError(f"staged chunk {chunk.src} is missing: was the staging area removed during the job?")
+            raise StorageError(
+                f"staged chunk {chunk.src} is missing: was the staging area removed during the job?"
+            )
         if len(blob.data) != chunk.bytes:
-            raise StorageError(f"staged chunk {chunk.src} has {len(blob.data)} bytes, the task wrote {chunk.bytes}")
+            raise StorageError(
+                f"staged chunk {chunk.src} has {len(blob.data)} bytes, the task wrote {chunk.bytes}"
+            )
         return blob.data
 
     queue: list[tuple[int, Chunk, asyncio.Task[bytes]]] = []
@@ -156,14 +175,21 @@ async def _append_partition(
     if not todo:
         return report
     writer = SegmentWriter(
-        storage, keys, cfg.topic, partition, cfg.producer_id,
-        timeout_s=max(1.0, deadline - time.monotonic()), max_attempts=MAX_ATTEMPTS,
+        storage,
+        keys,
+        cfg.topic,
+        partition,
+        cfg.producer_id,
+        timeout_s=max(1.0, deadline - time.monotonic()),
+        max_attempts=MAX_ATTEMPTS,
         catalog=TopicCatalog(storage, keys),
     )
     async for index, chunk, data in _staged(storage, todo):
         staged = decode_header(data)
         if staged.count != chunk.count:
-            raise StorageError(f"staged chunk {chunk.src} holds {staged.count} messages, the task wrote {chunk.count}")
+            raise StorageError(
+                f"staged chunk {chunk.src} holds {staged.count} messages, the task wrote {chunk.count}"
+            )
         rest = data.split(b"\n", 1)[1]
         codec = staged.codec
         if codec is not None and codec != cfg.compression:  # the topic gets plain JSON Lines
@@ -173,7 +199,11 @@ async def _append_partition(
             codec = None
 
         def encode(
-            header: Any, staged: Any = staged, index: int = index, rest: bytes = rest, codec: str | None = codec
+            header: Any,
+            staged: Any = staged,
+            index: int = index,
+            rest: bytes = rest,
+            codec: str | None = codec,
         ) -> bytes:
             final = dataclasses.replace(
                 header, txn=record.id, chunk=index, codec=codec, producer_id=staged.producer_id
@@ -251,7 +281,12 @@ async def _finish(
     chunks = [c for part in record.partitions.values() for c in part.chunks]
     if not all(c.src in present for c in chunks):
         await abort_txn(
-            storage, keys, cfg.topic, record.id, "its run died and its staged chunks are gone", etag=etag,
+            storage,
+            keys,
+            cfg.topic,
+            record.id,
+            "its run died and its staged chunks are gone",
+            etag=etag,
             only_expired=False,
         )
         return None
@@ -270,8 +305,10 @@ async def _finish(
         await _append_all(storage, keys, cfg, record, report)
     except BaseException as exc:
         await _abort_quietly(storage, keys, cfg, record.id, etag, f"recovery failed: {exc}")
-        raise TxnError(f"write job {cfg.job}: finishing the commit of an earlier run failed ({exc}); "
-                       "nothing of the job is visible, run it again") from exc
+        raise TxnError(
+            f"write job {cfg.job}: finishing the commit of an earlier run failed ({exc}); "
+            "nothing of the job is visible, run it again"
+        ) from exc
     # every chunk landed: report the whole job, not only what this run appended
     report = JobReport(cfg.job, cfg.topic, record.id, recovered=True)
     for p, part in record.partitions.items():
@@ -333,8 +370,13 @@ async def _begin(
         for record, etag in records:
             if record.state == "pending":
                 stored = await abort_txn(
-                    storage, keys, cfg.topic, record.id, f"superseded by run {cfg.run} of the same job",
-                    etag=etag, only_expired=False,
+                    storage,
+                    keys,
+                    cfg.topic,
+                    record.id,
+                    f"superseded by run {cfg.run} of the same job",
+                    etag=etag,
+                    only_expired=False,
                 )
                 if stored is not None and stored.state == "committed":
                     return _report_of(stored)
@@ -347,8 +389,12 @@ async def _begin(
                 start, _ = await find_tail(storage, keys, cfg.topic, p)
                 partitions[p] = TxnPartition(start, chunks)
             record = TxnRecord(
-                id=txn_id(cfg.job, max(numbers, default=0) + 1), topic=cfg.topic, job=cfg.job, owner=cfg.run,
-                timeout_s=cfg.txn_timeout_s, partitions=partitions,
+                id=txn_id(cfg.job, max(numbers, default=0) + 1),
+                topic=cfg.topic,
+                job=cfg.job,
+                owner=cfg.run,
+                timeout_s=cfg.txn_timeout_s,
+                partitions=partitions,
             )
             try:
                 return record, await create_txn(storage, keys, record)
@@ -379,13 +425,18 @@ async def _commit_record(
     return body
 
 
-async def _abort_quietly(storage: Storage, keys: Keys, cfg: WriteConfig, txn: str, etag: str, reason: str) -> None:
+async def _abort_quietly(
+    storage: Storage, keys: Keys, cfg: WriteConfig, txn: str, etag: str, reason: str
+) -> None:
     try:
         await abort_txn(storage, keys, cfg.topic, txn, reason, etag=etag, only_expired=False)
     except Exception as exc:
         log.warning(
             "write job %s: transaction %s could not be aborted (%s); it stays pending, which blocks readers of "
-            "its partitions until it times out or the job runs again", cfg.job, txn, exc,
+            "its partitions until it times out or the job runs again",
+            cfg.job,
+            txn,
+            exc,
         )
 
 
@@ -430,7 +481,10 @@ async def _commit_job(
         return began
     record, etag = began
     report = JobReport(
-        cfg.job, cfg.topic, record.id, tasks=len(done),
+        cfg.job,
+        cfg.topic,
+        record.id,
+        tasks=len(done),
         task_seconds=max((m.seconds for m in done), default=0.0),
         payload_bytes=sum(m.payload_bytes for m in done),
     )

@@ -39,25 +39,77 @@ CONNECTION_OPTIONS: dict[str, str] = {
 
 # Every option a bucketq read, stream or write understands (lower case; Spark's are case-insensitive)
 COMMON_OPTIONS = frozenset({*CONNECTION_OPTIONS, "config", "topic"})
-READ_OPTIONS = frozenset({
-    "consumer", "partitions", "startseq", "endseq", "since", "until", "splitbytes", "minpartitions",
-    "deadletters", "pushdown",
-})
-STREAM_OPTIONS = frozenset({
-    "partitions", "since", "until", "splitbytes", "minpartitions", "startingoffsets", "maxsegmentspertrigger",
-})
-WRITE_OPTIONS = frozenset({
-    "batchmessages", "batchbytes", "payloadformat", "keepids", "jobid", "compression", "txntimeout",
-})
+READ_OPTIONS = frozenset(
+    {
+        "consumer",
+        "partitions",
+        "startseq",
+        "endseq",
+        "since",
+        "until",
+        "splitbytes",
+        "minpartitions",
+        "deadletters",
+        "pushdown",
+    }
+)
+STREAM_OPTIONS = frozenset(
+    {
+        "partitions",
+        "since",
+        "until",
+        "splitbytes",
+        "minpartitions",
+        "startingoffsets",
+        "maxsegmentspertrigger",
+    }
+)
+WRITE_OPTIONS = frozenset(
+    {
+        "batchmessages",
+        "batchbytes",
+        "payloadformat",
+        "keepids",
+        "jobid",
+        "compression",
+        "txntimeout",
+    }
+)
 # How the options are spelled in the docs (for error messages)
 SPELLING = {
     name.lower(): name
     for name in (
-        "endpoint", "endpointUrl", "bucket", "accessKeyId", "secretAccessKey", "region", "root", "strategy",
-        "backend", "filePath", "config", "topic", "consumer", "partitions", "startSeq", "endSeq", "since",
-        "until", "splitBytes", "minPartitions", "deadLetters", "pushdown", "startingOffsets",
-        "maxSegmentsPerTrigger", "batchMessages", "batchBytes", "payloadFormat", "keepIds", "jobId",
-        "compression", "txnTimeout",
+        "endpoint",
+        "endpointUrl",
+        "bucket",
+        "accessKeyId",
+        "secretAccessKey",
+        "region",
+        "root",
+        "strategy",
+        "backend",
+        "filePath",
+        "config",
+        "topic",
+        "consumer",
+        "partitions",
+        "startSeq",
+        "endSeq",
+        "since",
+        "until",
+        "splitBytes",
+        "minPartitions",
+        "deadLetters",
+        "pushdown",
+        "startingOffsets",
+        "maxSegmentsPerTrigger",
+        "batchMessages",
+        "batchBytes",
+        "payloadFormat",
+        "keepIds",
+        "jobId",
+        "compression",
+        "txnTimeout",
     )
 }
 COMPRESSIONS = ("none", "zlib")
@@ -89,8 +141,10 @@ def check_options(options: Mapping[str, str], kind: str, allowed: frozenset[str]
             hints.append(f"{name!r} (did you mean {SPELLING.get(close[0], close[0])!r}?)")
         else:
             hints.append(repr(name))
-    raise ConfigError(f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(hints)} for a bucketq {kind}; "
-                      f"valid options: {', '.join(valid)}")
+    raise ConfigError(
+        f"unknown option{'s' if len(unknown) > 1 else ''} {', '.join(hints)} for a bucketq {kind}; "
+        f"valid options: {', '.join(valid)}"
+    )
 
 
 def resolve_settings(options: Mapping[str, str]) -> dict[str, Any]:
@@ -126,7 +180,11 @@ def _plain(data: dict[str, Any]) -> dict[str, Any]:
 
 def settings_options(settings: Settings) -> dict[str, str]:
     """Data source options that reproduce ``settings``' connection (for pipelines and tests)."""
-    out: dict[str, str] = {"backend": settings.backend, "strategy": settings.strategy, "region": settings.s3_region}
+    out: dict[str, str] = {
+        "backend": settings.backend,
+        "strategy": settings.strategy,
+        "region": settings.s3_region,
+    }
     if settings.root:
         out["root"] = settings.root
     if settings.s3_endpoint_url:

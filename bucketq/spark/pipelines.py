@@ -40,8 +40,14 @@ def read_topic(spark: SparkSession, settings: Settings, topic: str, **options: A
 
 
 def write_topic(
-    df: DataFrame, settings: Settings, topic: str, *, description: str, show: bool = True,
-    job: str | None = None, **options: Any,
+    df: DataFrame,
+    settings: Settings,
+    topic: str,
+    *,
+    description: str,
+    show: bool = True,
+    job: str | None = None,
+    **options: Any,
 ) -> dict[str, Any]:
     """Append ``df`` to ``topic`` as write job ``job`` (random when None); returns the job commit's
     report (messages, segments, requests). A ``job`` committed before is not run again: its
@@ -113,8 +119,16 @@ def _spark_output_only(spark: SparkSession, path: str) -> bool | None:
 
 
 def export(
-    spark: SparkSession, settings: Settings, topic: str, path: str, fmt: str = "parquet", *,
-    since: str | None = None, until: str | None = None, overwrite: bool = False, show: bool = True,
+    spark: SparkSession,
+    settings: Settings,
+    topic: str,
+    path: str,
+    fmt: str = "parquet",
+    *,
+    since: str | None = None,
+    until: str | None = None,
+    overwrite: bool = False,
+    show: bool = True,
 ) -> int:
     """Archive ``topic`` (or a dead-letter topic) to files; returns the number of messages written.
 
@@ -165,8 +179,16 @@ def load_dataset(spark: SparkSession, path: str, fmt: str) -> DataFrame:
 
 
 def backfill(
-    spark: SparkSession, settings: Settings, path: str, fmt: str, topic: str, *,
-    partitions: int | None = None, show: bool = True, dedup: bool = True, job: str | None = None,
+    spark: SparkSession,
+    settings: Settings,
+    path: str,
+    fmt: str,
+    topic: str,
+    *,
+    partitions: int | None = None,
+    show: bool = True,
+    dedup: bool = True,
+    job: str | None = None,
     **options: Any,
 ) -> dict[str, Any]:
     """Bulk-load a dataset into ``topic`` (created with ``partitions`` when given and missing).
@@ -186,7 +208,9 @@ def backfill(
         asyncio.run(_check_topics(settings, topic))
     df = load_dataset(spark, path, fmt)
     if job is None:
-        job = stable_job_id("backfill", topic, fmt, dedup, sorted(options.items()), _input_fingerprint(spark, df))
+        job = stable_job_id(
+            "backfill", topic, fmt, dedup, sorted(options.items()), _input_fingerprint(spark, df)
+        )
     keep_ids = str(options.get("keepIds", "true")).lower() != "false"
     if dedup and keep_ids and "id" in df.columns:
         df = _without_known_ids(spark, settings, topic, df)
@@ -232,8 +256,16 @@ class RedriveReport:
 
 
 def redrive(
-    spark: SparkSession, settings: Settings, dlq: str, topic: str, *, where: str | None = None,
-    consumer: str = "redrive", batch: int = 100_000, lease_s: float = 1800.0, show: bool = True,
+    spark: SparkSession,
+    settings: Settings,
+    dlq: str,
+    topic: str,
+    *,
+    where: str | None = None,
+    consumer: str = "redrive",
+    batch: int = 100_000,
+    lease_s: float = 1800.0,
+    show: bool = True,
 ) -> RedriveReport:
     """Move pending dead letters of ``dlq`` whose source is ``topic`` back into ``topic``.
 
@@ -265,7 +297,9 @@ def redrive(
         wanted: dict[int, list[Pos]] = {}
         for r in rows:
             wanted.setdefault(int(r["partition"]), []).append((int(r["seq"]), int(r["index"])))
-        claims = asyncio.run(cursor_ops.claim(settings, dlq, consumer, wanted, lease_s=lease_s, member=member))
+        claims = asyncio.run(
+            cursor_ops.claim(settings, dlq, consumer, wanted, lease_s=lease_s, member=member)
+        )
         report.rounds += 1
         report.selected += len(rows)
         report.claimed += claims.count
@@ -273,14 +307,21 @@ def redrive(
             break  # everything selected is leased elsewhere
         positions = sorted((p, s, i) for p, toks in claims.tokens.items() for (s, i) in toks)
         job = stable_job_id("redrive", dlq, topic, consumer, positions)
-        _finish_round(spark, settings, cursor_ops.RoundIntent(dlq, topic, consumer, job, claims), report, show=show)
+        _finish_round(
+            spark, settings, cursor_ops.RoundIntent(dlq, topic, consumer, job, claims), report, show=show
+        )
         if len(rows) < batch:
             break
     return report
 
 
 def _finish_round(
-    spark: SparkSession, settings: Settings, intent: cursor_ops.RoundIntent, report: RedriveReport, *, show: bool
+    spark: SparkSession,
+    settings: Settings,
+    intent: cursor_ops.RoundIntent,
+    report: RedriveReport,
+    *,
+    show: bool,
 ) -> None:
     """Record the round, write its copies as job ``intent.job``, ack, forget the round.
 
@@ -289,7 +330,14 @@ def _finish_round(
     """
     asyncio.run(cursor_ops.save_intent(settings, intent))
     job = _copy_claimed(
-        spark, settings, intent.dlq, intent.topic, intent.claims, show=show, round_no=report.rounds, job=intent.job
+        spark,
+        settings,
+        intent.dlq,
+        intent.topic,
+        intent.claims,
+        show=show,
+        round_no=report.rounds,
+        job=intent.job,
     )
     if not job.get("skipped"):
         report.moved += int(job.get("messages", 0))
@@ -308,8 +356,15 @@ async def _check_topics(settings: Settings, *topics: str) -> None:
 
 
 def _copy_claimed(
-    spark: SparkSession, settings: Settings, dlq: str, topic: str, claims: cursor_ops.Claims, *,
-    show: bool, round_no: int, job: str,
+    spark: SparkSession,
+    settings: Settings,
+    dlq: str,
+    topic: str,
+    claims: cursor_ops.Claims,
+    *,
+    show: bool,
+    round_no: int,
+    job: str,
 ) -> dict[str, Any]:
     from pyspark.sql import functions as F
 
@@ -321,9 +376,9 @@ def _copy_claimed(
     df = df.join(F.broadcast(wanted), ["partition", "seq", "index"])
     origin = F.col("headers").getItem(DLQ_PREFIX + "consumer")
     kept = F.map_filter("headers", lambda k, _v: ~k.startswith(DLQ_PREFIX))
-    headers = F.when(origin.isNotNull(), F.map_concat(kept, F.create_map(F.lit(REDRIVE_FOR), origin))).otherwise(
-        kept
-    )
+    headers = F.when(
+        origin.isNotNull(), F.map_concat(kept, F.create_map(F.lit(REDRIVE_FOR), origin))
+    ).otherwise(kept)
     df = df.withColumn("headers", headers).select(*FIELD_COLUMNS)
     return write_topic(
         df, settings, topic, description=f"redrive {dlq} → {topic} (round {round_no})", show=show, job=job
@@ -342,14 +397,25 @@ def stats(spark: SparkSession, settings: Settings, topic: str, *, hours: int = 4
     size = F.coalesce(F.octet_length("payload"), F.octet_length("data"))
     df = df.select("partition", "seq", "created_at", "headers", size.alias("size")).cache()
     try:
-        parts = df.groupBy("partition").agg(
-            F.count("*").alias("messages"), F.countDistinct("seq").alias("segments"),
-            F.sum("size").alias("bytes"), F.min("created_at").alias("oldest"), F.max("created_at").alias("newest"),
-        ).orderBy("partition")
-        per_hour = df.groupBy(F.date_trunc("hour", "created_at").alias("hour")).count().orderBy(F.desc("hour"))
+        parts = (
+            df.groupBy("partition")
+            .agg(
+                F.count("*").alias("messages"),
+                F.countDistinct("seq").alias("segments"),
+                F.sum("size").alias("bytes"),
+                F.min("created_at").alias("oldest"),
+                F.max("created_at").alias("newest"),
+            )
+            .orderBy("partition")
+        )
+        per_hour = (
+            df.groupBy(F.date_trunc("hour", "created_at").alias("hour")).count().orderBy(F.desc("hour"))
+        )
         sizes = df.agg(
-            F.min("size").alias("min"), F.avg("size").alias("avg"),
-            F.percentile_approx("size", [0.5, 0.95, 0.99]).alias("p"), F.max("size").alias("max"),
+            F.min("size").alias("min"),
+            F.avg("size").alias("avg"),
+            F.percentile_approx("size", [0.5, 0.95, 0.99]).alias("p"),
+            F.max("size").alias("max"),
         ).first()
         reason = F.col("headers").getItem(DLQ_PREFIX + "reason")
         reasons_df = df.where(reason.isNotNull()).groupBy(reason.alias("reason")).count()
@@ -364,7 +430,10 @@ def stats(spark: SparkSession, settings: Settings, topic: str, *, hours: int = 4
                 reasons = [
                     r.asDict()
                     for r in dead.where(F.col("headers").getItem(DLQ_PREFIX + "source-topic") == topic)
-                    .groupBy(dreason.alias("reason")).count().orderBy(F.desc("count")).collect()
+                    .groupBy(dreason.alias("reason"))
+                    .count()
+                    .orderBy(F.desc("count"))
+                    .collect()
                 ]
         p = (sizes["p"] if sizes is not None else None) or [None, None, None]
         return {
@@ -372,8 +441,12 @@ def stats(spark: SparkSession, settings: Settings, topic: str, *, hours: int = 4
             "partitions": [r.asDict() for r in parts.collect()],
             "hours": [r.asDict() for r in per_hour.limit(hours).collect()],
             "payload_bytes": {
-                "min": sizes["min"] if sizes else None, "avg": sizes["avg"] if sizes else None,
-                "p50": p[0], "p95": p[1], "p99": p[2], "max": sizes["max"] if sizes else None,
+                "min": sizes["min"] if sizes else None,
+                "avg": sizes["avg"] if sizes else None,
+                "p50": p[0],
+                "p95": p[1],
+                "p99": p[2],
+                "max": sizes["max"] if sizes else None,
             },
             "dead_letter_reasons": reasons,
             "dead_letter_source": source,

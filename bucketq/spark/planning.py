@@ -149,7 +149,10 @@ async def dead_positions(storage: Storage, keys: Keys, cfg: ReadConfig) -> dict[
                 continue  # a redriven copy nobody committed is no dead letter
             for r in segment.records:
                 h = r.headers
-                if h.get(DLQ_PREFIX + "source-topic") != cfg.topic or h.get(DLQ_PREFIX + "consumer") != cfg.consumer:
+                if (
+                    h.get(DLQ_PREFIX + "source-topic") != cfg.topic
+                    or h.get(DLQ_PREFIX + "consumer") != cfg.consumer
+                ):
                     continue
                 try:
                     seq, idx = (int(x) for x in h[DLQ_PREFIX + "position"].split(":"))

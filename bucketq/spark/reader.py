@@ -100,7 +100,9 @@ def read_split(cfg: ReadConfig, schema: StructType, split: SegmentSplit) -> Iter
                     labels = None
                     if with_state:
                         st, dd = states.get(h.partition), dead.get(h.partition, set())
-                        labels = [label(st, (h.seq, i), dd, now, _skipped(segment, i, cfg.consumer)) for i in keep]
+                        labels = [
+                            label(st, (h.seq, i), dd, now, _skipped(segment, i, cfg.consumer)) for i in keep
+                        ]
                     builder.add(segment, None if len(keep) == len(segment.records) else keep, labels)
                     if builder.rows >= BATCH_ROWS:
                         batch = builder.flush()

@@ -58,7 +58,13 @@ async def _seen_ops(
 
 
 async def _claim_partition(
-    storage: Storage, keys: Keys, dlq: str, consumer: str, partition: int, wanted: list[Pos], claims: Claims,
+    storage: Storage,
+    keys: Keys,
+    dlq: str,
+    consumer: str,
+    partition: int,
+    wanted: list[Pos],
+    claims: Claims,
     lease_s: float,
 ) -> None:
     cursor = CursorLog(storage, keys, dlq, consumer, partition, member=claims.member)
@@ -156,9 +162,18 @@ class RoundIntent:
     claims: Claims
 
     def encode(self) -> bytes:
-        tokens = {str(p): [[s, i, t] for (s, i), t in sorted(toks.items())] for p, toks in self.claims.tokens.items()}
-        body = {"dlq": self.dlq, "topic": self.topic, "consumer": self.consumer, "job": self.job,
-                "member": self.claims.member, "tokens": tokens}
+        tokens = {
+            str(p): [[s, i, t] for (s, i), t in sorted(toks.items())]
+            for p, toks in self.claims.tokens.items()
+        }
+        body = {
+            "dlq": self.dlq,
+            "topic": self.topic,
+            "consumer": self.consumer,
+            "job": self.job,
+            "member": self.claims.member,
+            "tokens": tokens,
+        }
         return json.dumps(body, separators=(",", ":")).encode()
 
     @classmethod

@@ -35,8 +35,17 @@ from bucketq.spark.options import WriteConfig, parse_time
 from bucketq.spark.schema import POSITION_COLUMNS
 
 FIELD_COLUMNS = (
-    "id", "key", "headers", "payload", "data", "content_type", "created_at",
-    "producer_id", "priority", "not_before", "dedup_id",
+    "id",
+    "key",
+    "headers",
+    "payload",
+    "data",
+    "content_type",
+    "created_at",
+    "producer_id",
+    "priority",
+    "not_before",
+    "dedup_id",
 )
 Convert = Callable[[Any], Any]
 
@@ -82,11 +91,13 @@ def _seconds(value: Any, what: str) -> float | None:
 
 def _headers(dt: DataType) -> Convert:
     if isinstance(dt, StringType):
+
         def parse(v: Any) -> dict[str, str]:
             obj = json.loads(v) if v else {}
             if not isinstance(obj, dict):
                 raise InvalidMessage("column headers must hold a JSON object")
             return {str(k): str(x) for k, x in obj.items() if x is not None}
+
         return parse
     if isinstance(dt, MapType):
         return lambda v: {str(k): str(x) for k, x in (v or []) if x is not None}
@@ -117,6 +128,7 @@ class RowMapper:
 
     def _payload(self, dt: DataType) -> Convert:
         if isinstance(dt, StringType) and self.cfg.payload_format == "json":
+
             def parse(v: Any) -> Any:
                 try:
                     return json.loads(v) if v is not None else None
@@ -125,6 +137,7 @@ class RowMapper:
                         f"payload {v[:60]!r} is not JSON text (use option payloadFormat=string "
                         "to send strings as they are)"
                     ) from None
+
             return parse
         return json_converter(dt)
 

@@ -79,8 +79,13 @@ def progress(spark: SparkSession, description: str, *, enabled: bool = True) -> 
     sc.setJobGroup(group, description)
     stop = threading.Event()
     bar = Progress(
-        TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("tasks"),
-        TimeElapsedColumn(), console=Console(stderr=True), transient=False,
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("tasks"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=False,
     )
     task = bar.add_task(description, total=None)
 

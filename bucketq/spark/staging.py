@@ -107,8 +107,19 @@ class IdSource:
         parts = [pc.list_element(rows, k) for k in range(4)]
         variant = _VARIANT.take(pc.bit_wise_and(parts[0], 0x3FFF))
         return pc.binary_join_element_wise(
-            _HEX4.take(hi), _HEX4.take(mid), "-", _HEX4.take(lo), "-", _VERSION.take(seq), "-", variant, "-",
-            _HEX4.take(parts[1]), _HEX4.take(parts[2]), _HEX4.take(parts[3]), "",
+            _HEX4.take(hi),
+            _HEX4.take(mid),
+            "-",
+            _HEX4.take(lo),
+            "-",
+            _VERSION.take(seq),
+            "-",
+            variant,
+            "-",
+            _HEX4.take(parts[1]),
+            _HEX4.take(parts[2]),
+            _HEX4.take(parts[3]),
+            "",
         )
 
 
@@ -219,7 +230,9 @@ class LineEncoder:
             keys = batch.column("key")
             needs_escape = pc.match_substring_regex(pc.fill_null(keys, ""), r'["\\\x00-\x1f\x7f]')
             if pc.any(needs_escape).as_py():
-                key_json = pa.array([None if k is None else _json_string(k) for k in keys.to_pylist()], pa.string())
+                key_json = pa.array(
+                    [None if k is None else _json_string(k) for k in keys.to_pylist()], pa.string()
+                )
             else:
                 key_json = pc.binary_join_element_wise('"', keys, '"', "")
             key_json = pc.fill_null(key_json, "null")
@@ -355,7 +368,9 @@ class ChunkWriter:
 
     def _take(self, partition: int, line: bytes, count: int) -> None:
         cur = self.open.setdefault(partition, _Open())
-        if cur.count and (cur.count >= self.cfg.batch_messages or cur.size + len(line) > self.cfg.batch_bytes):
+        if cur.count and (
+            cur.count >= self.cfg.batch_messages or cur.size + len(line) > self.cfg.batch_bytes
+        ):
             self._flush(partition)
         self._append(partition, line, count)
 
@@ -377,8 +392,15 @@ class ChunkWriter:
         # this takes two of the three passes of the job's bytes through S3 (the staging PUT and
         # the commit's GET) down to a fraction; the commit inflates them for plain segments.
         header = SegmentHeader(
-            self.cfg.topic, partition, n, cur.count, 0, self.cfg.producer_id, time.time(),
-            f"{self.cfg.run}-{partition}-{n}", codec=STAGING_CODEC,
+            self.cfg.topic,
+            partition,
+            n,
+            cur.count,
+            0,
+            self.cfg.producer_id,
+            time.time(),
+            f"{self.cfg.run}-{partition}-{n}",
+            codec=STAGING_CODEC,
         )
         body = compress_body(plain, STAGING_CODEC)
         data = encode_header(header) + b"\n" + body
@@ -451,4 +473,3 @@ def stage_task(
     return TaskCommit(
         task, root, writer.chunks, writer.messages, stats, time.monotonic() - started, writer.payload_bytes
     )
-

@@ -95,7 +95,9 @@ class BucketqStreamReader(DataSourceStreamReader, _AvailableNow):
         end = {p: max(seq, begin.get(p, 0)) for p, seq in tails.items()}
         for p, seq in begin.items():
             end.setdefault(p, seq)
-        budget = getattr(limit, "max_files", None) if _ReadMaxFiles and isinstance(limit, _ReadMaxFiles) else None
+        budget = (
+            getattr(limit, "max_files", None) if _ReadMaxFiles and isinstance(limit, _ReadMaxFiles) else None
+        )
         if budget is not None:
             end = _cap(begin, end, budget)
         return offsets_json(self.cfg.topic, end)

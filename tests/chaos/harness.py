@@ -89,10 +89,17 @@ class ChaosPlan:
 
     def consumer(self) -> dict[str, Any]:
         return {
-            "visibility_timeout_s": self.visibility_timeout_s, "clock_skew_s": self.clock_skew_s,
-            "max_in_flight": 20, "poll_min_ms": 10, "poll_max_ms": 50, "poll_idle_ms": 200,
-            "heartbeat_interval_s": 0.5, "member_ttl_s": 3.0, "steal_after_s": 1.0,
-            "foreign_poll_ms": 200, "foreign_poll_max_s": 1.5,
+            "visibility_timeout_s": self.visibility_timeout_s,
+            "clock_skew_s": self.clock_skew_s,
+            "max_in_flight": 20,
+            "poll_min_ms": 10,
+            "poll_max_ms": 50,
+            "poll_idle_ms": 200,
+            "heartbeat_interval_s": 0.5,
+            "member_ttl_s": 3.0,
+            "steal_after_s": 1.0,
+            "foreign_poll_ms": 200,
+            "foreign_poll_max_s": 1.5,
             # frequent checkpoints: GC raises trim fences and frees deltas within the run
             "checkpoint_every": 8,
         }
@@ -132,12 +139,17 @@ class ChaosResult:
     error: str | None = None  # the run itself could not finish (its histories are checked anyway)
 
     def report(self) -> str:
-        lines = [f"chaos run seed={self.seed} wall={self.wall_s:.1f}s dir={self.run_dir}",
-                 f"partial last lines dropped: {self.partial_lines}", f"final probe: {self.probe}"]
+        lines = [
+            f"chaos run seed={self.seed} wall={self.wall_s:.1f}s dir={self.run_dir}",
+            f"partial last lines dropped: {self.partial_lines}",
+            f"final probe: {self.probe}",
+        ]
         if self.error:
             lines.append(f"THE RUN FAILED: {self.error}")
         lines += [f"  {k}: {v}" for k, v in self.summary.items()]
-        lines.append(f"violations: {len(self.violations)}; acknowledged publishes still pending: {len(self.pending)}")
+        lines.append(
+            f"violations: {len(self.violations)}; acknowledged publishes still pending: {len(self.pending)}"
+        )
         shown: dict[str, int] = {}
         for v in self.violations:
             shown[v.invariant] = shown.get(v.invariant, 0) + 1
@@ -147,7 +159,9 @@ class ChaosResult:
             lines += [f"      {json.dumps(e, sort_keys=True)[:400]}" for e in v.events[:4]]
         lines += [f"  ({n - 3} more {name})" for name, n in shown.items() if n > 3]
         for group, call, ret in self.pending[:10]:
-            lines.append(f"  pending in {group}: {call['tag']} at p{ret['partition']}/{ret['seq']}/{ret['index']}")
+            lines.append(
+                f"  pending in {group}: {call['tag']} at p{ret['partition']}/{ret['seq']}/{ret['index']}"
+            )
         return "\n".join(lines)
 
 
@@ -179,7 +193,10 @@ class Chaos:
         self._logs.append(log)
         popen = subprocess.Popen(
             [sys.executable, "-m", "tests.chaos.worker", kind, str(self.run_dir), proc, *args],
-            cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         self.spawned.append(popen)
         return popen
@@ -245,7 +262,9 @@ class Chaos:
             if role.popen is not None and role.popen.poll() is not None:
                 code = role.popen.returncode
                 if code != 0:
-                    self.rec.record("proc_error", proc=role.proc, error=f"exit code {code}", msg=self._tail(role.proc, 5))
+                    self.rec.record(
+                        "proc_error", proc=role.proc, error=f"exit code {code}", msg=self._tail(role.proc, 5)
+                    )
                 role.popen = None
                 role.paused_until = None
                 if not role.expect_exit and restarts:
@@ -267,10 +286,19 @@ class Chaos:
     def config(self) -> dict[str, Any]:
         p = self.plan
         return {
-            "epoch": self.epoch, "seed": p.seed, "settings": p.settings, "topic": TOPIC,
-            "partitions": p.partitions, "retention_s": p.retention_s, "groups": list(p.groups),
-            "fence_scale": p.fence_scale, "publish_gap_s": list(p.publish_gap_s), "producer_lanes": p.producer_lanes,
-            "gc_interval_s": list(p.gc_interval_s), "consumer": p.consumer(), "member_plan": p.member_plan,
+            "epoch": self.epoch,
+            "seed": p.seed,
+            "settings": p.settings,
+            "topic": TOPIC,
+            "partitions": p.partitions,
+            "retention_s": p.retention_s,
+            "groups": list(p.groups),
+            "fence_scale": p.fence_scale,
+            "publish_gap_s": list(p.publish_gap_s),
+            "producer_lanes": p.producer_lanes,
+            "gc_interval_s": list(p.gc_interval_s),
+            "consumer": p.consumer(),
+            "member_plan": p.member_plan,
         }
 
     def run(self) -> ChaosResult:
@@ -288,27 +316,48 @@ class Chaos:
         summary = histories.summarize(merged.events)
         summary["probes"] = self.probes
         result = ChaosResult(
-            run_dir=self.run_dir, seed=self.plan.seed, events=merged.events, violations=violations,
-            pending=pending, summary=summary, probe=self.last_probe, wall_s=time.monotonic() - started,
-            partial_lines=merged.partial_lines, error=error,
+            run_dir=self.run_dir,
+            seed=self.plan.seed,
+            events=merged.events,
+            violations=violations,
+            pending=pending,
+            summary=summary,
+            probe=self.last_probe,
+            wall_s=time.monotonic() - started,
+            partial_lines=merged.partial_lines,
+            error=error,
         )
-        (self.run_dir / "result.json").write_text(json.dumps({
-            "seed": result.seed, "wall_s": result.wall_s, "error": error, "summary": summary, "probe": self.last_probe,
-            "partial_lines": result.partial_lines, "violations": [v.to_json() for v in violations],
-            "pending": len(pending),
-        }, indent=1, default=str))
+        (self.run_dir / "result.json").write_text(
+            json.dumps(
+                {
+                    "seed": result.seed,
+                    "wall_s": result.wall_s,
+                    "error": error,
+                    "summary": summary,
+                    "probe": self.last_probe,
+                    "partial_lines": result.partial_lines,
+                    "violations": [v.to_json() for v in violations],
+                    "pending": len(pending),
+                },
+                indent=1,
+                default=str,
+            )
+        )
         return result
 
     def _run(self) -> None:
         p = self.plan
         (self.run_dir / "config.json").write_text(json.dumps(self.config(), indent=1))
         params = {k: v for k, v in asdict(p).items() if k != "settings"} | {
-            "backend": p.settings.get("backend"), "topics": [{"name": TOPIC, "max_deliveries": 1000}],
+            "backend": p.settings.get("backend"),
+            "topics": [{"name": TOPIC, "max_deliveries": 1000}],
         }
         self.rec.record("run", seed=p.seed, family="chaos", epoch=self.epoch, params=params)
         self.rec.record("phase", name="setup")
         self.roles = [Role(f"prod{i}", "producer") for i in range(p.producers)]
-        self.roles += [Role(f"{g}.m{j}", "member", ["--group", g]) for g in p.groups for j in range(p.members_per_group)]
+        self.roles += [
+            Role(f"{g}.m{j}", "member", ["--group", g]) for g in p.groups for j in range(p.members_per_group)
+        ]
         self.roles.append(Role("gc", "gc"))
         # the roles start (import, connect) while the setup runs; they wait for "ready" to begin
         for role in self.roles:
@@ -344,14 +393,22 @@ class Chaos:
             if all(r.proc in done for r in self.roles if r.kind != "gc" and r.chaos):
                 return
             time.sleep(0.25)
-        raise RuntimeError("processes did not start within the time limit: "
-                           + "; ".join(f"{r.proc}: {self._tail(r.proc, 3)}" for r in self.roles))
+        raise RuntimeError(
+            "processes did not start within the time limit: "
+            + "; ".join(f"{r.proc}: {self._tail(r.proc, 3)}" for r in self.roles)
+        )
 
     def _chaos(self) -> None:
         p = self.plan
         # every kind of action on every kind of process happens early in every run
-        opening = [("kill", "member"), ("pause", "member"), ("kill", "producer"), ("kill", "gc"),
-                   ("pause", "gc"), ("pause", "producer")]
+        opening = [
+            ("kill", "member"),
+            ("pause", "member"),
+            ("kill", "producer"),
+            ("kill", "gc"),
+            ("pause", "gc"),
+            ("pause", "producer"),
+        ]
         end = time.monotonic() + p.seconds
         next_action = time.monotonic() + self.rng.uniform(*p.action_every_s)
         while time.monotonic() < end:
@@ -370,7 +427,9 @@ class Chaos:
 
     def _act(self, action: str, kind: str) -> bool:
         paused = sum(1 for r in self.roles if r.paused_until is not None)
-        eligible = [r for r in self.roles if r.kind == kind and r.chaos and r.alive and r.paused_until is None]
+        eligible = [
+            r for r in self.roles if r.kind == kind and r.chaos and r.alive and r.paused_until is None
+        ]
         if not eligible or (action == "pause" and paused >= self.plan.max_paused):
             return False
         role = self.rng.choice(eligible)
@@ -408,7 +467,9 @@ class Chaos:
             # the histories show every message acked; or they cannot (an ack whose process was
             # killed before it returned may have landed): then the bucket decides
             if missing == 0 or self._probe_drained(after=producers_gone):
-                self.rec.record("drained", by="histories" if missing == 0 else "probe", unacked_in_history=missing)
+                self.rec.record(
+                    "drained", by="histories" if missing == 0 else "probe", unacked_in_history=missing
+                )
                 self._let_gc_free()
                 return
 

@@ -197,11 +197,14 @@ def settlement(ix: Index) -> tuple[list[Violation], list[tuple[str, Event, Event
     for (topic, group, partition), state in sorted(snap.fresh.items()):
         collected = int(state.get("counters", {}).get("collected", 0))
         if collected:
-            out.append(Violation(
-                "acked_publish_settled",
-                f"group {group} on {topic}/p{partition}: {collected} messages skipped by an expire op "
-                f"(GC freed them before the group read them)", [],
-            ))
+            out.append(
+                Violation(
+                    "acked_publish_settled",
+                    f"group {group} on {topic}/p{partition}: {collected} messages skipped by an expire op "
+                    f"(GC freed them before the group read them)",
+                    [],
+                )
+            )
     for call, ret in ix.publishes():
         if ret is None or ret["outcome"] != "ok":
             continue
@@ -210,9 +213,14 @@ def settlement(ix: Index) -> tuple[list[Violation], list[tuple[str, Event, Event
             found = snap.fresh.get((topic, group, partition))
             if found is None:
                 why = snap.unloadable.get((topic, group, partition), "no cursor")
-                out.append(Violation("acked_publish_settled",
-                                     f"publish {call['tag']} at p{partition}/seg {seq}/{idx}: group {group}'s cursor "
-                                     f"cannot be loaded at the end: {why}", [call, ret]))
+                out.append(
+                    Violation(
+                        "acked_publish_settled",
+                        f"publish {call['tag']} at p{partition}/seg {seq}/{idx}: group {group}'s cursor "
+                        f"cannot be loaded at the end: {why}",
+                        [call, ret],
+                    )
+                )
                 continue
             state = found
             if _done(state, seq, idx):
@@ -221,12 +229,15 @@ def settlement(ix: Index) -> tuple[list[Violation], list[tuple[str, Event, Event
             if _in_window(state, seq, idx) or beyond:
                 pending.append((group, call, ret))
                 continue
-            out.append(Violation(
-                "acked_publish_settled",
-                f"publish {call['tag']} acknowledged at p{partition}/seg {seq}/{idx} is lost for group {group}: "
-                f"not done in a fresh load of its cursor (floor {state['floor']}, frontier {state['frontier']}) "
-                f"and not in a stored segment", [call, ret],
-            ))
+            out.append(
+                Violation(
+                    "acked_publish_settled",
+                    f"publish {call['tag']} acknowledged at p{partition}/seg {seq}/{idx} is lost for group {group}: "
+                    f"not done in a fresh load of its cursor (floor {state['floor']}, frontier {state['frontier']}) "
+                    f"and not in a stored segment",
+                    [call, ret],
+                )
+            )
     return out, pending
 
 
@@ -258,14 +269,23 @@ def one_position_per_message(ix: Index) -> list[Violation]:
     out: list[Violation] = []
     for (topic, tag), positions in where.items():
         if len(positions) > 1:
-            out.append(Violation("one_position_per_message",
-                                 f"message {tag} on {topic} is at {len(positions)} positions: {sorted(positions)}",
-                                 list(positions.values())[:6]))
+            out.append(
+                Violation(
+                    "one_position_per_message",
+                    f"message {tag} on {topic} is at {len(positions)} positions: {sorted(positions)}",
+                    list(positions.values())[:6],
+                )
+            )
     for (topic, partition, seq, idx), held in holds.items():
         if len(held) > 1:
-            out.append(Violation("one_position_per_message",
-                                 f"{topic}/p{partition} seg {seq}/{idx} holds {len(held)} messages: {sorted(held)} "
-                                 f"(a segment number taken twice)", list(held.values())[:6]))
+            out.append(
+                Violation(
+                    "one_position_per_message",
+                    f"{topic}/p{partition} seg {seq}/{idx} holds {len(held)} messages: {sorted(held)} "
+                    f"(a segment number taken twice)",
+                    list(held.values())[:6],
+                )
+            )
     return out
 
 
@@ -294,7 +314,10 @@ def handoff_gaps(ix: Index) -> list[tuple[Event, Event, float]]:
             for d1 in ds[:j]:
                 if d1["member"] == d2["member"]:
                     continue
-                if starts.get(d1["receipt"], float("inf")) <= d2["t"] or leaves.get(d1["member"], float("inf")) <= d2["t"]:
+                if (
+                    starts.get(d1["receipt"], float("inf")) <= d2["t"]
+                    or leaves.get(d1["member"], float("inf")) <= d2["t"]
+                ):
                     continue
                 out.append((d1, d2, d2["t"] - ix.lease_end(d1, extended.get(d1["receipt"], 0.0))))
     return out
@@ -314,7 +337,8 @@ def handoff_after_skew_margin(ix: Index) -> list[Violation]:
         Violation(
             "handoff_after_skew_margin",
             f"message {d2['tag']} (p{d2['partition']} seg {d2['seq']}/{d2['idx']}) reached {d2['member']} "
-            f"{gap:.3f}s after {d1['member']}'s unsettled lease ended (margin {margin}s)", [d1, d2],
+            f"{gap:.3f}s after {d1['member']}'s unsettled lease ended (margin {margin}s)",
+            [d1, d2],
         )
         for d1, d2, gap in handoff_gaps(ix)
         if gap < margin - EPS
@@ -353,20 +377,26 @@ def no_persistent_failure(ix: Index) -> list[Violation]:
             if len(run) < limit:
                 continue
             (first_call, first_ret), (_, last) = run[0], run[-1]
-            out.append(Violation(
-                "no_persistent_failure",
-                f"{proc}: {len(run)} {op} calls in a row failed from t={first_call['t']:.1f} to t={last['t']:.1f}"
-                f"{' (until the process ended)' if n == len(runs) - 1 else ''}: {last.get('error')}: "
-                f"{last.get('msg', '')}", [first_call, first_ret, last],
-            ))
+            out.append(
+                Violation(
+                    "no_persistent_failure",
+                    f"{proc}: {len(run)} {op} calls in a row failed from t={first_call['t']:.1f} to t={last['t']:.1f}"
+                    f"{' (until the process ended)' if n == len(runs) - 1 else ''}: {last.get('error')}: "
+                    f"{last.get('msg', '')}",
+                    [first_call, first_ret, last],
+                )
+            )
     return out
 
 
 def snapshot_readable(ix: Index) -> list[Violation]:
     """I8 for readers that are not consumers: the engine's own statistics work on what the run
     left in the bucket (a failure here is what an operator's dashboard would show)."""
-    return [Violation("snapshot_readable", f"stats() failed on the final bucket: {e['error']}: {e['msg']}", [e])
-            for e in ix.events if e["ev"] == "stats_failed"]
+    return [
+        Violation("snapshot_readable", f"stats() failed on the final bucket: {e['error']}: {e['msg']}", [e])
+        for e in ix.events
+        if e["ev"] == "stats_failed"
+    ]
 
 
 CHAOS_INVARIANTS = {
@@ -402,7 +432,9 @@ def outstanding(events: list[Event]) -> tuple[int, int]:
     before it returned may have landed too, which only the bucket can tell (the probe).
     """
     ix = Index(events)
-    acked = {(c["group"], c["tag"]) for c, r in ix.by_op.get("ack", []) if r is not None and r["outcome"] == "ok"}
+    acked = {
+        (c["group"], c["tag"]) for c, r in ix.by_op.get("ack", []) if r is not None and r["outcome"] == "ok"
+    }
     wanted = {(d["group"], d["tag"]) for d in ix.deliveries}
     for call, ret in ix.publishes():
         if ret is not None and ret["outcome"] == "ok":
@@ -423,7 +455,9 @@ def summarize(events: list[Event]) -> dict[str, Any]:
     """What a run did: messages, settlements, chaos actions, GC work, and the tightest hand-off."""
     ix = Index(events)
     n: dict[str, Any] = defaultdict(int)
-    quiesce = next((e["t"] for e in events if e["ev"] == "phase" and e.get("name") == "quiesce"), float("inf"))
+    quiesce = next(
+        (e["t"] for e in events if e["ev"] == "phase" and e.get("name") == "quiesce"), float("inf")
+    )
     for op, pairs in ix.by_op.items():
         for _call, ret in pairs:
             n[f"{op}_calls"] += 1
@@ -447,7 +481,9 @@ def summarize(events: list[Event]) -> dict[str, Any]:
             n["redeliveries"] += int(e.get("deliveries", 1)) > 1
     n["kills"] = sum(1 for e in events if e["ev"] == "crash" and e.get("reason") == "chaos")
     n["handoffs"], n["handoff_min_gap_s"] = _handoffs(ix)
-    n["lease_raised_after_delivery"] = sum(1 for e in events if e["ev"] == "deliver" and "until_at_delivery" in e)
+    n["lease_raised_after_delivery"] = sum(
+        1 for e in events if e["ev"] == "deliver" and "until_at_delivery" in e
+    )
     n["replicas_compared"] = sum(1 for e in events if e["ev"] == "replica")
     n["drained_by"] = next((e["by"] for e in events if e["ev"] == "drained"), "not drained in time")
     stats = [e for e in events if e["ev"] == "stats"]

@@ -64,8 +64,12 @@ def _run_dir(tmp_path: Path, name: str) -> Path:
 
 
 def _run(settings: dict[str, Any], run_dir: Path) -> ChaosResult:
-    plan = ChaosPlan(settings=settings | {"producer": {"linger_ms": 5}}, seconds=CHAOS_SECONDS, seed=_seed(),
-                     quiesce_s=max(60.0, CHAOS_SECONDS / 4))
+    plan = ChaosPlan(
+        settings=settings | {"producer": {"linger_ms": 5}},
+        seconds=CHAOS_SECONDS,
+        seed=_seed(),
+        quiesce_s=max(60.0, CHAOS_SECONDS / 4),
+    )
     result = Chaos(plan, run_dir).run()
     print(result.report())  # the numbers, with -s (and in the failure message below)
     return result
@@ -115,8 +119,15 @@ class Hand:
     def __init__(self, clock_skew_s: float = 0.0) -> None:
         self.lines: dict[str, list[dict[str, Any]]] = defaultdict(list)
         self.cid: dict[str, int] = defaultdict(int)
-        self.add("controller", 0.0, "run", seed=0, family="chaos", epoch=EPOCH,
-                 params={"hang_limit_s": 45, "clock_skew_s": clock_skew_s})
+        self.add(
+            "controller",
+            0.0,
+            "run",
+            seed=0,
+            family="chaos",
+            epoch=EPOCH,
+            params={"hang_limit_s": 45, "clock_skew_s": clock_skew_s},
+        )
         self.op("setup", 0.1, 0.2, "create_topic", topic=TOPIC)
         self.op("setup", 0.3, 0.4, "join", group="g1", topic=TOPIC, start_position="earliest", ordered=False)
 
@@ -126,8 +137,17 @@ class Hand:
         self.lines[writer].append(event)
         return event
 
-    def op(self, proc: str, t: float, ret_t: float | None, op: str, result: dict[str, Any] | None = None,
-           outcome: str = "ok", error: str | None = None, **fields: Any) -> None:
+    def op(
+        self,
+        proc: str,
+        t: float,
+        ret_t: float | None,
+        op: str,
+        result: dict[str, Any] | None = None,
+        outcome: str = "ok",
+        error: str | None = None,
+        **fields: Any,
+    ) -> None:
         self.cid[proc] += 1
         self.add(proc, t, "call", cid=self.cid[proc], op=op, **fields)
         if ret_t is not None:
@@ -135,34 +155,114 @@ class Hand:
             self.add(proc, ret_t, "ret", cid=self.cid[proc], outcome=outcome, **extra, **(result or {}))
 
     def publish(self, tag: str, t: float, seq: int, idx: int = 0) -> None:
-        self.op("p#1", t, t + 0.1, "publish", {"partition": 0, "seq": seq, "index": idx},
-                topic=TOPIC, tag=tag, key=None, dedup_id=None, delay=None)
+        self.op(
+            "p#1",
+            t,
+            t + 0.1,
+            "publish",
+            {"partition": 0, "seq": seq, "index": idx},
+            topic=TOPIC,
+            tag=tag,
+            key=None,
+            dedup_id=None,
+            delay=None,
+        )
 
-    def deliver(self, proc: str, member: str, tag: str, t: float, until_t: float, seq: int = 0, idx: int = 0,
-                token: str = "tok") -> str:
+    def deliver(
+        self,
+        proc: str,
+        member: str,
+        tag: str,
+        t: float,
+        until_t: float,
+        seq: int = 0,
+        idx: int = 0,
+        token: str = "tok",
+    ) -> str:
         receipt = f"{TOPIC}:0:{seq}:{idx}:{token}"
-        self.add(proc, t, "deliver", member=member, group="g1", topic=TOPIC, partition=0, seq=seq, idx=idx,
-                 tag=tag, key=None, receipt=receipt, until=EPOCH + until_t, skew=0.0, deliveries=1)
+        self.add(
+            proc,
+            t,
+            "deliver",
+            member=member,
+            group="g1",
+            topic=TOPIC,
+            partition=0,
+            seq=seq,
+            idx=idx,
+            tag=tag,
+            key=None,
+            receipt=receipt,
+            until=EPOCH + until_t,
+            skew=0.0,
+            deliveries=1,
+        )
         return receipt
 
-    def settle(self, proc: str, op: str, receipt: str, tag: str, t: float, ret_t: float | None,
-               outcome: str = "ok", result: dict[str, Any] | None = None, error: str | None = None) -> None:
+    def settle(
+        self,
+        proc: str,
+        op: str,
+        receipt: str,
+        tag: str,
+        t: float,
+        ret_t: float | None,
+        outcome: str = "ok",
+        result: dict[str, Any] | None = None,
+        error: str | None = None,
+    ) -> None:
         _topic, _p, seq, idx, _tok = receipt.split(":")
-        self.op(proc, t, ret_t, op, result, outcome, error, group="g1", topic=TOPIC, partition=0, seq=int(seq),
-                idx=int(idx), tag=tag, receipt=receipt)
+        self.op(
+            proc,
+            t,
+            ret_t,
+            op,
+            result,
+            outcome,
+            error,
+            group="g1",
+            topic=TOPIC,
+            partition=0,
+            seq=int(seq),
+            idx=int(idx),
+            tag=tag,
+            receipt=receipt,
+        )
 
     def final(self, done: list[int], count: int = 1, stored: list[str] | None = None, floor: int = 0) -> None:
         """The snapshot: g1's fresh cursor on p0 (segment 0 with ``done`` indexes), the fence, segments."""
         segments = {"0": {"count": count, "base": 0, "done": [[i, i] for i in done]}} if floor == 0 else {}
-        state = {"n": 5, "started": True, "floor": floor, "floor_offset": 0, "frontier": 0, "segments": segments,
-                 "leases": [], "deliveries": [], "delayed": [], "counters": {"collected": 0}, "ids": []}
+        state = {
+            "n": 5,
+            "started": True,
+            "floor": floor,
+            "floor_offset": 0,
+            "frontier": 0,
+            "segments": segments,
+            "leases": [],
+            "deliveries": [],
+            "delayed": [],
+            "counters": {"collected": 0},
+            "ids": [],
+        }
         self.add("snapshot", 90.0, "fresh", topic=TOPIC, group="g1", partition=0, state=state)
         self.add("snapshot", 90.1, "fence", topic=TOPIC, partition=0, floor=floor)
         if stored is not None:
-            self.add("snapshot", 90.2, "stored", topic=TOPIC, partition=0, seq=0, tags=stored, dedups=[None] * len(stored))
+            self.add(
+                "snapshot",
+                90.2,
+                "stored",
+                topic=TOPIC,
+                partition=0,
+                seq=0,
+                tags=stored,
+                dedups=[None] * len(stored),
+            )
 
     def texts(self) -> list[tuple[str, str]]:
-        return [(f"{proc}.jsonl", "".join(json.dumps(e) + "\n" for e in evs)) for proc, evs in self.lines.items()]
+        return [
+            (f"{proc}.jsonl", "".join(json.dumps(e) + "\n" for e in evs)) for proc, evs in self.lines.items()
+        ]
 
     def violations(self) -> dict[str, list[str]]:
         out: dict[str, list[str]] = defaultdict(list)
@@ -380,10 +480,14 @@ async def test_gc_frees_while_traffic_is_steady() -> None:
     deltas are freed while the traffic goes on, not only after it stops."""
     from bucketq import Bucketq, Settings
 
-    settings = Settings.from_dict({
-        "backend": "memory", "strategy": "conditional_write", "producer": {"linger_ms": 2},
-        "consumer": {"poll_min_ms": 5, "poll_max_ms": 20, "checkpoint_every": 4},
-    })
+    settings = Settings.from_dict(
+        {
+            "backend": "memory",
+            "strategy": "conditional_write",
+            "producer": {"linger_ms": 2},
+            "consumer": {"poll_min_ms": 5, "poll_max_ms": 20, "checkpoint_every": 4},
+        }
+    )
     freed = {"segments": 0, "deltas": 0}
     async with Bucketq(settings) as bq:
         await bq.create_topic("steady", retention_seconds=0.1)
@@ -414,4 +518,6 @@ async def test_gc_frees_while_traffic_is_steady() -> None:
                 freed["deltas"] += report.deltas
 
         await asyncio.gather(produce(), consume(), collect())
-    assert freed["segments"] > 0 and freed["deltas"] > 0, f"6 s of steady traffic, GC every 0.4 s: freed {freed}"
+    assert freed["segments"] > 0 and freed["deltas"] > 0, (
+        f"6 s of steady traffic, GC every 0.4 s: freed {freed}"
+    )

@@ -24,8 +24,9 @@ FAST = {"poll_min_ms": 5, "poll_max_ms": 20}
 
 
 def _settings() -> Settings:
-    return Settings.from_dict({"backend": "memory", "strategy": "conditional_write",
-                               "producer": {"linger_ms": 2}, "consumer": FAST})
+    return Settings.from_dict(
+        {"backend": "memory", "strategy": "conditional_write", "producer": {"linger_ms": 2}, "consumer": FAST}
+    )
 
 
 async def test_an_empty_delta_does_not_end_the_consumer_loop() -> None:

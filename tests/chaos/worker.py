@@ -118,8 +118,10 @@ class Worker:
         that does not would make GC never free during the run, or break I1's timing argument."""
         want = 300.0 * float(self.cfg["fence_scale"])
         if abs(fences.SEGMENT_GRACE_S - want) > 1e-9:
-            raise SystemExit(f"{self.proc}: BUCKETQ_FENCE_SCALE is not {self.cfg['fence_scale']} "
-                             f"(segment grace {fences.SEGMENT_GRACE_S}s)")
+            raise SystemExit(
+                f"{self.proc}: BUCKETQ_FENCE_SCALE is not {self.cfg['fence_scale']} "
+                f"(segment grace {fences.SEGMENT_GRACE_S}s)"
+            )
 
     def flag(self, name: str) -> bool:
         return (self.run_dir / name).exists()
@@ -141,6 +143,7 @@ class Worker:
     async def connect(self, *, after_setup: bool = True) -> Bucketq:
         """A connection, once the topic and its subscriptions exist (processes start while the
         setup process runs: their start-up overlaps it)."""
+
         async def attempt() -> Bucketq:
             return await Bucketq(self.settings).open()
 
@@ -165,9 +168,14 @@ class Worker:
             # the subscription exists (every partition's cursor started at the earliest segment)
             # before any producer starts: it covers every publish
             await self.rec.invoke(
-                "join", functools.partial(bq.init_subscription, topic, group, "earliest"),
+                "join",
+                functools.partial(bq.init_subscription, topic, group, "earliest"),
                 lambda floors: {"floors": floors},
-                group=group, topic=topic, start_position="earliest", ordered=False, how="init_subscription",
+                group=group,
+                topic=topic,
+                start_position="earliest",
+                ordered=False,
+                how="init_subscription",
             )
         await bq.close()
 
@@ -184,10 +192,21 @@ class Worker:
                 tag = f"{self.proc}.{next(numbers)}"
                 try:
                     await self.rec.invoke(
-                        "publish", functools.partial(producer.publish, topic, tag),
-                        lambda r: {"partition": r.partition, "seq": r.seq, "index": r.index, "offset": r.offset,
-                                   "id": r.id, "duplicate": r.duplicate},
-                        topic=topic, tag=tag, key=None, dedup_id=None, delay=None,
+                        "publish",
+                        functools.partial(producer.publish, topic, tag),
+                        lambda r: {
+                            "partition": r.partition,
+                            "seq": r.seq,
+                            "index": r.index,
+                            "offset": r.offset,
+                            "id": r.id,
+                            "duplicate": r.duplicate,
+                        },
+                        topic=topic,
+                        tag=tag,
+                        key=None,
+                        dedup_id=None,
+                        delay=None,
                     )
                 except Exception:  # recorded; the app goes on publishing
                     await asyncio.sleep(0.2)
@@ -206,10 +225,16 @@ class Worker:
                 # the library's defaults, which follow BUCKETQ_FENCE_SCALE
                 await self.rec.invoke(
                     "gc",
-                    lambda: bq.collect_garbage(segment_grace_s=fences.SEGMENT_GRACE_S,
-                                               delta_grace_s=fences.DELTA_GRACE_S),
-                    lambda r: {"segments": r.segments, "deltas": r.deltas, "checkpoints": r.checkpoints,
-                               "fences_raised": r.fences_raised, "total": r.total},
+                    lambda: bq.collect_garbage(
+                        segment_grace_s=fences.SEGMENT_GRACE_S, delta_grace_s=fences.DELTA_GRACE_S
+                    ),
+                    lambda r: {
+                        "segments": r.segments,
+                        "deltas": r.deltas,
+                        "checkpoints": r.checkpoints,
+                        "fences_raised": r.fences_raised,
+                        "total": r.total,
+                    },
                 )
             except Exception:  # recorded; the operator's timer runs again
                 pass
@@ -225,8 +250,13 @@ class Worker:
 
         async def join() -> Consumer:
             return await self.rec.invoke(
-                "join", lambda: bq.register_consumer(group, topic, **options), lambda c: {"member": c.member},
-                group=group, topic=topic, start_position="earliest", ordered=False,
+                "join",
+                lambda: bq.register_consumer(group, topic, **options),
+                lambda c: {"member": c.member},
+                group=group,
+                topic=topic,
+                start_position="earliest",
+                ordered=False,
             )
 
         consumer = await self.retry(join)
@@ -244,9 +274,21 @@ class Worker:
             for m in msgs:
                 # recorded before the app does anything with it: a settlement always follows its delivery
                 self.rec.record(
-                    "deliver", member=consumer.member, group=group, topic=m.topic, partition=m.partition,
-                    seq=m.seq, idx=m.index, tag=m.payload, key=m.key, id=m.id, receipt=m.receipt,
-                    until=round(m.lease_until, 6), skew=0.0, deliveries=m.deliveries, wall=round(time.time(), 6),
+                    "deliver",
+                    member=consumer.member,
+                    group=group,
+                    topic=m.topic,
+                    partition=m.partition,
+                    seq=m.seq,
+                    idx=m.index,
+                    tag=m.payload,
+                    key=m.key,
+                    id=m.id,
+                    receipt=m.receipt,
+                    until=round(m.lease_until, 6),
+                    skew=0.0,
+                    deliveries=m.deliveries,
+                    wall=round(time.time(), 6),
                 )
                 task = asyncio.get_running_loop().create_task(self._handle(consumer, group, m, vt, drain))
                 tasks.add(task)
@@ -257,8 +299,9 @@ class Worker:
             for task in late:
                 task.cancel()
         with contextlib.suppress(BucketqError):
-            await self.rec.invoke("leave", lambda: consumer.close(drain=True), group=group, topic=topic,
-                                  member=consumer.member)
+            await self.rec.invoke(
+                "leave", lambda: consumer.close(drain=True), group=group, topic=topic, member=consumer.member
+            )
         self.rec.record("idle", member=consumer.member)
         # every member has left (no cursor writer is left) before the controller sets "final"
         await self.wait_flag("final", timeout=120)
@@ -272,8 +315,14 @@ class Worker:
                 except Exception as exc:
                     state = f"catch-up failed: {type(exc).__name__}: {exc}"
                 if not isinstance(state, dict) or state.get("n"):
-                    self.rec.record("replica", topic=sub_topic, group=group, partition=partition,
-                                    member=consumer.member, state=state)
+                    self.rec.record(
+                        "replica",
+                        topic=sub_topic,
+                        group=group,
+                        partition=partition,
+                        member=consumer.member,
+                        state=state,
+                    )
         await bq.close()
 
     def _watch(self, consumer: Consumer) -> None:
@@ -287,7 +336,9 @@ class Worker:
                 return
             err = t.exception() or consumer._error
             if err is not None:
-                self.rec.record("loop_died", member=consumer.member, error=type(err).__name__, msg=str(err)[:300])
+                self.rec.record(
+                    "loop_died", member=consumer.member, error=type(err).__name__, msg=str(err)[:300]
+                )
 
         task.add_done_callback(done)
 
@@ -301,8 +352,16 @@ class Worker:
     async def _handle(self, consumer: Consumer, group: str, m: Message, vt: float, drain: bool) -> None:
         rng, plan = self.rng, self.cfg["member_plan"]
         given = {m.receipt: m.lease_until}
-        ident = {"group": group, "topic": m.topic, "partition": m.partition, "seq": m.seq, "idx": m.index,
-                 "tag": m.payload, "receipt": m.receipt, "member": consumer.member}
+        ident = {
+            "group": group,
+            "topic": m.topic,
+            "partition": m.partition,
+            "seq": m.seq,
+            "idx": m.index,
+            "tag": m.payload,
+            "receipt": m.receipt,
+            "member": consumer.member,
+        }
         choice = "ack"
         if not drain:
             choice = rng.choices(list(plan), weights=list(plan.values()))[0]
@@ -315,15 +374,21 @@ class Worker:
                 await asyncio.sleep(rng.uniform(0.0, 0.05))
             if choice == "extend":
                 # the deadline the app now holds is Message.lease_until, which moves on a committed extend
-                await self.rec.invoke("extend", lambda: m.extend(vt), lambda _: {"until": round(m.lease_until, 6)},
-                                      seconds=vt, **ident)
+                await self.rec.invoke(
+                    "extend",
+                    lambda: m.extend(vt),
+                    lambda _: {"until": round(m.lease_until, 6)},
+                    seconds=vt,
+                    **ident,
+                )
                 given[m.receipt] = max(given[m.receipt], m.lease_until)  # the extend's return says so
                 await asyncio.sleep(rng.uniform(0.0, vt * 0.6))
             self._observe(m, given)
             if choice == "nack":
                 delay = rng.choice([0.0, round(rng.uniform(0.2, 1.0), 3)])
-                await self.rec.invoke("nack", lambda: m.nack(requeue=True, delay=delay), requeue=True, delay=delay,
-                                      **ident)
+                await self.rec.invoke(
+                    "nack", lambda: m.nack(requeue=True, delay=delay), requeue=True, delay=delay, **ident
+                )
             else:
                 await self.rec.invoke("ack", m.ack, **ident)
         except Exception:  # recorded by invoke (LeaseLost is an expected answer)
@@ -340,8 +405,13 @@ class Worker:
             groups = {}
             try:
                 for s in await bq.stats(self.topic):
-                    groups[s.consumer] = {"messages": s.messages, "backlog": s.backlog, "in_flight": s.in_flight,
-                                          "delayed": s.delayed, "acked": s.acked}
+                    groups[s.consumer] = {
+                        "messages": s.messages,
+                        "backlog": s.backlog,
+                        "in_flight": s.in_flight,
+                        "delayed": s.delayed,
+                        "acked": s.acked,
+                    }
             except BucketqError as exc:
                 logging.warning("probe failed: %s", exc)
                 continue
@@ -360,7 +430,9 @@ class Worker:
         for group in self.cfg["groups"]:
             for p in range(int(self.cfg["partitions"])):
                 try:
-                    state: Any = (await CursorLog(storage, keys, topic, group, p, member="chaos-check").load()).to_json()
+                    state: Any = (
+                        await CursorLog(storage, keys, topic, group, p, member="chaos-check").load()
+                    ).to_json()
                 except Exception as exc:
                     state = {"error": f"{type(exc).__name__}: {exc}"}
                 self.rec.record("fresh", topic=topic, group=group, partition=p, state=state)
@@ -373,16 +445,39 @@ class Worker:
                     continue
                 try:
                     seg = decode_segment(blob.data)
-                except StorageError as exc:  # recorded as found: what the engine makes of it is judged elsewhere
-                    self.rec.record("stored", topic=topic, partition=p, seq=parse_seq(info.key), tags=[], dedups=[],
-                                    corrupt=f"{exc} ({len(blob.data)} bytes)")
+                except (
+                    StorageError
+                ) as exc:  # recorded as found: what the engine makes of it is judged elsewhere
+                    self.rec.record(
+                        "stored",
+                        topic=topic,
+                        partition=p,
+                        seq=parse_seq(info.key),
+                        tags=[],
+                        dedups=[],
+                        corrupt=f"{exc} ({len(blob.data)} bytes)",
+                    )
                     continue
-                self.rec.record("stored", topic=topic, partition=p, seq=parse_seq(info.key),
-                                tags=[r.payload for r in seg.records], dedups=[r.dedup_id for r in seg.records])
+                self.rec.record(
+                    "stored",
+                    topic=topic,
+                    partition=p,
+                    seq=parse_seq(info.key),
+                    tags=[r.payload for r in seg.records],
+                    dedups=[r.dedup_id for r in seg.records],
+                )
         try:
             for s in await bq.stats(topic):
-                self.rec.record("stats", group=s.consumer, backlog=s.backlog, in_flight=s.in_flight, delayed=s.delayed,
-                                messages=s.messages, acked=s.acked, redelivered=s.redelivered)
+                self.rec.record(
+                    "stats",
+                    group=s.consumer,
+                    backlog=s.backlog,
+                    in_flight=s.in_flight,
+                    delayed=s.delayed,
+                    messages=s.messages,
+                    acked=s.acked,
+                    redelivered=s.redelivered,
+                )
         except Exception as exc:  # the engine's own statistics failed: an application-visible error
             self.rec.record("stats_failed", error=type(exc).__name__, msg=str(exc)[:300])
         await bq.close()
@@ -396,8 +491,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--group")
     parser.add_argument("--drainer", action="store_true")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
-                        format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.WARNING,
+        stream=sys.stderr,
+        format="%(asctime)s %(process)d %(name)s %(levelname)s %(message)s",
+    )
     w = Worker(args.run_dir, args.proc)
     role_name = args.proc.split("#")[0]
     jobs: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {

@@ -55,8 +55,14 @@ def shared_operator(
 ) -> Iterator[RunningOperator]:
     """One operator for the namespaces ``shared-*``, with the webhook (HTTP) and metrics served."""
     settings = fast_settings(
-        [SHARED], webhook=True, webhook_insecure=True, webhook_managed=False, webhook_addr="127.0.0.1",
-        webhook_port=shared_ports["webhook"], metrics_host="127.0.0.1", metrics_port=shared_ports["metrics"],
+        [SHARED],
+        webhook=True,
+        webhook_insecure=True,
+        webhook_managed=False,
+        webhook_addr="127.0.0.1",
+        webhook_port=shared_ports["webhook"],
+        metrics_host="127.0.0.1",
+        metrics_port=shared_ports["metrics"],
         sidecar_image="bucketq:test",
     )
     running = start_operator(emulator.url, shared_engine, settings)
@@ -95,7 +101,9 @@ def s3_keys(moto_server: S3Server) -> Any:
     def keys(settings: Settings, prefix: str = "") -> list[str]:
         client = moto_server.client()
         out: list[str] = []
-        for page in client.get_paginator("list_objects_v2").paginate(Bucket=settings.s3_bucket, Prefix=prefix):
+        for page in client.get_paginator("list_objects_v2").paginate(
+            Bucket=settings.s3_bucket, Prefix=prefix
+        ):
             out += [o["Key"] for o in page.get("Contents", [])]
         return sorted(out)
 

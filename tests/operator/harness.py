@@ -29,8 +29,14 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "pods": ("v1", True),
     "customresourcedefinitions": ("apiextensions.k8s.io/v1", False),
 }
-PLURALS = {"Topic": "topics", "Consumer": "consumers", "DeadLetterPolicy": "deadletterpolicies",
-           "Namespace": "namespaces", "Pod": "pods", "CustomResourceDefinition": "customresourcedefinitions"}
+PLURALS = {
+    "Topic": "topics",
+    "Consumer": "consumers",
+    "DeadLetterPolicy": "deadletterpolicies",
+    "Namespace": "namespaces",
+    "Pod": "pods",
+    "CustomResourceDefinition": "customresourcedefinitions",
+}
 
 
 class ApiFailure(Exception):
@@ -46,7 +52,9 @@ class Kube:
     def __init__(self, url: str) -> None:
         self.url = url
 
-    def path(self, plural: str, namespace: str | None = None, name: str | None = None, sub: str | None = None) -> str:
+    def path(
+        self, plural: str, namespace: str | None = None, name: str | None = None, sub: str | None = None
+    ) -> str:
         api_version, namespaced = RESOURCES[plural]
         base = f"/apis/{api_version}" if "/" in api_version else f"/api/{api_version}"
         if namespaced and namespace:
@@ -56,7 +64,9 @@ class Kube:
 
     def request(self, method: str, path: str, body: Any = None, ctype: str = "application/json") -> Any:
         data = None if body is None else json.dumps(body).encode()
-        req = urllib.request.Request(self.url + path, data=data, method=method, headers={"Content-Type": ctype})
+        req = urllib.request.Request(
+            self.url + path, data=data, method=method, headers={"Content-Type": ctype}
+        )
         try:
             with urllib.request.urlopen(req, timeout=10) as resp:
                 return json.loads(resp.read() or b"null")
@@ -77,7 +87,9 @@ class Kube:
             raise
 
     def patch(self, plural: str, namespace: str | None, name: str, patch: dict[str, Any]) -> dict[str, Any]:
-        return dict(self.request("PATCH", self.path(plural, namespace, name), patch, "application/merge-patch+json"))
+        return dict(
+            self.request("PATCH", self.path(plural, namespace, name), patch, "application/merge-patch+json")
+        )
 
     def delete(self, plural: str, namespace: str | None, name: str) -> None:
         self.request("DELETE", self.path(plural, namespace, name))
@@ -129,8 +141,14 @@ def login_to(url: str) -> Callable[..., kopf.ConnectionInfo]:
 def fast_settings(namespaces: list[str], **overrides: Any) -> OperatorSettings:
     """Operator settings for tests: fast refresh, short retries, no webhook, no liveness port."""
     values: dict[str, Any] = {
-        "namespaces": namespaces, "status_interval_s": 1.0, "gc_interval_s": 3600.0, "retry_min_s": 0.3,
-        "retry_max_s": 2.0, "liveness_port": 0, "metrics_port": 0, "webhook": False,
+        "namespaces": namespaces,
+        "status_interval_s": 1.0,
+        "gc_interval_s": 3600.0,
+        "retry_min_s": 0.3,
+        "retry_max_s": 2.0,
+        "liveness_port": 0,
+        "metrics_port": 0,
+        "webhook": False,
     }
     values.update(overrides)
     return OperatorSettings(**values)

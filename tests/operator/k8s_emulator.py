@@ -46,14 +46,23 @@ BUILTINS: dict[str, dict[str, Any]] = {
     "v1/pods": {"kind": "Pod", "singular": "pod", "namespaced": True},
     "v1/events": {"kind": "Event", "singular": "event", "namespaced": True},
     "v1/secrets": {"kind": "Secret", "singular": "secret", "namespaced": True},
-    "apps/v1/deployments": {"kind": "Deployment", "singular": "deployment", "namespaced": True,
-                            "subresources": {"status"}},
+    "apps/v1/deployments": {
+        "kind": "Deployment",
+        "singular": "deployment",
+        "namespaced": True,
+        "subresources": {"status"},
+    },
     "apiextensions.k8s.io/v1/customresourcedefinitions": {
-        "kind": "CustomResourceDefinition", "singular": "customresourcedefinition", "namespaced": False,
-        "shortnames": {"crd", "crds"}, "subresources": {"status"},
+        "kind": "CustomResourceDefinition",
+        "singular": "customresourcedefinition",
+        "namespaced": False,
+        "shortnames": {"crd", "crds"},
+        "subresources": {"status"},
     },
     "admissionregistration.k8s.io/v1/mutatingwebhookconfigurations": {
-        "kind": "MutatingWebhookConfiguration", "singular": "mutatingwebhookconfiguration", "namespaced": False,
+        "kind": "MutatingWebhookConfiguration",
+        "singular": "mutatingwebhookconfiguration",
+        "namespaced": False,
     },
 }
 NAMESPACES_PATH = re.compile(r"^/api/v1/namespaces(?:/(?P<name>[^/]+)(?:/(?P<sub>status|finalize))?)?/?$")
@@ -68,8 +77,15 @@ class ApiError(Exception):
         self.code, self.reason, self.message = code, reason, message
 
     def status(self) -> dict[str, Any]:
-        return {"apiVersion": "v1", "kind": "Status", "metadata": {}, "status": "Failure",
-                "message": self.message, "reason": self.reason, "code": self.code}
+        return {
+            "apiVersion": "v1",
+            "kind": "Status",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.message,
+            "reason": self.reason,
+            "code": self.code,
+        }
 
 
 @dataclass
@@ -117,7 +133,11 @@ def apply_defaults(schema: dict[str, Any], value: Any) -> Any:
 
 def prune(schema: dict[str, Any], value: Any, path: str, unknown: list[str]) -> Any:
     """Drop fields the schema does not know (recording them), as the apiserver does."""
-    if isinstance(value, dict) and "properties" in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
+    if (
+        isinstance(value, dict)
+        and "properties" in schema
+        and not schema.get("x-kubernetes-preserve-unknown-fields")
+    ):
         for name in list(value):
             if name not in schema["properties"]:
                 unknown.append(f"{path}.{name}".lstrip("."))
@@ -226,9 +246,17 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             return await super().__call__(raw_request)
         body = await raw_request.read()
         request = rendering.Request(
-            id=len(self._requests), raw_request=raw_request, url=raw_request.url, method=raw_request.method,
-            params=dict(raw_request.query), headers=dict(raw_request.headers), body=body, text=body.decode(),
-            resource=kmock.resource("", "v1", "namespaces"), name=match["name"], subresource=match["sub"],
+            id=len(self._requests),
+            raw_request=raw_request,
+            url=raw_request.url,
+            method=raw_request.method,
+            params=dict(raw_request.query),
+            headers=dict(raw_request.headers),
+            body=body,
+            text=body.decode(),
+            resource=kmock.resource("", "v1", "namespaces"),
+            name=match["name"],
+            subresource=match["sub"],
         )
         self._requests.append(request)
         return await self._handle(request)
@@ -259,7 +287,10 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         if method in ("PATCH", "PUT") and req.name is not None:
             ctype = req.headers.get("Content-Type", "application/json").split(";")[0].strip()
             return aiohttp.web.json_response(
-                await self._update(req, res, namespace, req.name, req.subresource, ctype, body, method == "PUT"))
+                await self._update(
+                    req, res, namespace, req.name, req.subresource, ctype, body, method == "PUT"
+                )
+            )
         if method == "DELETE" and req.name is not None:
             return aiohttp.web.json_response(await self._delete(res, namespace, req.name))
         raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {req.url.path}")
@@ -284,17 +315,26 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         return copy.deepcopy(obj)
 
     def _list(self, res: kmock.resource, namespace: str | None) -> dict[str, Any]:
-        items = [copy.deepcopy(o) for (r, ns, _), o in sorted(self._store.items(), key=lambda kv: (kv[0][1] or "", kv[0][2]))
-                 if r == res and (namespace is None or ns == namespace)]
+        items = [
+            copy.deepcopy(o)
+            for (r, ns, _), o in sorted(self._store.items(), key=lambda kv: (kv[0][1] or "", kv[0][2]))
+            if r == res and (namespace is None or ns == namespace)
+        ]
         kind = self._info(res).kind or "Object"
-        return {"apiVersion": self._api_version(res), "kind": f"{kind}List",
-                "metadata": {"resourceVersion": str(self._rv)}, "items": items}
+        return {
+            "apiVersion": self._api_version(res),
+            "kind": f"{kind}List",
+            "metadata": {"resourceVersion": str(self._rv)},
+            "items": items,
+        }
 
     @staticmethod
     def _api_version(res: kmock.resource) -> str:
         return f"{res.group}/{res.version}" if res.group else str(res.version)
 
-    def _respond(self, req: rendering.Request, res: kmock.resource, payload: dict[str, Any]) -> aiohttp.web.Response:
+    def _respond(
+        self, req: rendering.Request, res: kmock.resource, payload: dict[str, Any]
+    ) -> aiohttp.web.Response:
         if "as=Table" in req.headers.get("Accept", ""):
             items = payload.get("items", [payload])
             return aiohttp.web.json_response(self._table(res, items))
@@ -302,26 +342,56 @@ class ClusterEmulator(kmock.KubernetesEmulator):
 
     def _table(self, res: kmock.resource, items: list[dict[str, Any]]) -> dict[str, Any]:
         custom = self._custom.get(res)
-        columns = [c for c in (custom.columns if custom else []) if c["jsonPath"] != ".metadata.creationTimestamp"]
-        definitions = [{"name": "Name", "type": "string", "format": "name", "description": "Name", "priority": 0}]
-        definitions += [{"name": c["name"], "type": c["type"], "format": "", "description": c.get("description", ""),
-                         "priority": c.get("priority", 0)} for c in columns]
-        definitions.append({"name": "Age", "type": "string", "format": "", "description": "Age", "priority": 0})
+        columns = [
+            c for c in (custom.columns if custom else []) if c["jsonPath"] != ".metadata.creationTimestamp"
+        ]
+        definitions = [
+            {"name": "Name", "type": "string", "format": "name", "description": "Name", "priority": 0}
+        ]
+        definitions += [
+            {
+                "name": c["name"],
+                "type": c["type"],
+                "format": "",
+                "description": c.get("description", ""),
+                "priority": c.get("priority", 0),
+            }
+            for c in columns
+        ]
+        definitions.append(
+            {"name": "Age", "type": "string", "format": "", "description": "Age", "priority": 0}
+        )
         rows = []
         for obj in items:
             cells: list[Any] = [obj["metadata"]["name"]]
             for c in columns:
                 value = json_path(obj, c["jsonPath"])
-                cells.append(json.dumps(value, separators=(",", ":")) if isinstance(value, list | dict) else value)
+                cells.append(
+                    json.dumps(value, separators=(",", ":")) if isinstance(value, list | dict) else value
+                )
             cells.append(age(obj["metadata"].get("creationTimestamp")))
             meta = {k: v for k, v in obj["metadata"].items() if k != "managedFields"}
-            rows.append({"cells": cells, "object": {"kind": "PartialObjectMetadata",
-                                                    "apiVersion": "meta.k8s.io/v1", "metadata": meta}})
-        return {"kind": "Table", "apiVersion": "meta.k8s.io/v1", "metadata": {"resourceVersion": str(self._rv)},
-                "columnDefinitions": definitions, "rows": rows}
+            rows.append(
+                {
+                    "cells": cells,
+                    "object": {
+                        "kind": "PartialObjectMetadata",
+                        "apiVersion": "meta.k8s.io/v1",
+                        "metadata": meta,
+                    },
+                }
+            )
+        return {
+            "kind": "Table",
+            "apiVersion": "meta.k8s.io/v1",
+            "metadata": {"resourceVersion": str(self._rv)},
+            "columnDefinitions": definitions,
+            "rows": rows,
+        }
 
-    async def _watch(self, req: rendering.Request, res: kmock.resource,
-                     namespace: str | None) -> aiohttp.web.StreamResponse:
+    async def _watch(
+        self, req: rendering.Request, res: kmock.resource, namespace: str | None
+    ) -> aiohttp.web.StreamResponse:
         raw = req._raw_request
         assert raw is not None
         response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
@@ -338,10 +408,19 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             for obj in self._list(res, namespace)["items"]:
                 await send({"type": "ADDED", "object": obj})
             if req.params.get("sendInitialEvents") == "true":
-                await send({"type": "BOOKMARK", "object": {
-                    "kind": self._info(res).kind, "apiVersion": self._api_version(res),
-                    "metadata": {"resourceVersion": str(position),
-                                 "annotations": {"k8s.io/initial-events-end": "true"}}}})
+                await send(
+                    {
+                        "type": "BOOKMARK",
+                        "object": {
+                            "kind": self._info(res).kind,
+                            "apiVersion": self._api_version(res),
+                            "metadata": {
+                                "resourceVersion": str(position),
+                                "annotations": {"k8s.io/initial-events-end": "true"},
+                            },
+                        },
+                    }
+                )
         else:
             index = next((i for i, entry in enumerate(self._log) if entry[0] > int(since)), len(self._log))
         try:
@@ -368,8 +447,13 @@ class ClusterEmulator(kmock.KubernetesEmulator):
 
     # -- writing ---------------------------------------------------------------------------------
 
-    def _validate(self, req: rendering.Request | None, res: kmock.resource, obj: dict[str, Any],
-                  old: dict[str, Any] | None) -> None:
+    def _validate(
+        self,
+        req: rendering.Request | None,
+        res: kmock.resource,
+        obj: dict[str, Any],
+        old: dict[str, Any] | None,
+    ) -> None:
         custom = self._custom.get(res)
         if custom is None:
             return
@@ -382,25 +466,40 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             unknown.append(extra)
             del obj[extra]
         if unknown and req is not None and req.params.get("fieldValidation") == "Strict":
-            raise ApiError(400, "BadRequest",
-                           "strict decoding error: " + ", ".join(f'unknown field "{u}"' for u in unknown))
+            raise ApiError(
+                400,
+                "BadRequest",
+                "strict decoding error: " + ", ".join(f'unknown field "{u}"' for u in unknown),
+            )
         apply_defaults(schema, obj)
         name = obj["metadata"].get("name", "")
-        problems = [f"{'.'.join(str(p) for p in e.absolute_path) or '<root>'}: {e.message}"
-                    for e in jsonschema.Draft7Validator(schema).iter_errors(obj)]
+        problems = [
+            f"{'.'.join(str(p) for p in e.absolute_path) or '<root>'}: {e.message}"
+            for e in jsonschema.Draft7Validator(schema).iter_errors(obj)
+        ]
         problems += list(self._cel.errors(schema, obj, old, ""))
         if problems:
-            raise ApiError(422, "Invalid", f'{custom.kind}.{custom.group} "{name}" is invalid: ' + "; ".join(problems))
+            raise ApiError(
+                422, "Invalid", f'{custom.kind}.{custom.group} "{name}" is invalid: ' + "; ".join(problems)
+            )
 
-    async def _create(self, req: rendering.Request, res: kmock.resource, info: kmock.ResourceInfo,
-                      namespace: str | None, body: Any) -> dict[str, Any]:
+    async def _create(
+        self,
+        req: rendering.Request,
+        res: kmock.resource,
+        info: kmock.ResourceInfo,
+        namespace: str | None,
+        body: Any,
+    ) -> dict[str, Any]:
         if not isinstance(body, dict):
             raise ApiError(400, "BadRequest", "the body of a create must be a JSON object")
         obj = copy.deepcopy(body)
         meta = obj.setdefault("metadata", {})
         if not meta.get("name"):
             if not meta.get("generateName"):
-                raise ApiError(422, "Invalid", "metadata.name: Required value: name or generateName is required")
+                raise ApiError(
+                    422, "Invalid", "metadata.name: Required value: name or generateName is required"
+                )
             meta["name"] = meta["generateName"] + uuid.uuid4().hex[:5]
         if info.namespaced:
             meta["namespace"] = namespace or meta.get("namespace") or "default"
@@ -423,8 +522,17 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         await self._event(res, "ADDED", obj)
         return copy.deepcopy(obj)
 
-    async def _update(self, req: rendering.Request, res: kmock.resource, namespace: str | None, name: str,
-                      subresource: str | None, ctype: str, body: Any, replace: bool) -> dict[str, Any]:
+    async def _update(
+        self,
+        req: rendering.Request,
+        res: kmock.resource,
+        namespace: str | None,
+        name: str,
+        subresource: str | None,
+        ctype: str,
+        body: Any,
+        replace: bool,
+    ) -> dict[str, Any]:
         old = self._get(res, namespace, name)
         if replace or ctype == "application/json":
             new = copy.deepcopy(body)
@@ -436,8 +544,12 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         elif ctype in ("application/merge-patch+json", "application/strategic-merge-patch+json"):
             sent_rv = ((body or {}).get("metadata") or {}).get("resourceVersion")
             if sent_rv is not None and sent_rv != old["metadata"]["resourceVersion"]:
-                raise ApiError(409, "Conflict", f'Operation cannot be fulfilled on {res.plural} "{name}": '
-                                                "the object has been modified; please apply your changes again")
+                raise ApiError(
+                    409,
+                    "Conflict",
+                    f'Operation cannot be fulfilled on {res.plural} "{name}": '
+                    "the object has been modified; please apply your changes again",
+                )
             new = merge_patch(old, body)
         else:
             raise ApiError(415, "UnsupportedMediaType", f"the patch type {ctype} is not supported")
@@ -514,14 +626,21 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             res = kmock.resource(spec["group"], version["name"], names["plural"])
             subresources = set(version.get("subresources") or {})
             self.resources[res] = kmock.ResourceInfo(
-                kind=names["kind"], singular=names.get("singular") or names["kind"].lower(),
-                namespaced=spec.get("scope", "Namespaced") == "Namespaced", verbs=VERBS,
-                shortnames=set(names.get("shortNames") or ()), categories=set(names.get("categories") or ()),
+                kind=names["kind"],
+                singular=names.get("singular") or names["kind"].lower(),
+                namespaced=spec.get("scope", "Namespaced") == "Namespaced",
+                verbs=VERBS,
+                shortnames=set(names.get("shortNames") or ()),
+                categories=set(names.get("categories") or ()),
                 subresources=subresources,
             )
             self._custom[res] = CustomKind(
-                names["kind"], spec["group"], version["name"], names["plural"],
-                version["schema"]["openAPIV3Schema"], "status" in subresources,
+                names["kind"],
+                spec["group"],
+                version["name"],
+                names["plural"],
+                version["schema"]["openAPIV3Schema"],
+                "status" in subresources,
                 list(version.get("additionalPrinterColumns") or []),
             )
 

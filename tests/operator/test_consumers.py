@@ -15,8 +15,12 @@ from bucketq.operator.buckets import namespace_root
 
 
 def consumer(ns: str, name: str, **spec: Any) -> dict[str, Any]:
-    return {"apiVersion": "bucketq.io/v1alpha1", "kind": "Consumer", "metadata": {"name": name, "namespace": ns},
-            "spec": spec}
+    return {
+        "apiVersion": "bucketq.io/v1alpha1",
+        "kind": "Consumer",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": spec,
+    }
 
 
 def publish(engine: Settings, ns: str, topic_name: str, count: int) -> None:
@@ -35,7 +39,11 @@ def metrics_text(port: int) -> str:
 
 
 def test_consumer_registers_and_reports_backlog(
-    kube: Kube, shared_ns: str, shared_engine: Settings, s3_keys: Any, shared_ports: dict[str, int],
+    kube: Kube,
+    shared_ns: str,
+    shared_engine: Settings,
+    s3_keys: Any,
+    shared_ports: dict[str, int],
     shared_operator: RunningOperator,
 ) -> None:
     kube.create(topic(shared_ns, "events", partitions=2))
@@ -50,14 +58,28 @@ def test_consumer_registers_and_reports_backlog(
     assert obj["spec"]["delivery"] == {"mode": "pull"}, "the schema defaults the delivery"
 
     publish(shared_engine, shared_ns, "events", 7)
-    wait_for(lambda: (o := kube.get("consumers", shared_ns, "worker")) and o["status"].get("backlog") == 7,
-             "the consumer status to show a backlog of 7")
-    wait_for(lambda: (o := kube.get("topics", shared_ns, "events")) and o["status"].get("messages") == 7
-             and o["status"].get("backlog") == 7 and o["status"].get("consumers") == ["worker"],
-             "the topic status to show 7 messages, all in the backlog")
+    wait_for(
+        lambda: (o := kube.get("consumers", shared_ns, "worker")) and o["status"].get("backlog") == 7,
+        "the consumer status to show a backlog of 7",
+    )
+    wait_for(
+        lambda: (
+            (o := kube.get("topics", shared_ns, "events"))
+            and o["status"].get("messages") == 7
+            and o["status"].get("backlog") == 7
+            and o["status"].get("consumers") == ["worker"]
+        ),
+        "the topic status to show 7 messages, all in the backlog",
+    )
     labels = f'consumer="worker",namespace="{shared_ns}",topic="events"'
-    text = wait_for(lambda: (t := metrics_text(shared_ports["metrics"])) and
-                    f"bucketq_subscription_backlog{{{labels}}} 7.0" in t and t, "the backlog metric")
+    text = wait_for(
+        lambda: (
+            (t := metrics_text(shared_ports["metrics"]))
+            and f"bucketq_subscription_backlog{{{labels}}} 7.0" in t
+            and t
+        ),
+        "the backlog metric",
+    )
     assert f'bucketq_topic_published_messages_total{{namespace="{shared_ns}",topic="events"}} 7.0' in text
     assert f"bucketq_subscription_in_flight{{{labels}}} 0.0" in text
     assert f"bucketq_subscription_dead_lettered_total{{{labels}}} 0.0" in text
@@ -69,9 +91,14 @@ def test_consumer_waits_for_its_topic_and_latest_start(
     kube: Kube, shared_ns: str, shared_engine: Settings, shared_operator: RunningOperator
 ) -> None:
     kube.create(consumer(shared_ns, "early", topics=["later"], startPosition="latest"))
-    pending = wait_for(lambda: (o := kube.get("consumers", shared_ns, "early")) and
-                       condition(o, "Ready").get("reason") == "TopicNotFound" and o,
-                       "Consumer early to wait for topic later")
+    pending = wait_for(
+        lambda: (
+            (o := kube.get("consumers", shared_ns, "early"))
+            and condition(o, "Ready").get("reason") == "TopicNotFound"
+            and o
+        ),
+        "Consumer early to wait for topic later",
+    )
     assert pending["status"]["phase"] == "Pending"
     assert "later" in condition(pending, "Ready")["message"]
     kube.create(topic(shared_ns, "later"))
@@ -92,8 +119,10 @@ def test_consumer_deletion_policy_delete_removes_cursors(
     wait_for(lambda: ready(kube, "consumers", shared_ns, "gone", generation=2), "gone to subscribe to tasks")
     assert [k for k in s3_keys(shared_engine, prefix) if k.startswith(f"{prefix}tasks/subs/gone/")]
     kube.patch("consumers", shared_ns, "gone", {"spec": {"topics": ["jobs"]}})
-    wait_for(lambda: not [k for k in s3_keys(shared_engine, prefix) if k.startswith(f"{prefix}tasks/subs/gone/")],
-             "the cursors of the dropped topic to go (deletionPolicy Delete)")
+    wait_for(
+        lambda: not [k for k in s3_keys(shared_engine, prefix) if k.startswith(f"{prefix}tasks/subs/gone/")],
+        "the cursors of the dropped topic to go (deletionPolicy Delete)",
+    )
     gone_id = kube.get("consumers", shared_ns, "gone")["status"]["consumerId"]  # type: ignore[index]
     kube.delete("consumers", shared_ns, "gone")
     kube.delete("consumers", shared_ns, "stays")

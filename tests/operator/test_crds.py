@@ -18,7 +18,9 @@ from bucketq.operator.crds import all_crds, rendered_files
 from bucketq.operator.models import KINDS
 
 ROOT = Path(__file__).resolve().parents[2]
-SCHEMAS = {c["spec"]["names"]["kind"]: c["spec"]["versions"][0]["schema"]["openAPIV3Schema"] for c in all_crds()}
+SCHEMAS = {
+    c["spec"]["names"]["kind"]: c["spec"]["versions"][0]["schema"]["openAPIV3Schema"] for c in all_crds()
+}
 
 
 def test_committed_crds_equal_the_generated_ones() -> None:
@@ -57,8 +59,15 @@ def test_schemas_are_structural(kind: str) -> None:
     env = celpy.Environment()
     for path, node in walk(SCHEMAS[kind]):
         assert "type" in node, f"{kind}{path} has no type"
-        assert not {"additionalProperties", "uniqueItems", "$ref", "anyOf", "oneOf", "allOf", "nullable"} & set(node), \
-            f"{kind}{path} uses a construct structural schemas forbid"
+        assert not {
+            "additionalProperties",
+            "uniqueItems",
+            "$ref",
+            "anyOf",
+            "oneOf",
+            "allOf",
+            "nullable",
+        } & set(node), f"{kind}{path} uses a construct structural schemas forbid"
         if "default" in node:
             jsonschema.Draft7Validator(node).validate(apply_defaults(node, copy.deepcopy(node["default"])))
         for rule in node.get("x-kubernetes-validations", []):
@@ -68,8 +77,15 @@ def test_schemas_are_structural(kind: str) -> None:
 
 def valid(kind: str, spec: dict[str, Any], name: str = "orders") -> list[str]:
     """Errors of a custom resource against the CRD schema (after defaulting, as the apiserver does)."""
-    obj = apply_defaults(SCHEMAS[kind], {"apiVersion": "bucketq.io/v1alpha1", "kind": kind,
-                                         "metadata": {"name": name}, "spec": copy.deepcopy(spec)})
+    obj = apply_defaults(
+        SCHEMAS[kind],
+        {
+            "apiVersion": "bucketq.io/v1alpha1",
+            "kind": kind,
+            "metadata": {"name": name},
+            "spec": copy.deepcopy(spec),
+        },
+    )
     errors = [e.message for e in jsonschema.Draft7Validator(SCHEMAS[kind]).iter_errors(obj)]
     return errors + list(CelRules().errors(SCHEMAS[kind], obj, None, ""))
 
@@ -83,29 +99,48 @@ def test_examples_are_valid(path: Path) -> None:
 
 def test_defaults_fill_a_minimal_topic() -> None:
     obj = apply_defaults(SCHEMAS["Topic"], {"metadata": {"name": "t"}, "spec": {}})
-    assert obj["spec"] == {"partitions": 1, "retentionSeconds": 604800, "maxMessageBytes": 262144,
-                           "deletionPolicy": "Retain"}
+    assert obj["spec"] == {
+        "partitions": 1,
+        "retentionSeconds": 604800,
+        "maxMessageBytes": 262144,
+        "deletionPolicy": "Retain",
+    }
 
 
-@pytest.mark.parametrize(("kind", "spec", "fragment"), [
-    ("Topic", {"partitions": 0}, "less than the minimum"),
-    ("Topic", {"partitions": "four"}, "is not of type 'integer'"),
-    ("Topic", {"partitions": 10001}, "greater than the maximum"),
-    ("Topic", {"deletionPolicy": "Sometimes"}, "is not one of"),
-    ("Topic", {"maxMessageBytes": 10}, "less than the minimum"),
-    ("Topic", {"deadLetterPolicy": "Bad_Name"}, "does not match"),
-    ("Consumer", {}, "'topics' is a required property"),
-    ("Consumer", {"topics": []}, "should be non-empty"),
-    ("Consumer", {"topics": ["UPPER"]}, "does not match"),
-    ("Consumer", {"topics": ["a..b"]}, "does not match"),
-    ("Consumer", {"topics": ["x" * 64]}, "is too long"),
-    ("Consumer", {"topics": ["t"], "startPosition": "middle"}, "is not one of"),
-    ("Consumer", {"topics": ["t"], "delivery": {"mode": "pull", "push": {"port": 80}}}, "push settings need mode"),
-    ("Consumer", {"topics": ["t"], "delivery": {"mode": "push", "push": {"port": 70000}}}, "greater than the maximum"),
-    ("Consumer", {"topics": ["t"], "visibilityTimeoutSeconds": 0}, "less than the minimum"),
-    ("DeadLetterPolicy", {"maxDeliveries": 0}, "less than the minimum"),
-    ("DeadLetterPolicy", {"dropAction": "Discard", "deadLetterTopic": "dlq"}, "needs dropAction: DeadLetter"),
-])
+@pytest.mark.parametrize(
+    ("kind", "spec", "fragment"),
+    [
+        ("Topic", {"partitions": 0}, "less than the minimum"),
+        ("Topic", {"partitions": "four"}, "is not of type 'integer'"),
+        ("Topic", {"partitions": 10001}, "greater than the maximum"),
+        ("Topic", {"deletionPolicy": "Sometimes"}, "is not one of"),
+        ("Topic", {"maxMessageBytes": 10}, "less than the minimum"),
+        ("Topic", {"deadLetterPolicy": "Bad_Name"}, "does not match"),
+        ("Consumer", {}, "'topics' is a required property"),
+        ("Consumer", {"topics": []}, "should be non-empty"),
+        ("Consumer", {"topics": ["UPPER"]}, "does not match"),
+        ("Consumer", {"topics": ["a..b"]}, "does not match"),
+        ("Consumer", {"topics": ["x" * 64]}, "is too long"),
+        ("Consumer", {"topics": ["t"], "startPosition": "middle"}, "is not one of"),
+        (
+            "Consumer",
+            {"topics": ["t"], "delivery": {"mode": "pull", "push": {"port": 80}}},
+            "push settings need mode",
+        ),
+        (
+            "Consumer",
+            {"topics": ["t"], "delivery": {"mode": "push", "push": {"port": 70000}}},
+            "greater than the maximum",
+        ),
+        ("Consumer", {"topics": ["t"], "visibilityTimeoutSeconds": 0}, "less than the minimum"),
+        ("DeadLetterPolicy", {"maxDeliveries": 0}, "less than the minimum"),
+        (
+            "DeadLetterPolicy",
+            {"dropAction": "Discard", "deadLetterTopic": "dlq"},
+            "needs dropAction: DeadLetter",
+        ),
+    ],
+)
 def test_invalid_specs_are_rejected(kind: str, spec: dict[str, Any], fragment: str) -> None:
     errors = valid(kind, spec)
     assert any(fragment in e for e in errors), errors
@@ -115,11 +150,18 @@ def test_long_names_are_rejected() -> None:
     assert any("at most 63 characters" in e for e in valid("Topic", {}, name="t" * 64))
 
 
-@pytest.mark.parametrize(("kind", "old", "new", "fragment"), [
-    ("Topic", {"partitions": 4}, {"partitions": 2}, "partitions may only grow"),
-    ("Consumer", {"topics": ["t"], "startPosition": "earliest"}, {"topics": ["t"], "startPosition": "latest"},
-     "startPosition is immutable"),
-])
+@pytest.mark.parametrize(
+    ("kind", "old", "new", "fragment"),
+    [
+        ("Topic", {"partitions": 4}, {"partitions": 2}, "partitions may only grow"),
+        (
+            "Consumer",
+            {"topics": ["t"], "startPosition": "earliest"},
+            {"topics": ["t"], "startPosition": "latest"},
+            "startPosition is immutable",
+        ),
+    ],
+)
 def test_transition_rules(kind: str, old: dict[str, Any], new: dict[str, Any], fragment: str) -> None:
     def obj(spec: dict[str, Any]) -> dict[str, Any]:
         return apply_defaults(SCHEMAS[kind], {"metadata": {"name": "x"}, "spec": copy.deepcopy(spec)})
@@ -134,6 +176,9 @@ def test_printer_columns_and_names() -> None:
         assert crd["spec"]["scope"] == "Namespaced" and version["subresources"] == {"status": {}}
         assert crd["spec"]["names"]["shortNames"] == list(kind.short_names)
         assert crd["spec"]["names"]["categories"] == ["bucketq"]
-    topic_columns = [c["name"] for c in all_crds()[0]["spec"]["versions"][0]["additionalPrinterColumns"]
-                     if not c.get("priority")]
+    topic_columns = [
+        c["name"]
+        for c in all_crds()[0]["spec"]["versions"][0]["additionalPrinterColumns"]
+        if not c.get("priority")
+    ]
     assert topic_columns == ["Partitions", "Backlog", "Phase", "Age"]

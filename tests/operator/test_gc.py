@@ -43,7 +43,10 @@ def test_gc_deletes_consumed_expired_segments_only(emulator: Any, kube: Kube, mo
         for namespace in (ns, other):
             kube.create(topic(namespace, "logs", retentionSeconds=1))
             kube.create(consumer(namespace, "reader", topics=["logs"]))
-            wait_for(lambda n=namespace: ready(kube, "consumers", n, "reader"), f"reader in {namespace} to be Ready")
+            wait_for(
+                lambda n=namespace: ready(kube, "consumers", n, "reader"),
+                f"reader in {namespace} to be Ready",
+            )
     finally:
         setup.stop()
     asyncio.run(produce_and_consume(engine, ns, publish=5, ack=3))
@@ -54,12 +57,20 @@ def test_gc_deletes_consumed_expired_segments_only(emulator: Any, kube: Kube, mo
     before = objects(moto_server, engine, "")
 
     # GC frees in two phases: one run raises the fences, a run after the grace deletes below them
-    running = start_operator(emulator.url, engine, fast_settings(
-        [ns], gc_interval_s=0.5, gc_segment_grace_s=1.0, gc_delta_grace_s=1.0))
+    running = start_operator(
+        emulator.url,
+        engine,
+        fast_settings([ns], gc_interval_s=0.5, gc_segment_grace_s=1.0, gc_delta_grace_s=1.0),
+    )
     try:
-        status = wait_for(lambda: (o := kube.get("topics", ns, "logs")) and
-                          (o.get("status") or {}).get("garbageCollectedObjects") and o["status"],
-                          "a garbage collection that deleted something")
+        status = wait_for(
+            lambda: (
+                (o := kube.get("topics", ns, "logs"))
+                and (o.get("status") or {}).get("garbageCollectedObjects")
+                and o["status"]
+            ),
+            "a garbage collection that deleted something",
+        )
         assert status["lastGarbageCollection"]
     finally:
         running.stop()
@@ -69,7 +80,8 @@ def test_gc_deletes_consumed_expired_segments_only(emulator: Any, kube: Kube, mo
     assert all(k.startswith(f"{ns}/") for k in gone), "nothing outside the served namespace"
     assert not [k for k in gone if "/.topic" in k or "/subs/" in k or "_registry/consumers" in k], gone
     assert set(segments[3:]) <= set(after), "unconsumed segments stay"
-    assert {k: v for k, v in before.items() if k.startswith(f"{other}/")} == \
-        {k: v for k, v in after.items() if k.startswith(f"{other}/")}, "the other namespace is untouched"
+    assert {k: v for k, v in before.items() if k.startswith(f"{other}/")} == {
+        k: v for k, v in after.items() if k.startswith(f"{other}/")
+    }, "the other namespace is untouched"
     text = running.operator.metrics.render().decode()
     assert f'bucketq_gc_deleted_objects_total{{kind="segments",namespace="{ns}",topic="logs"}} 3.0' in text

@@ -39,12 +39,23 @@ def kubectl(tmp_path: Path, kube: Kube, shared_ns: str):  # type: ignore[no-unty
 
 
 def test_kubectl_applies_the_examples_and_shows_the_columns(
-    kubectl, kube: Kube, shared_ns: str, shared_operator: RunningOperator  # type: ignore[no-untyped-def]
+    kubectl,
+    kube: Kube,
+    shared_ns: str,
+    shared_operator: RunningOperator,  # type: ignore[no-untyped-def]
 ) -> None:
     # The emulator serves no OpenAPI documents: the schema checks happen server side.
     kubectl("apply", "--validate=false", "-f", "crds/")
-    out = kubectl("apply", "--validate=false", "-f", "examples/deadletterpolicy.yaml",
-                  "-f", "examples/topic.yaml", "-f", "examples/consumer.yaml").stdout
+    out = kubectl(
+        "apply",
+        "--validate=false",
+        "-f",
+        "examples/deadletterpolicy.yaml",
+        "-f",
+        "examples/topic.yaml",
+        "-f",
+        "examples/consumer.yaml",
+    ).stdout
     assert "topic.bucketq.io/orders created" in out and "consumer.bucketq.io/billing created" in out
     wait_for(lambda: ready(kube, "topics", shared_ns, "orders"), "the example Topic to be Ready")
     wait_for(lambda: ready(kube, "consumers", shared_ns, "billing"), "the example Consumer to be Ready")
@@ -63,11 +74,17 @@ def test_kubectl_applies_the_examples_and_shows_the_columns(
     assert "unchanged" in kubectl("apply", "--validate=false", "-f", "examples/topic.yaml").stdout
 
 
-def test_kubectl_gets_schema_errors(kubectl, shared_ns: str, shared_operator: RunningOperator,  # type: ignore[no-untyped-def]
-                                    tmp_path: Path) -> None:
+def test_kubectl_gets_schema_errors(
+    kubectl,
+    shared_ns: str,
+    shared_operator: RunningOperator,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text("apiVersion: bucketq.io/v1alpha1\nkind: Topic\nmetadata: {name: broken}\n"
-                   "spec: {partitions: 0, deletionPolicy: Sometimes}\n")
+    bad.write_text(
+        "apiVersion: bucketq.io/v1alpha1\nkind: Topic\nmetadata: {name: broken}\n"
+        "spec: {partitions: 0, deletionPolicy: Sometimes}\n"
+    )
     done = kubectl("apply", "--validate=false", "-f", str(bad), check=False)
     assert done.returncode != 0
     assert "spec.partitions" in done.stderr and "Sometimes" in done.stderr, done.stderr

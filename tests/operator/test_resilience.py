@@ -54,7 +54,9 @@ def test_restart_converges_and_reconciling_again_changes_nothing(
     kube.create(topic(ns, "fresh"))
     kube.create(consumer(ns, "audit", topics=["fresh", "orders"]))
     kube.delete("topics", ns, "doomed")
-    moto_server.client().delete_object(Bucket=engine.s3_bucket, Key=f"{ns}/_registry/consumers/{consumer_id}.json")
+    moto_server.client().delete_object(
+        Bucket=engine.s3_bucket, Key=f"{ns}/_registry/consumers/{consumer_id}.json"
+    )
 
     second = start_operator(emulator.url, engine, fast_settings([ns]))
     try:
@@ -62,15 +64,22 @@ def test_restart_converges_and_reconciling_again_changes_nothing(
         wait_for(lambda: ready(kube, "consumers", ns, "audit"), "the new consumer to be Ready")
         wait_for(lambda: kube.get("topics", ns, "doomed") is None, "the deleted topic to be finalized")
         prefix = f"{ns}/"
-        keys = wait_for(lambda: (k := objects(moto_server, engine, prefix)) and
-                        f"{prefix}_registry/consumers/{consumer_id}.json" in k and k,
-                        "the lost registration to be restored")
+        keys = wait_for(
+            lambda: (
+                (k := objects(moto_server, engine, prefix))
+                and f"{prefix}_registry/consumers/{consumer_id}.json" in k
+                and k
+            ),
+            "the lost registration to be restored",
+        )
         for partition in ("p0000", "p0001", "p0002"):
             assert any(k.startswith(f"{prefix}orders/subs/billing/{partition}/log/") for k in keys), partition
             assert any(k.startswith(f"{prefix}orders/subs/audit/{partition}/log/") for k in keys), partition
         # purged: only the partitions' floor tombstones stay (a re-created topic continues their numbers)
         left = [k for k in keys if k.startswith(f"{prefix}doomed")]
-        assert left and all(k.endswith("/floor.json") for k in left), f"deletionPolicy Delete purged it: {left}"
+        assert left and all(k.endswith("/floor.json") for k in left), (
+            f"deletionPolicy Delete purged it: {left}"
+        )
 
         before = objects(moto_server, engine, prefix)
         done = reconciles(second, "Topic")
@@ -93,37 +102,58 @@ def test_s3_outage_sets_conditions_and_recovers(
     emulator: Any, kube: Kube, moto_server: S3Server, switch: S3Switch
 ) -> None:
     ns = kube.namespace("outage")
-    engine = moto_server.settings(strategy="conditional_write", s3_endpoint_url=switch.url, s3_max_attempts=1,
-                                  s3_connect_timeout_s=1.0, s3_read_timeout_s=2.0)
+    engine = moto_server.settings(
+        strategy="conditional_write",
+        s3_endpoint_url=switch.url,
+        s3_max_attempts=1,
+        s3_connect_timeout_s=1.0,
+        s3_read_timeout_s=2.0,
+    )
     switch.down()
     running = start_operator(emulator.url, engine, fast_settings([ns]))
     try:
         kube.create(topic(ns, "orders"))
-        obj = wait_for(lambda: (o := kube.get("topics", ns, "orders")) and
-                       condition(o, "StorageReachable").get("status") == "False" and o,
-                       "StorageReachable to turn False")
+        obj = wait_for(
+            lambda: (
+                (o := kube.get("topics", ns, "orders"))
+                and condition(o, "StorageReachable").get("status") == "False"
+                and o
+            ),
+            "StorageReachable to turn False",
+        )
         assert obj["status"]["phase"] == "Pending"
-        assert (condition(obj, "Ready")["status"], condition(obj, "Ready")["reason"]) == ("False",
-                                                                                          "StorageUnavailable")
+        assert (condition(obj, "Ready")["status"], condition(obj, "Ready")["reason"]) == (
+            "False",
+            "StorageUnavailable",
+        )
         message = condition(obj, "StorageReachable")["message"]
         assert switch.url.split("//")[1] in message, message
         for secret in (engine.s3_access_key_id, engine.s3_secret_access_key):
             assert secret is not None and secret.get_secret_value() not in str(obj)
-        wait_for(lambda: 'reason="StorageUnavailable"' in running.operator.metrics.render().decode(),
-                 "the reconcile error metric")
+        wait_for(
+            lambda: 'reason="StorageUnavailable"' in running.operator.metrics.render().decode(),
+            "the reconcile error metric",
+        )
         assert running.thread.is_alive(), "an outage must not stop the operator"
 
         switch.up()
         wait_for(lambda: ready(kube, "topics", ns, "orders"), "Topic orders to recover", timeout=90)
 
         switch.down()
-        degraded = wait_for(lambda: (o := kube.get("topics", ns, "orders")) and
-                            o["status"].get("phase") == "Degraded" and o, "the refresh to notice the outage")
+        degraded = wait_for(
+            lambda: (o := kube.get("topics", ns, "orders")) and o["status"].get("phase") == "Degraded" and o,
+            "the refresh to notice the outage",
+        )
         assert condition(degraded, "StorageReachable")["status"] == "False"
         switch.up()
-        wait_for(lambda: ready(kube, "topics", ns, "orders") and
-                 kube.get("topics", ns, "orders")["status"]["phase"] == "Ready",  # type: ignore[index]
-                 "Topic orders to be Ready again", timeout=90)
+        wait_for(
+            lambda: (
+                ready(kube, "topics", ns, "orders")
+                and kube.get("topics", ns, "orders")["status"]["phase"] == "Ready"
+            ),  # type: ignore[index]
+            "Topic orders to be Ready again",
+            timeout=90,
+        )
         assert running.thread.is_alive()
     finally:
         running.stop()

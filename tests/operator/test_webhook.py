@@ -28,31 +28,49 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 def pod(annotations: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
     """A pod as the ReplicaSet controller sends it: no name, no namespace yet."""
     return {
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"generateName": "worker-", "labels": {"app": "worker"}, "annotations": annotations or {}},
-        "spec": {"containers": [{"name": "app", "image": "example/worker:1", "ports": [{"containerPort": 8080}]}],
-                 **spec},
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": "worker-",
+            "labels": {"app": "worker"},
+            "annotations": annotations or {},
+        },
+        "spec": {
+            "containers": [{"name": "app", "image": "example/worker:1", "ports": [{"containerPort": 8080}]}],
+            **spec,
+        },
     }
 
 
 def review(port: int, obj: dict[str, Any], namespace: str) -> dict[str, Any]:
     document = {
-        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
         "request": {
             "uid": str(uuid.uuid4()),
             "kind": {"group": "", "version": "v1", "kind": "Pod"},
             "resource": {"group": "", "version": "v1", "resource": "pods"},
             "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
             "requestResource": {"group": "", "version": "v1", "resource": "pods"},
-            "name": "", "namespace": namespace, "operation": "CREATE",
-            "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller",
-                         "groups": ["system:serviceaccounts", "system:authenticated"]},
-            "object": obj, "oldObject": None, "dryRun": False,
+            "name": "",
+            "namespace": namespace,
+            "operation": "CREATE",
+            "userInfo": {
+                "username": "system:serviceaccount:kube-system:replicaset-controller",
+                "groups": ["system:serviceaccounts", "system:authenticated"],
+            },
+            "object": obj,
+            "oldObject": None,
+            "dryRun": False,
             "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
         },
     }
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/inject-sidecar", data=json.dumps(document).encode(),
-                                 headers={"Content-Type": "application/json"}, method="POST")
+    req = urllib.request.Request(
+        f"http://127.0.0.1:{port}/inject-sidecar",
+        data=json.dumps(document).encode(),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
     with urllib.request.urlopen(req, timeout=10) as resp:
         answer = json.loads(resp.read())
     assert answer["kind"] == "AdmissionReview"
@@ -78,8 +96,16 @@ def env_of(container: dict[str, Any]) -> dict[str, Any]:
 def billing(kube: Kube, shared_ns: str, shared_operator: RunningOperator) -> str:
     """A namespace with Topic orders and a push Consumer billing."""
     kube.create(topic(shared_ns, "orders", partitions=2))
-    kube.create(consumer(shared_ns, "billing", topics=["orders"], maxInFlight=50, ordered=True,
-                         delivery={"mode": "push", "push": {"port": 8080, "path": "/jobs", "concurrency": 4}}))
+    kube.create(
+        consumer(
+            shared_ns,
+            "billing",
+            topics=["orders"],
+            maxInFlight=50,
+            ordered=True,
+            delivery={"mode": "push", "push": {"port": 8080, "path": "/jobs", "concurrency": 4}},
+        )
+    )
     wait_for(lambda: ready(kube, "consumers", shared_ns, "billing"), "Consumer billing to be Ready")
     wait_for(lambda: shared_operator.operator.injector is not None, "the injector")
     return shared_ns
@@ -97,14 +123,18 @@ def test_pods_without_the_annotation_pass_untouched(shared_ports: dict[str, int]
 def test_native_sidecar_injection_from_the_consumer(
     shared_ports: dict[str, int], billing: str, shared_engine: Settings
 ) -> None:
-    original = pod({"bucketq.io/inject": "true", "bucketq.io/consumer": "billing"},
-                   initContainers=[{"name": "migrate", "image": "example/migrate:1"}])
+    original = pod(
+        {"bucketq.io/inject": "true", "bucketq.io/consumer": "billing"},
+        initContainers=[{"name": "migrate", "image": "example/migrate:1"}],
+    )
     response = review(shared_ports["webhook"], copy.deepcopy(original), billing)
     result = admitted(response, copy.deepcopy(original))
     spec = result["spec"]
     sidecar = spec["initContainers"][0]
     assert sidecar["name"] == "bucketq-sidecar" and sidecar["restartPolicy"] == "Always"
-    assert spec["initContainers"][1]["name"] == "migrate", "the native sidecar starts before other init containers"
+    assert spec["initContainers"][1]["name"] == "migrate", (
+        "the native sidecar starts before other init containers"
+    )
     assert sidecar["image"] == "bucketq:test" and sidecar["command"] == ["bucketq", "sidecar"]
     env = env_of(sidecar)
     assert env["BUCKETQ_SIDECAR_CONSUMER"] == "billing"
@@ -117,7 +147,9 @@ def test_native_sidecar_injection_from_the_consumer(
     assert env["BUCKETQ_POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     assert env["BUCKETQ_S3_BUCKET"] == shared_engine.s3_bucket
     assert env["BUCKETQ_S3_ACCESS_KEY_ID"] == {"secretKeyRef": {"name": "bucketq-s3", "key": "accessKeyId"}}
-    assert env["BUCKETQ_S3_SECRET_ACCESS_KEY"] == {"secretKeyRef": {"name": "bucketq-s3", "key": "secretAccessKey"}}
+    assert env["BUCKETQ_S3_SECRET_ACCESS_KEY"] == {
+        "secretKeyRef": {"name": "bucketq-s3", "key": "secretAccessKey"}
+    }
     assert sidecar["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert sidecar["livenessProbe"]["httpGet"]["path"] == "/healthz"
     security = sidecar["securityContext"]
@@ -129,38 +161,58 @@ def test_native_sidecar_injection_from_the_consumer(
     assert env_of(spec["containers"][0])["BUCKETQ_SIDECAR_URL"] == "http://127.0.0.1:3500"
     text = json.dumps(result)
     for secret in (shared_engine.s3_access_key_id, shared_engine.s3_secret_access_key):
-        assert secret is not None and secret.get_secret_value() not in text, "credentials must not be in the pod"
+        assert secret is not None and secret.get_secret_value() not in text, (
+            "credentials must not be in the pod"
+        )
 
     again = review(shared_ports["webhook"], copy.deepcopy(result), billing)
     assert again["allowed"] is True and "patch" not in again, "injecting twice is a no-op"
 
 
 def test_regular_container_fallback_and_overrides(shared_ports: dict[str, int], billing: str) -> None:
-    original = pod({
-        "bucketq.io/inject": "true", "bucketq.io/consumer": "billing", "bucketq.io/native-sidecar": "false",
-        "bucketq.io/delivery": "pull", "bucketq.io/s3-secret": "team-a-s3",
-        "bucketq.io/sidecar-cpu-limit": "500m", "bucketq.io/sidecar-memory-request": "128Mi",
-        "prometheus.io/scrape": "false",
-    })
-    result = admitted(review(shared_ports["webhook"], copy.deepcopy(original), billing), copy.deepcopy(original))
+    original = pod(
+        {
+            "bucketq.io/inject": "true",
+            "bucketq.io/consumer": "billing",
+            "bucketq.io/native-sidecar": "false",
+            "bucketq.io/delivery": "pull",
+            "bucketq.io/s3-secret": "team-a-s3",
+            "bucketq.io/sidecar-cpu-limit": "500m",
+            "bucketq.io/sidecar-memory-request": "128Mi",
+            "prometheus.io/scrape": "false",
+        }
+    )
+    result = admitted(
+        review(shared_ports["webhook"], copy.deepcopy(original), billing), copy.deepcopy(original)
+    )
     assert "initContainers" not in result["spec"]
     app, sidecar = result["spec"]["containers"]
     assert app["name"] == "app" and sidecar["name"] == "bucketq-sidecar" and "restartPolicy" not in sidecar
-    assert sidecar["resources"] == {"requests": {"cpu": "50m", "memory": "128Mi"},
-                                    "limits": {"cpu": "500m", "memory": "256Mi"}}
+    assert sidecar["resources"] == {
+        "requests": {"cpu": "50m", "memory": "128Mi"},
+        "limits": {"cpu": "500m", "memory": "256Mi"},
+    }
     env = env_of(sidecar)
     assert env["BUCKETQ_SIDECAR_DELIVERY"] == "pull"
     assert env["BUCKETQ_S3_ACCESS_KEY_ID"]["secretKeyRef"]["name"] == "team-a-s3"
-    assert result["metadata"]["annotations"]["prometheus.io/scrape"] == "false", "the app's own setting is kept"
+    assert result["metadata"]["annotations"]["prometheus.io/scrape"] == "false", (
+        "the app's own setting is kept"
+    )
 
 
-@pytest.mark.parametrize(("annotations", "message"), [
-    ({"bucketq.io/consumer": "nobody"}, "Consumer 'nobody' does not exist in namespace"),
-    ({"bucketq.io/consumer": "billing", "bucketq.io/app-port": "http"}, "is not a port number"),
-    ({"bucketq.io/consumer": "billing", "bucketq.io/topics": "orders,refunds"}, "refunds"),
-    ({"bucketq.io/consumer": "billing", "bucketq.io/sidecar-cpu-limit": "lots"}, "not a Kubernetes quantity"),
-    ({"bucketq.io/delivery": "push"}, "push delivery needs bucketq.io/consumer"),
-])
+@pytest.mark.parametrize(
+    ("annotations", "message"),
+    [
+        ({"bucketq.io/consumer": "nobody"}, "Consumer 'nobody' does not exist in namespace"),
+        ({"bucketq.io/consumer": "billing", "bucketq.io/app-port": "http"}, "is not a port number"),
+        ({"bucketq.io/consumer": "billing", "bucketq.io/topics": "orders,refunds"}, "refunds"),
+        (
+            {"bucketq.io/consumer": "billing", "bucketq.io/sidecar-cpu-limit": "lots"},
+            "not a Kubernetes quantity",
+        ),
+        ({"bucketq.io/delivery": "push"}, "push delivery needs bucketq.io/consumer"),
+    ],
+)
 def test_bad_pods_are_rejected_with_a_clear_message(
     shared_ports: dict[str, int], billing: str, annotations: dict[str, str], message: str
 ) -> None:
@@ -182,8 +234,9 @@ def test_warn_mode_admits_a_pod_naming_a_missing_consumer(shared_engine: Setting
     assert env_of(sidecar)["BUCKETQ_SIDECAR_TOPICS"] == "orders"
 
 
-def test_the_example_deployment_gets_its_sidecar(shared_ports: dict[str, int], kube: Kube,
-                                                 shared_ns: str) -> None:
+def test_the_example_deployment_gets_its_sidecar(
+    shared_ports: dict[str, int], kube: Kube, shared_ns: str
+) -> None:
     for path in ("topic.yaml", "deadletterpolicy.yaml", "consumer.yaml"):
         for doc in yaml.safe_load_all((EXAMPLES / path).read_text()):
             doc["metadata"]["namespace"] = shared_ns
@@ -192,7 +245,9 @@ def test_the_example_deployment_gets_its_sidecar(shared_ports: dict[str, int], k
     deployment = yaml.safe_load((EXAMPLES / "worker-deployment.yaml").read_text())
     template = deployment["spec"]["template"]
     original = {"apiVersion": "v1", "kind": "Pod", "metadata": template["metadata"], "spec": template["spec"]}
-    result = admitted(review(shared_ports["webhook"], copy.deepcopy(original), shared_ns), copy.deepcopy(original))
+    result = admitted(
+        review(shared_ports["webhook"], copy.deepcopy(original), shared_ns), copy.deepcopy(original)
+    )
     sidecar = result["spec"]["initContainers"][0]
     assert sidecar["name"] == "bucketq-sidecar"
     assert env_of(sidecar)["BUCKETQ_SIDECAR_CONSUMER"] == "billing"
@@ -208,8 +263,11 @@ def test_tls_webhook_server_with_a_generated_certificate() -> None:
     from bucketq.operator.webhook import webhook_server
 
     (port,) = free_ports(1)
-    server = webhook_server(OperatorSettings(webhook_addr="127.0.0.1", webhook_port=port,
-                                             webhook_host="bucketq-operator.bucketq.svc"))
+    server = webhook_server(
+        OperatorSettings(
+            webhook_addr="127.0.0.1", webhook_port=port, webhook_host="bucketq-operator.bucketq.svc"
+        )
+    )
 
     async def answer(request: dict[str, Any], **_: Any) -> dict[str, Any]:
         return {"seen": request["request"]["namespace"]}
@@ -221,9 +279,15 @@ def test_tls_webhook_server_with_a_generated_certificate() -> None:
             context = ssl.create_default_context(cadata=base64.b64decode(client_config["caBundle"]).decode())
             context.check_hostname = False  # the certificate names the Service, we dial 127.0.0.1
             body = json.dumps({"request": {"namespace": "team-a", "object": {"metadata": {}}}}).encode()
-            req = urllib.request.Request(f"https://127.0.0.1:{port}/inject-sidecar", data=body, method="POST",
-                                         headers={"Content-Type": "application/json"})
-            reply = await asyncio.to_thread(lambda: json.loads(urllib.request.urlopen(req, context=context).read()))
+            req = urllib.request.Request(
+                f"https://127.0.0.1:{port}/inject-sidecar",
+                data=body,
+                method="POST",
+                headers={"Content-Type": "application/json"},
+            )
+            reply = await asyncio.to_thread(
+                lambda: json.loads(urllib.request.urlopen(req, context=context).read())
+            )
             await configs.aclose()
             return dict(client_config), reply
 

@@ -129,8 +129,12 @@ def start_sidecar(
     log_path = workdir / f"{name}.log"
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "bucketq.sidecar"], stdin=subprocess.DEVNULL, stdout=log,
-            stderr=subprocess.STDOUT, env=env, cwd=workdir,
+            [sys.executable, "-m", "bucketq.sidecar"],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=workdir,
         )
     sc = SidecarProc(name, proc, port, metrics_port, log_path, env)
     if wait_ready:

@@ -43,7 +43,12 @@ def test_yaml_env_and_overrides(clean_env: pytest.MonkeyPatch, tmp_path: Path) -
     cfg = load_config(overrides={"listen_port": 3999, "delivery": None})
     sc, engine = cfg.sidecar, cfg.engine
     assert (sc.consumer, sc.topics, sc.delivery) == ("billing", ["orders", "refunds"], "push")
-    assert (sc.app_port, sc.listen_port, sc.listen_host, sc.visibility_timeout_s) == (9000, 3999, "127.0.0.1", 12)
+    assert (sc.app_port, sc.listen_port, sc.listen_host, sc.visibility_timeout_s) == (
+        9000,
+        3999,
+        "127.0.0.1",
+        12,
+    )
     assert sc.app_url == "http://127.0.0.1:9000/bucketq"
     assert (engine.s3_bucket, engine.s3_endpoint_url) == ("from-file", "http://minio:9000")
     assert (engine.producer.linger_ms, engine.producer.max_batch_messages) == (3, 500)
@@ -56,7 +61,11 @@ def test_env_only_with_comma_separated_topics(clean_env: pytest.MonkeyPatch) -> 
     clean_env.setenv("BUCKETQ_SIDECAR_LOG_LEVEL", "debug")
     cfg = load_config()
     assert cfg.sidecar.topics == ["a", "b"] and cfg.sidecar.log_level == "DEBUG"
-    assert (cfg.sidecar.listen_host, cfg.sidecar.listen_port, cfg.sidecar.delivery) == ("127.0.0.1", 3500, "pull")
+    assert (cfg.sidecar.listen_host, cfg.sidecar.listen_port, cfg.sidecar.delivery) == (
+        "127.0.0.1",
+        3500,
+        "pull",
+    )
 
 
 @pytest.mark.parametrize(
@@ -64,8 +73,14 @@ def test_env_only_with_comma_separated_topics(clean_env: pytest.MonkeyPatch) -> 
     [
         ({"BUCKETQ_SIDECAR_CONSUMER": "c"}, "needs topics"),
         ({"BUCKETQ_SIDECAR_TOPICS": "t"}, "need a consumer"),
-        ({"BUCKETQ_SIDECAR_CONSUMER": "c", "BUCKETQ_SIDECAR_TOPICS": "t", "BUCKETQ_SIDECAR_DELIVERY": "push"},
-         "app's port"),
+        (
+            {
+                "BUCKETQ_SIDECAR_CONSUMER": "c",
+                "BUCKETQ_SIDECAR_TOPICS": "t",
+                "BUCKETQ_SIDECAR_DELIVERY": "push",
+            },
+            "app's port",
+        ),
         ({"BUCKETQ_SIDECAR_DELIVERY": "carrier-pigeon"}, "delivery"),
         ({"BUCKETQ_SIDECAR_LISTEN_PORT": "99999"}, "listen_port"),
         ({"BUCKETQ_SIDECAR_CONSUMER": "Bad_Name", "BUCKETQ_SIDECAR_TOPICS": "t"}, "invalid consumer name"),
@@ -73,7 +88,9 @@ def test_env_only_with_comma_separated_topics(clean_env: pytest.MonkeyPatch) -> 
         ({"BUCKETQ_SIDECAR_COLOUR": "red"}, None),  # unknown env vars are ignored, like the engine's
     ],
 )
-def test_invalid_settings_are_named(clean_env: pytest.MonkeyPatch, env: dict[str, str], problem: str | None) -> None:
+def test_invalid_settings_are_named(
+    clean_env: pytest.MonkeyPatch, env: dict[str, str], problem: str | None
+) -> None:
     clean_env.setenv("BUCKETQ_S3_BUCKET", "q")
     for name, value in env.items():
         clean_env.setenv(name, value)

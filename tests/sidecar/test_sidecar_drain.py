@@ -19,7 +19,12 @@ pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 async def test_sigterm_drain_loses_nothing(moto_settings: Settings, sidecars: SidecarFactory) -> None:
     await create_topics(moto_settings, "drain")
     a = sidecars(
-        moto_settings, "a", consumer="d", topics="drain", max_in_flight=50, drain_grace_s=20,
+        moto_settings,
+        "a",
+        consumer="d",
+        topics="drain",
+        max_in_flight=50,
+        drain_grace_s=20,
         visibility_timeout_s=4,  # bounds the wait if prefetched leases were not released
         BUCKETQ_PRODUCER__LINGER_MS=1500,  # keeps the last publish pending when SIGTERM arrives
     )
@@ -33,9 +38,13 @@ async def test_sigterm_drain_loses_nothing(moto_settings: Settings, sidecars: Si
         while len(held) < 5:
             assert time.monotonic() < deadline, f"pulled {len(held)} of 5 within 20s"
             held += await client.pull(max_messages=5 - len(held), wait=1)
-        await aeventually(lambda: a.status()["leases_held"] >= 50, 20, "sidecar a to prefetch up to max_in_flight")
+        await aeventually(
+            lambda: a.status()["leases_held"] >= 50, 20, "sidecar a to prefetch up to max_in_flight"
+        )
 
-        in_flight = asyncio.create_task(client.publish_batch("drain", [message({"late": i}) for i in range(10)]))
+        in_flight = asyncio.create_task(
+            client.publish_batch("drain", [message({"late": i}) for i in range(10)])
+        )
         await aeventually(lambda: a.status()["publish_pending"] == 10, 10, "the late batch to be pending")
         a.signal(signal.SIGTERM)
         await aeventually(lambda: a.status()["state"] == "draining", 10, "sidecar a to start draining")
@@ -58,7 +67,9 @@ async def test_sigterm_drain_loses_nothing(moto_settings: Settings, sidecars: Si
     async with b.aclient() as client:
         deadline = time.monotonic() + 30
         while len(rest) < len(published) - len(held):
-            assert time.monotonic() < deadline, f"b got {len(rest)} of {len(published) - len(held)} within 30s"
+            assert time.monotonic() < deadline, (
+                f"b got {len(rest)} of {len(published) - len(held)} within 30s"
+            )
             msgs = await client.pull(max_messages=100, wait=1)
             rest.update({m.id: m for m in msgs})
             if msgs:

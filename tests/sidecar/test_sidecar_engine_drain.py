@@ -13,13 +13,17 @@ SLOW_PUT_S = 0.05  # an S3 PUT takes tens of ms; the in-memory store answers at 
 class SlowPutStore(MemoryStore):
     """The in-memory store with S3-like write latency."""
 
-    async def put(self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None) -> str:
+    async def put(
+        self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None
+    ) -> str:
         await asyncio.sleep(SLOW_PUT_S)
         return await super().put(key, data, if_none_match=if_none_match, if_match=if_match)
 
 
 def _bq() -> Bucketq:
-    return Bucketq(Settings.from_dict({"backend": "memory", "strategy": "conditional_write"}), store=SlowPutStore())
+    return Bucketq(
+        Settings.from_dict({"backend": "memory", "strategy": "conditional_write"}), store=SlowPutStore()
+    )
 
 
 async def test_close_releases_prefetched_messages_uncounted() -> None:

@@ -29,11 +29,17 @@ from bucketq.config import Settings
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 
 
-def raw(sc: SidecarProc, path: str, body: bytes | None, content_type: str = "application/json",
-        headers: dict[str, str] | None = None) -> tuple[int, dict[str, Any], dict[str, str]]:
+def raw(
+    sc: SidecarProc,
+    path: str,
+    body: bytes | None,
+    content_type: str = "application/json",
+    headers: dict[str, str] | None = None,
+) -> tuple[int, dict[str, Any], dict[str, str]]:
     """POST raw bytes; returns (status, JSON body, headers)."""
-    req = urllib.request.Request(sc.url + path, data=body, method="POST",
-                                 headers={"Content-Type": content_type, **(headers or {})})
+    req = urllib.request.Request(
+        sc.url + path, data=body, method="POST", headers={"Content-Type": content_type, **(headers or {})}
+    )
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
             return resp.status, json.loads(resp.read()), dict(resp.headers)
@@ -51,10 +57,13 @@ def pull_n(sc: SidecarProc, n: int, timeout: float = 20) -> list[DeliveredMessag
     return got
 
 
-async def test_bad_requests_are_4xx_and_change_nothing(moto_settings: Settings, sidecars: SidecarFactory) -> None:
+async def test_bad_requests_are_4xx_and_change_nothing(
+    moto_settings: Settings, sidecars: SidecarFactory
+) -> None:
     await create_topics(moto_settings, "small", max_message_bytes=1024)
-    sc = sidecars(moto_settings, "errors", consumer="c", topics="small", max_body_bytes=65536,
-                  visibility_timeout_s=1.5)
+    sc = sidecars(
+        moto_settings, "errors", consumer="c", topics="small", max_body_bytes=65536, visibility_timeout_s=1.5
+    )
 
     cases = [
         ("/v1/publish/small", b'{"payload": ', "application/json", 400, "malformed_json"),
@@ -62,24 +71,50 @@ async def test_bad_requests_are_4xx_and_change_nothing(moto_settings: Settings, 
         ("/v1/publish/small", b'{"key": "k"}', "application/json", 400, "invalid_request"),
         ("/v1/publish/small", b'{"payload": 1, "colour": "red"}', "application/json", 400, "invalid_request"),
         ("/v1/publish/small", b'{"data_b64": "@@@"}', "application/json", 400, "invalid_request"),
-        ("/v1/publish/small", b'{"payload": 1, "priority": "high"}', "application/json", 400, "invalid_request"),
+        (
+            "/v1/publish/small",
+            b'{"payload": 1, "priority": "high"}',
+            "application/json",
+            400,
+            "invalid_request",
+        ),
         ("/v1/publish/small", b'{"payload": 1}', "text/plain", 415, "unsupported_media_type"),
         ("/v1/publish/Not_A_Topic", b'{"payload": 1}', "application/json", 400, "invalid_name"),
         ("/v1/publish/ghost", b'{"payload": 1}', "application/json", 404, "topic_not_found"),
-        ("/v1/publish/small", json.dumps({"payload": "x" * 2000}).encode(), "application/json", 413,
-         "message_too_large"),
-        ("/v1/publish/small", json.dumps({"payload": "x" * 100_000}).encode(), "application/json", 413,
-         "body_too_large"),
+        (
+            "/v1/publish/small",
+            json.dumps({"payload": "x" * 2000}).encode(),
+            "application/json",
+            413,
+            "message_too_large",
+        ),
+        (
+            "/v1/publish/small",
+            json.dumps({"payload": "x" * 100_000}).encode(),
+            "application/json",
+            413,
+            "body_too_large",
+        ),
         ("/v1/publish/small/batch", b'{"messages": []}', "application/json", 400, "invalid_request"),
-        ("/v1/publish/small/batch", json.dumps({"messages": [{"payload": 1}, {"payload": "x" * 2000}]}).encode(),
-         "application/json", 413, "message_too_large"),
+        (
+            "/v1/publish/small/batch",
+            json.dumps({"messages": [{"payload": 1}, {"payload": "x" * 2000}]}).encode(),
+            "application/json",
+            413,
+            "message_too_large",
+        ),
         ("/v1/pull", b'{"max_messages": 0}', "application/json", 400, "invalid_request"),
         ("/v1/pull", b'{"max_messages": 100000}', "application/json", 400, "invalid_request"),
         ("/v1/ack", b"{}", "application/json", 400, "invalid_request"),
         ("/v1/ack", b'{"receipt": "garbage"}', "application/json", 400, "invalid_receipt"),
         ("/v1/ack", b'{"receipt": "other:0:0:0:abc"}', "application/json", 400, "invalid_receipt"),
-        ("/v1/extend", b'{"receipt": "small:0:0:0:abc", "seconds": -1}', "application/json", 400,
-         "invalid_request"),
+        (
+            "/v1/extend",
+            b'{"receipt": "small:0:0:0:abc", "seconds": -1}',
+            "application/json",
+            400,
+            "invalid_request",
+        ),
         ("/v1/nothing", b"{}", "application/json", 404, "not_found"),
     ]
     for path, body, ctype, status, code in cases:
@@ -137,8 +172,11 @@ async def test_full_publish_buffer_answers_429(moto_settings: Settings, sidecars
         with sc.client() as client, pytest.raises(BusyError) as busy:
             client.publish("busy", "again")
         assert busy.value.retry_after == 1.0
-        status, body, _ = raw(sc, "/v1/publish/busy/batch",
-                              json.dumps({"messages": [{"payload": i} for i in range(6)]}).encode())
+        status, body, _ = raw(
+            sc,
+            "/v1/publish/busy/batch",
+            json.dumps({"messages": [{"payload": i} for i in range(6)]}).encode(),
+        )
         assert (status, body["error"]) == (413, "batch_too_large"), body
     finally:
         filler.join(timeout=30)
@@ -202,7 +240,9 @@ async def test_topic_deleted_while_publishing_is_never_acknowledged(
         assert all(t < purged_at for t in acknowledged_at), "a publish was acknowledged after the purge"
         assert left and all(k.endswith("/floor.json") for k in left), left
         with sc.client() as client, pytest.raises(TopicNotFoundError):
-            eventually(lambda: client.pull(max_messages=1, wait=0.2) and None, 30, "pull to report the deletion")
+            eventually(
+                lambda: client.pull(max_messages=1, wait=0.2) and None, 30, "pull to report the deletion"
+            )
         status, body, _ = raw_get(sc, "/readyz")
         assert status == 503 and "deleted" in body["reason"]
     finally:

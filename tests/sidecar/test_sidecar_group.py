@@ -47,7 +47,12 @@ async def test_two_sidecars_share_the_work_without_duplicates(
     await create_topics(moto_settings, "events", partitions=8)
     # a member takes over another's waiting messages after steal_after_s: even if rendezvous hashing
     # gave one member every partition, both get work
-    opts = {"consumer": "proc", "topics": "events", "max_in_flight": 20, "BUCKETQ_CONSUMER__STEAL_AFTER_S": 0.2}
+    opts = {
+        "consumer": "proc",
+        "topics": "events",
+        "max_in_flight": 20,
+        "BUCKETQ_CONSUMER__STEAL_AFTER_S": 0.2,
+    }
     a = sidecars(moto_settings, "a", **opts)
     b = sidecars(moto_settings, "b", **opts)
     published = await _publish(a, "events", 200) | await _publish(b, "events", 200, start=200)

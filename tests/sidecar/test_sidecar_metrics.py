@@ -16,12 +16,24 @@ from bucketq.config import Settings
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 
 EXPECTED = {
-    "bucketq_messages_published", "bucketq_messages_delivered", "bucketq_messages_acked",
-    "bucketq_messages_nacked", "bucketq_messages_dead_lettered", "bucketq_messages_redelivered",
-    "bucketq_lease_lost", "bucketq_commit_batch_size", "bucketq_commit_duration_seconds",
-    "bucketq_commit_conflicts", "bucketq_commit_rebases", "bucketq_s3_requests",
-    "bucketq_s3_request_duration_seconds", "bucketq_leases_held", "bucketq_publish_buffer_depth",
-    "bucketq_push_duration_seconds", "bucketq_push_deliveries", "bucketq_sidecar_ready",
+    "bucketq_messages_published",
+    "bucketq_messages_delivered",
+    "bucketq_messages_acked",
+    "bucketq_messages_nacked",
+    "bucketq_messages_dead_lettered",
+    "bucketq_messages_redelivered",
+    "bucketq_lease_lost",
+    "bucketq_commit_batch_size",
+    "bucketq_commit_duration_seconds",
+    "bucketq_commit_conflicts",
+    "bucketq_commit_rebases",
+    "bucketq_s3_requests",
+    "bucketq_s3_request_duration_seconds",
+    "bucketq_leases_held",
+    "bucketq_publish_buffer_depth",
+    "bucketq_push_duration_seconds",
+    "bucketq_push_deliveries",
+    "bucketq_sidecar_ready",
 }
 
 
@@ -45,7 +57,9 @@ async def test_metrics_parse_and_pass_promtool(moto_settings: Settings, sidecars
     families = {f.name: f for f in text_string_to_metric_families(text)}
     assert set(families) >= EXPECTED, f"missing: {sorted(EXPECTED - set(families))}"
 
-    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples}
+    samples = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value for f in families.values() for s in f.samples
+    }
     assert samples[("bucketq_messages_published_total", (("topic", "metered"),))] == 20
     assert samples[("bucketq_sidecar_ready", ())] == 1
     assert samples[("bucketq_publish_buffer_depth", ())] == 0
@@ -58,5 +72,7 @@ async def test_metrics_parse_and_pass_promtool(moto_settings: Settings, sidecars
     promtool = shutil.which("promtool")
     if promtool is None:
         pytest.skip("promtool not installed (Debian package 'prometheus'; `make tools` installs it)")
-    checked = subprocess.run([promtool, "check", "metrics"], input=text.encode(), capture_output=True, timeout=30)
+    checked = subprocess.run(
+        [promtool, "check", "metrics"], input=text.encode(), capture_output=True, timeout=30
+    )
     assert checked.returncode == 0, checked.stdout.decode() + checked.stderr.decode()

@@ -25,7 +25,8 @@ async def test_spec_paths_match_the_server_routes() -> None:
     app = build_api_app(Sidecar(config).api, token=None)
     served = {
         (route.method.lower(), route.resource.canonical)
-        for route in app.router.routes() if route.resource is not None and route.method != "HEAD"
+        for route in app.router.routes()
+        if route.resource is not None and route.method != "HEAD"
     }
     spec = yaml.safe_load(SPEC.read_text())
     documented = {(method, path) for path, ops in spec["paths"].items() for method in ops}

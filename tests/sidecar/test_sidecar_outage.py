@@ -30,8 +30,15 @@ async def test_s3_outage_503_then_recovery(moto_server: S3Server, sidecars: Side
     with TcpProxy(target.hostname or "127.0.0.1", target.port or 80) as proxy:
         settings = moto_server.settings(s3_endpoint_url=proxy.url, s3_max_attempts=1)
         await create_topics(settings, "outage")
-        sc = sidecars(settings, "outage", consumer="c", topics="outage", publish_timeout_s=2, settle_timeout_s=2,
-                      s3_stall_s=2)
+        sc = sidecars(
+            settings,
+            "outage",
+            consumer="c",
+            topics="outage",
+            publish_timeout_s=2,
+            settle_timeout_s=2,
+            s3_stall_s=2,
+        )
         with sc.client() as client:
             before = client.publish("outage", {"n": 1})
             (held,) = eventually(lambda: client.pull(max_messages=1, wait=1), 20, "the first message")

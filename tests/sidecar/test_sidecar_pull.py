@@ -40,7 +40,10 @@ async def test_pull_end_to_end(s3_backend: Settings, sidecars: SidecarFactory) -
 
         first = got[single.id]
         assert (first.payload, first.key, first.headers, first.deliveries) == (
-            {"n": 0}, "customer-7", {"trace": "abc"}, 1,
+            {"n": 0},
+            "customer-7",
+            {"trace": "abc"},
+            1,
         )
         raw = [m for m in got.values() if m.data_b64 is not None]
         assert len(raw) == 1 and raw[0].data() == b"\x00\x01raw"

@@ -28,7 +28,8 @@ def test_interpret_answers() -> None:
     assert interpret(404, b"", ids) == {"a": "DROP", "b": "DROP"}
     assert interpret(500, b'{"status": "SUCCESS"}', ids) == {"a": "RETRY", "b": "RETRY"}
     assert interpret(200, b'{"statuses": [{"id": "a", "status": "SUCCESS"}]}', ids) == {
-        "a": "SUCCESS", "b": "RETRY",
+        "a": "SUCCESS",
+        "b": "RETRY",
     }
 
 
@@ -51,8 +52,15 @@ async def test_push_success_retry_drop_and_lease_extension(
 
     async with PushServer(handle, port=0) as app:
         sc = sidecars(
-            moto_settings, "push", consumer="mailer", topics="mail", delivery="push", app_port=app.port,
-            push_concurrency=4, push_retry_delay_s=0, visibility_timeout_s=3.0,
+            moto_settings,
+            "push",
+            consumer="mailer",
+            topics="mail",
+            delivery="push",
+            app_port=app.port,
+            push_concurrency=4,
+            push_retry_delay_s=0,
+            visibility_timeout_s=3.0,
         )
         async with sc.aclient() as client:
             kinds = ["ok", "ok", "ok", "retry-once", "boom", "drop", "slow"]
@@ -79,7 +87,9 @@ async def test_push_success_retry_drop_and_lease_extension(
         await dlq.close()
 
 
-async def test_batch_push_with_per_message_statuses(moto_settings: Settings, sidecars: SidecarFactory) -> None:
+async def test_batch_push_with_per_message_statuses(
+    moto_settings: Settings, sidecars: SidecarFactory
+) -> None:
     await create_topics(moto_settings, "bulk")
     batches: list[int] = []
     deliveries: dict[int, list[int]] = defaultdict(list)
@@ -91,7 +101,9 @@ async def test_batch_push_with_per_message_statuses(moto_settings: Settings, sid
         for m in body["messages"]:
             n = m["payload"]["n"]
             deliveries[n].append(m["deliveries"])
-            statuses.append({"id": m["id"], "status": "RETRY" if n % 5 == 0 and m["deliveries"] == 1 else "SUCCESS"})
+            statuses.append(
+                {"id": m["id"], "status": "RETRY" if n % 5 == 0 and m["deliveries"] == 1 else "SUCCESS"}
+            )
         return web.json_response({"statuses": statuses})
 
     app = web.Application()
@@ -103,8 +115,16 @@ async def test_batch_push_with_per_message_statuses(moto_settings: Settings, sid
     port = runner.addresses[0][1]
     try:
         sc = sidecars(
-            moto_settings, "bulk", consumer="bulk", topics="bulk", delivery="push", app_port=port,
-            app_path="events", push_batch_size=10, push_concurrency=2, push_retry_delay_s=0,
+            moto_settings,
+            "bulk",
+            consumer="bulk",
+            topics="bulk",
+            delivery="push",
+            app_port=port,
+            app_path="events",
+            push_batch_size=10,
+            push_concurrency=2,
+            push_retry_delay_s=0,
         )
         async with sc.aclient() as client:
             await client.publish_batch("bulk", [message({"n": i}) for i in range(40)])
@@ -116,7 +136,9 @@ async def test_batch_push_with_per_message_statuses(moto_settings: Settings, sid
     assert max(batches) > 1, f"messages were not batched: {batches}"
 
 
-async def test_sigterm_lets_open_push_requests_finish(moto_settings: Settings, sidecars: SidecarFactory) -> None:
+async def test_sigterm_lets_open_push_requests_finish(
+    moto_settings: Settings, sidecars: SidecarFactory
+) -> None:
     await create_topics(moto_settings, "slow")
     started = asyncio.Event()
     finished: list[str] = []
@@ -128,8 +150,16 @@ async def test_sigterm_lets_open_push_requests_finish(moto_settings: Settings, s
         return "SUCCESS"
 
     async with PushServer(handle, port=0) as app:
-        sc = sidecars(moto_settings, "slow", consumer="s", topics="slow", delivery="push", app_port=app.port,
-                      push_concurrency=1, drain_grace_s=20)
+        sc = sidecars(
+            moto_settings,
+            "slow",
+            consumer="s",
+            topics="slow",
+            delivery="push",
+            app_port=app.port,
+            push_concurrency=1,
+            drain_grace_s=20,
+        )
         async with sc.aclient() as client:
             first = await client.publish("slow", {"n": 1})
             await client.publish("slow", {"n": 2})

@@ -48,7 +48,9 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--start", type=int, default=0, help="first seed (default 0)")
     ap.add_argument("--seed", type=int, help="run this one seed only (verbose)")
     ap.add_argument("--family", help="force a scenario family (see tests/sim/schedule.py FAMILIES)")
-    ap.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: all cores)")
+    ap.add_argument(
+        "--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: all cores)"
+    )
     ap.add_argument("--json", action="store_true", help="print one JSON summary instead of text")
     ap.add_argument("--history", help="with --seed: write the history (JSON lines) to this file")
     ap.add_argument("--engine", help="import bucketq from this directory (e.g. a baseline worktree)")
@@ -127,32 +129,51 @@ def main(argv: list[str] | None = None) -> int:
         for flaw in s.get("flaws", []):
             first_by_flaw.setdefault(flaw, s["seed"])
     if args.json:
-        print(json.dumps({
-            "engine": engine_note, "schedules": len(summaries), "seconds": round(elapsed, 2),
-            "schedules_per_s": round(len(summaries) / elapsed, 2), "failures": len(failures),
-            "failing_seeds": [s["seed"] for s in failures], "by_invariant": dict(by_invariant),
-            "first_seed_by_flaw": first_by_flaw,
-            "families": dict(families), "injected": dict(injected), "coverage": dict(covered),
-            "runs": summaries if args.seed is not None else [s for s in summaries if not s["ok"]],
-        }, indent=1))
+        print(
+            json.dumps(
+                {
+                    "engine": engine_note,
+                    "schedules": len(summaries),
+                    "seconds": round(elapsed, 2),
+                    "schedules_per_s": round(len(summaries) / elapsed, 2),
+                    "failures": len(failures),
+                    "failing_seeds": [s["seed"] for s in failures],
+                    "by_invariant": dict(by_invariant),
+                    "first_seed_by_flaw": first_by_flaw,
+                    "families": dict(families),
+                    "injected": dict(injected),
+                    "coverage": dict(covered),
+                    "runs": summaries if args.seed is not None else [s for s in summaries if not s["ok"]],
+                },
+                indent=1,
+            )
+        )
         return 1 if failures else 0
     print(f"engine: {engine_note}")
-    print(f"{len(summaries)} schedules in {elapsed:.1f}s ({len(summaries) / elapsed:.1f} schedules/s), "
-          f"{sum(s['virtual_s'] for s in summaries) / 3600:.1f} virtual hours")
+    print(
+        f"{len(summaries)} schedules in {elapsed:.1f}s ({len(summaries) / elapsed:.1f} schedules/s), "
+        f"{sum(s['virtual_s'] for s in summaries) / 3600:.1f} virtual hours"
+    )
     print("families: " + ", ".join(f"{k} {v}" for k, v in sorted(families.items())))
     print("faults injected: " + (", ".join(f"{k} {v}" for k, v in sorted(injected.items())) or "none"))
     print("covered: " + ", ".join(f"{label} {covered[key]}" for key, label in COVERAGE_KEYS.items()))
     if not failures:
         print("all invariants held")
         return 0
-    print(f"\n{len(failures)} failing schedule(s); by invariant: "
-          + ", ".join(f"{k} {v}" for k, v in by_invariant.most_common()))
-    print("first failing seed by flaw class (triage): "
-          + ", ".join(f"{k} {v}" for k, v in sorted(first_by_flaw.items())))
+    print(
+        f"\n{len(failures)} failing schedule(s); by invariant: "
+        + ", ".join(f"{k} {v}" for k, v in by_invariant.most_common())
+    )
+    print(
+        "first failing seed by flaw class (triage): "
+        + ", ".join(f"{k} {v}" for k, v in sorted(first_by_flaw.items()))
+    )
     for s in failures:
-        print(f"\nseed {s['seed']} ({s['family']}): "
-              + (", ".join(sorted({v['invariant'] for v in s['violations']})) or "simulator error")
-              + (f"  [looks like: {', '.join(s['flaws'])}]" if s.get("flaws") else ""))
+        print(
+            f"\nseed {s['seed']} ({s['family']}): "
+            + (", ".join(sorted({v["invariant"] for v in s["violations"]})) or "simulator error")
+            + (f"  [looks like: {', '.join(s['flaws'])}]" if s.get("flaws") else "")
+        )
         if s["error"]:
             print("  " + s["error"].replace("\n", "\n  "))
         for v in s["violations"][: args.show]:

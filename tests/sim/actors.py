@@ -48,13 +48,19 @@ class Sim:
         self.rng = random.Random(f"actors/{schedule.seed}")
         self.quiescing = False
         self.roles: list[Role] = []
-        self.settings = Settings.from_dict({
-            "backend": "memory", "strategy": "conditional_write",
-            "consumer": schedule.consumer, "producer": schedule.producer,
-        })
+        self.settings = Settings.from_dict(
+            {
+                "backend": "memory",
+                "strategy": "conditional_write",
+                "consumer": schedule.consumer,
+                "producer": schedule.producer,
+            }
+        )
 
     def skew(self) -> float:
-        return self.rng.uniform(-self.schedule.skew / 2, self.schedule.skew / 2) if self.schedule.skew else 0.0
+        return (
+            self.rng.uniform(-self.schedule.skew / 2, self.schedule.skew / 2) if self.schedule.skew else 0.0
+        )
 
     async def connect(self, settings: Settings | None = None) -> Bucketq:
         bq = Bucketq(settings or self.settings, store=self.store)
@@ -116,8 +122,9 @@ class Role:
             return
         self.running = True
         self.incarnation += 1
-        proc = self.sim.procs.new(f"{self.name}#{self.incarnation}", self.kind, skew=self.sim.skew(),
-                                  faultable=self.faultable)
+        proc = self.sim.procs.new(
+            f"{self.name}#{self.incarnation}", self.kind, skew=self.sim.skew(), faultable=self.faultable
+        )
         proc.on_crash = self._crashed
         self.proc = proc
         if self.incarnation > 1:
@@ -132,7 +139,9 @@ class Role:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # the application dies with an unexpected error: its process exits
-            self.sim.history.record("proc_error", proc=proc.name, error=type(exc).__name__, msg=str(exc)[:200])
+            self.sim.history.record(
+                "proc_error", proc=proc.name, error=type(exc).__name__, msg=str(exc)[:200]
+            )
             self.sim.procs.crash(proc)
         finally:
             if proc is self.proc:
@@ -205,7 +214,9 @@ class ProducerRole(Role):
 
     async def run(self, proc: SimProcess) -> None:
         sim, p = self.sim, self.plan
-        settings = sim.settings.model_copy(update={"producer": sim.settings.producer.model_copy(update=p.settings)})
+        settings = sim.settings.model_copy(
+            update={"producer": sim.settings.producer.model_copy(update=p.settings)}
+        )
         bq = await self.setup(proc, lambda: sim.connect(settings))
         producer = await self.setup(proc, lambda: bq.register_producer(p.name))
         # an upstream hands again what the previous incarnation had not seen acknowledged
@@ -231,19 +242,33 @@ class ProducerRole(Role):
         await asyncio.gather(*tasks, return_exceptions=True)
         self.finished = True
 
-    async def _publish(self, proc: SimProcess, producer: Any, msg: dict[str, Any], slots: asyncio.Semaphore) -> None:
+    async def _publish(
+        self, proc: SimProcess, producer: Any, msg: dict[str, Any], slots: asyncio.Semaphore
+    ) -> None:
         sim, p = self.sim, self.plan
         self.inflight[msg["tag"]] = msg
         msg["tries"] += 1
         ok = False
         try:
             await sim.invoke(
-                proc, "publish",
-                lambda: producer.publish(p.topic, msg["tag"], key=msg["key"], dedup_id=msg["dedup_id"],
-                                         delay=msg["delay"]),
-                lambda r: {"partition": r.partition, "seq": r.seq, "index": r.index, "offset": r.offset,
-                           "id": r.id, "duplicate": r.duplicate},
-                topic=p.topic, tag=msg["tag"], key=msg["key"], dedup_id=msg["dedup_id"], delay=msg["delay"],
+                proc,
+                "publish",
+                lambda: producer.publish(
+                    p.topic, msg["tag"], key=msg["key"], dedup_id=msg["dedup_id"], delay=msg["delay"]
+                ),
+                lambda r: {
+                    "partition": r.partition,
+                    "seq": r.seq,
+                    "index": r.index,
+                    "offset": r.offset,
+                    "id": r.id,
+                    "duplicate": r.duplicate,
+                },
+                topic=p.topic,
+                tag=msg["tag"],
+                key=msg["key"],
+                dedup_id=msg["dedup_id"],
+                delay=msg["delay"],
             )
             ok = True
         except BucketqError:
@@ -288,11 +313,16 @@ class MemberRole(Role):
 
         async def join() -> Consumer:
             consumer: Consumer = await sim.invoke(
-                proc, "join",
-                lambda: bq.register_consumer(group.name, group.topic, start_position=group.start_position,
-                                             **overrides),
+                proc,
+                "join",
+                lambda: bq.register_consumer(
+                    group.name, group.topic, start_position=group.start_position, **overrides
+                ),
                 lambda c: {"member": c.member},
-                group=group.name, topic=group.topic, start_position=group.start_position, ordered=group.ordered,
+                group=group.name,
+                topic=group.topic,
+                start_position=group.start_position,
+                ordered=group.ordered,
             )
             return consumer
 
@@ -306,16 +336,22 @@ class MemberRole(Role):
                 # woken from a stop (SIGCONT): the app was not necessarily polling when stopped; it
                 # finishes what it was doing first, while the engine's loops already run again
                 await asyncio.sleep(self.rng.uniform(0.0, 3.0))
-            if self.suspended or (plan.leave is not None and sim.clock.now >= plan.leave and not sim.quiescing
-                                  and not self._rejoined):
+            if self.suspended or (
+                plan.leave is not None
+                and sim.clock.now >= plan.leave
+                and not sim.quiescing
+                and not self._rejoined
+            ):
                 break
             if not self.drain and len(busy) >= plan.concurrency:
                 # the app works on at most `concurrency` messages; the rest waits in the prefetch buffer
                 await asyncio.wait(list(busy), return_when=asyncio.FIRST_COMPLETED)
                 continue
             try:
-                msgs = await consumer.poll(max_messages=plan.poll_max if not self.drain else 100,
-                                           wait=self.rng.uniform(*plan.poll_wait))
+                msgs = await consumer.poll(
+                    max_messages=plan.poll_max if not self.drain else 100,
+                    wait=self.rng.uniform(*plan.poll_wait),
+                )
             except BucketqError as exc:
                 # the consumer is unusable (its loop died): the process exits and is restarted
                 sim.history.record("proc_error", proc=proc.name, error=type(exc).__name__, msg=str(exc)[:200])
@@ -329,7 +365,9 @@ class MemberRole(Role):
                 task.add_done_callback(busy.discard)
         self.left = True
         try:
-            await sim.invoke(proc, "leave", consumer.close, group=group.name, topic=group.topic, member=consumer.member)
+            await sim.invoke(
+                proc, "leave", consumer.close, group=group.name, topic=group.topic, member=consumer.member
+            )
         except BucketqError:
             pass
         self.consumer = None
@@ -357,27 +395,59 @@ class MemberRole(Role):
                 return
             err = t.exception() or getattr(consumer, "_error", None)
             if err is not None:
-                self.sim.history.record("loop_died", proc=proc.name, member=consumer.member,
-                                        error=type(err).__name__, msg=str(err)[:300])
+                self.sim.history.record(
+                    "loop_died",
+                    proc=proc.name,
+                    member=consumer.member,
+                    error=type(err).__name__,
+                    msg=str(err)[:300],
+                )
 
         task.add_done_callback(done)
 
     def _deliver(self, proc: SimProcess, consumer: Consumer, m: Message) -> dict[str, Any]:
         return self.sim.history.record(
-            "deliver", proc=proc.name, member=consumer.member, group=self.group.name, topic=m.topic,
-            partition=m.partition, seq=m.seq, idx=m.index, tag=m.payload, id=m.id, key=m.key, receipt=m.receipt,
-            until=round(m.lease_until, 6), skew=round(proc.skew, 6), deliveries=m.deliveries,
+            "deliver",
+            proc=proc.name,
+            member=consumer.member,
+            group=self.group.name,
+            topic=m.topic,
+            partition=m.partition,
+            seq=m.seq,
+            idx=m.index,
+            tag=m.payload,
+            id=m.id,
+            key=m.key,
+            receipt=m.receipt,
+            until=round(m.lease_until, 6),
+            skew=round(proc.skew, 6),
+            deliveries=m.deliveries,
         )
 
-    async def _handle(self, proc: SimProcess, consumer: Consumer, m: Message, d: dict[str, Any], vt: float) -> None:
+    async def _handle(
+        self, proc: SimProcess, consumer: Consumer, m: Message, d: dict[str, Any], vt: float
+    ) -> None:
         sim, plan, rng = self.sim, self.plan, self.rng
-        ident = {"group": self.group.name, "topic": m.topic, "partition": m.partition, "seq": m.seq,
-                 "idx": m.index, "tag": m.payload, "receipt": m.receipt}
+        ident = {
+            "group": self.group.name,
+            "topic": m.topic,
+            "partition": m.partition,
+            "seq": m.seq,
+            "idx": m.index,
+            "tag": m.payload,
+            "receipt": m.receipt,
+        }
         choice = "ack"
         if not self.drain:
             roll = rng.random() * (plan.ack + plan.nack + plan.extend + plan.slow + plan.drop + plan.dead)
-            for name, weight in (("ack", plan.ack), ("nack", plan.nack), ("extend", plan.extend),
-                                 ("slow", plan.slow), ("drop", plan.drop), ("dead", plan.dead)):
+            for name, weight in (
+                ("ack", plan.ack),
+                ("nack", plan.nack),
+                ("extend", plan.extend),
+                ("slow", plan.slow),
+                ("drop", plan.drop),
+                ("dead", plan.dead),
+            ):
                 if roll < weight:
                     choice = name
                     break
@@ -391,14 +461,26 @@ class MemberRole(Role):
                 await asyncio.sleep(rng.uniform(*plan.work))
             if choice == "extend":
                 await self.gate(proc)
-                await sim.invoke(proc, "extend", lambda: consumer.extend(m.receipt, vt),
-                                 lambda until: {"until": round(float(until), 6)}, seconds=vt, **ident)
+                await sim.invoke(
+                    proc,
+                    "extend",
+                    lambda: consumer.extend(m.receipt, vt),
+                    lambda until: {"until": round(float(until), 6)},
+                    seconds=vt,
+                    **ident,
+                )
                 await asyncio.sleep(rng.uniform(0.0, vt * 0.8))
             await self.gate(proc)
             if choice == "nack":
                 delay = rng.choice([0.0, 0.0, rng.uniform(0.5, 10.0)])
-                await sim.invoke(proc, "nack", lambda: m.nack(requeue=True, delay=delay), requeue=True,
-                                 delay=delay, **ident)
+                await sim.invoke(
+                    proc,
+                    "nack",
+                    lambda: m.nack(requeue=True, delay=delay),
+                    requeue=True,
+                    delay=delay,
+                    **ident,
+                )
             elif choice == "dead":
                 await sim.invoke(proc, "nack", lambda: m.nack(requeue=False), requeue=False, **ident)
             else:
@@ -425,11 +507,15 @@ class GcRole(Role):
         while True:
             # the operator keeps collecting while the system drains, at a calmer pace
             lo, hi = plan.interval
-            await asyncio.sleep(rng.uniform(max(lo, 30.0), max(hi, 60.0)) if sim.quiescing else rng.uniform(lo, hi))
+            await asyncio.sleep(
+                rng.uniform(max(lo, 30.0), max(hi, 60.0)) if sim.quiescing else rng.uniform(lo, hi)
+            )
             await self.gate(proc)
             try:
                 await sim.invoke(
-                    proc, "gc", lambda: bq.collect_garbage(**options),
+                    proc,
+                    "gc",
+                    lambda: bq.collect_garbage(**options),
                     lambda r: {"segments": r.segments, "deltas": r.deltas, "checkpoints": r.checkpoints},
                 )
             except BucketqError:
@@ -471,8 +557,13 @@ class OperatorRole(Role):
         if partitions <= config.partitions:
             return
         new = config.model_copy(update={"partitions": partitions})
-        await self.sim.invoke(proc, "grow", lambda: bq.update_topic(self.topic.name, new), topic=self.topic.name,
-                              partitions=partitions)
+        await self.sim.invoke(
+            proc,
+            "grow",
+            lambda: bq.update_topic(self.topic.name, new),
+            topic=self.topic.name,
+            partitions=partitions,
+        )
 
     async def _churn(self, proc: SimProcess, bq: Bucketq, gap: float) -> None:
         sim, name = self.sim, self.topic.name
@@ -482,8 +573,9 @@ class OperatorRole(Role):
             await asyncio.sleep(0.5)
         await sim.invoke(proc, "delete_topic", lambda: bq.delete_topic(name, purge=True), topic=name)
         await asyncio.sleep(gap)
-        await sim.invoke(proc, "create_topic", lambda: bq.create_topic(name, config=topic_config(self.topic)),
-                         topic=name)
+        await sim.invoke(
+            proc, "create_topic", lambda: bq.create_topic(name, config=topic_config(self.topic)), topic=name
+        )
         for m in self.members:
             m.suspended = False
             if not m.running:
@@ -493,6 +585,7 @@ class OperatorRole(Role):
 
 def topic_config(plan: TopicPlan) -> TopicConfig:
     return TopicConfig(
-        partitions=plan.partitions, retention_seconds=plan.retention_s,
+        partitions=plan.partitions,
+        retention_seconds=plan.retention_s,
         dead_letter=DeadLetterConfig(max_deliveries=plan.max_deliveries),
     )

@@ -162,7 +162,9 @@ class Index:
         """(topic, jobId) -> the job's runs, messages and commits."""
         out: dict[tuple[str, str], Job] = {}
         for call, ret in self.by_op.get("job", []):
-            job = out.setdefault((call["topic"], call["job"]), Job(call["topic"], call["job"], first_call=call["t"]))
+            job = out.setdefault(
+                (call["topic"], call["job"]), Job(call["topic"], call["job"], first_call=call["t"])
+            )
             job.tags.update(call["tags"])
             job.first_call = min(job.first_call, call["t"])
             job.runs.append((call, ret))
@@ -195,15 +197,20 @@ class Index:
         before the store applied the first commit; without a journal, before the first run began)."""
         when = min((e["t"] for e in job.commits), default=job.first_call)
         epoch = self.epoch(job.topic, when, when)
-        return {g for (g, t, e), since in self.subs.items() if t == job.topic and e == epoch and since <= when}
+        return {
+            g for (g, t, e), since in self.subs.items() if t == job.topic and e == epoch and since <= when
+        }
 
     def covering(self, job: Job) -> list[str]:
         """Groups whose subscription surely existed before the job's first run began."""
         epoch = self.epoch(job.topic, job.first_call, job.first_call)
         if epoch is None or not self.final_epoch(job.topic, epoch):
             return []
-        return sorted(g for (g, t, e), since in self.subs.items()
-                      if t == job.topic and e == epoch and since <= job.first_call)
+        return sorted(
+            g
+            for (g, t, e), since in self.subs.items()
+            if t == job.topic and e == epoch and since <= job.first_call
+        )
 
     def ordered_groups(self) -> set[tuple[str, str]]:
         return {(c["group"], c["topic"]) for c, _ in self.by_op.get("join", []) if c.get("ordered")}
@@ -293,7 +300,12 @@ def undelivered(events: list[Event], ix: Index | None = None) -> list[tuple[str,
         if epoch is None or not ix.final_epoch(topic, epoch):
             continue
         for (group, sub_topic, sub_epoch), since in ix.subs.items():
-            if sub_topic == topic and sub_epoch == epoch and since <= began and (group, call["tag"]) not in delivered:
+            if (
+                sub_topic == topic
+                and sub_epoch == epoch
+                and since <= began
+                and (group, call["tag"]) not in delivered
+            ):
                 out.append((group, call, ret))
     return out
 
@@ -310,9 +322,12 @@ def acked_publish_delivered(ix: Index) -> list[Violation]:
     that was later deleted is not required (deletion destroys it).
     """
     return [
-        Violation("acked_publish_delivered",
-                  f"publish {call['tag']} acknowledged at p{ret.get('partition')}/seg {ret.get('seq')}/{ret.get('index')} "
-                  f"was never delivered to group {group}", [call, ret])
+        Violation(
+            "acked_publish_delivered",
+            f"publish {call['tag']} acknowledged at p{ret.get('partition')}/seg {ret.get('seq')}/{ret.get('index')} "
+            f"was never delivered to group {group}",
+            [call, ret],
+        )
         for group, call, ret in undelivered(ix.events, ix)
     ]
 
@@ -346,7 +361,9 @@ def exclusive_lease(ix: Index) -> list[Violation]:
         for j, d2 in enumerate(ds):
             for d1 in ds[:j]:
                 if d1["receipt"] == d2["receipt"]:
-                    out.append(Violation("exclusive_lease", f"receipt {d1['receipt']} handed out twice", [d1, d2]))
+                    out.append(
+                        Violation("exclusive_lease", f"receipt {d1['receipt']} handed out twice", [d1, d2])
+                    )
                     continue
                 expiry = ix.lease_end(d1, extends.get(d1["receipt"], 0.0))
                 end = expiry
@@ -356,12 +373,15 @@ def exclusive_lease(ix: Index) -> list[Violation]:
                 if starts:
                     end = min(end, min(starts))
                 if d2["t"] < end - EPS:
-                    out.append(Violation(
-                        "exclusive_lease",
-                        f"message {d2['tag']} (p{d2['partition']} seg {d2['seq']}/{d2['idx']}) delivered to "
-                        f"{d2['member']} at t={d2['t']:.3f} while {d1['member']} held a live lease until "
-                        f"t={expiry:.3f} (unsettled)", [d1, d2],
-                    ))
+                    out.append(
+                        Violation(
+                            "exclusive_lease",
+                            f"message {d2['tag']} (p{d2['partition']} seg {d2['seq']}/{d2['idx']}) delivered to "
+                            f"{d2['member']} at t={d2['t']:.3f} while {d1['member']} held a live lease until "
+                            f"t={expiry:.3f} (unsettled)",
+                            [d1, d2],
+                        )
+                    )
     return out
 
 
@@ -383,11 +403,14 @@ def no_delivery_after_ack(ix: Index) -> list[Violation]:
     for d in ix.deliveries:
         hit = acked.get(msg_key(d))
         if hit is not None and d["t"] > hit[1]["t"] + EPS:
-            out.append(Violation(
-                "no_delivery_after_ack",
-                f"message {d['tag']} delivered to {d['member']} at t={d['t']:.3f} after its "
-                f"{hit[0]['op']} returned OK at t={hit[1]['t']:.3f}", [hit[0], hit[1], d],
-            ))
+            out.append(
+                Violation(
+                    "no_delivery_after_ack",
+                    f"message {d['tag']} delivered to {d['member']} at t={d['t']:.3f} after its "
+                    f"{hit[0]['op']} returned OK at t={hit[1]['t']:.3f}",
+                    [hit[0], hit[1], d],
+                )
+            )
     return out
 
 
@@ -405,19 +428,24 @@ def replicas_converge(ix: Index) -> list[Violation]:
         f = fresh.get((e["topic"], e["group"], e["partition"]))
         if f is None or f["state"] == e["state"]:
             continue
-        out.append(Violation(
-            "replicas_converge",
-            f"member {e['member']}'s replica of {e['topic']}/{e['group']}/p{e['partition']} "
-            f"({_state_summary(e['state'])}) differs from a fresh load ({_state_summary(f['state'])})", [e, f],
-        ))
+        out.append(
+            Violation(
+                "replicas_converge",
+                f"member {e['member']}'s replica of {e['topic']}/{e['group']}/p{e['partition']} "
+                f"({_state_summary(e['state'])}) differs from a fresh load ({_state_summary(f['state'])})",
+                [e, f],
+            )
+        )
     return out
 
 
 def _state_summary(state: dict[str, Any]) -> str:
     if not isinstance(state, dict):
         return str(state)[:100]
-    return (f"n={state.get('n')} floor={state.get('floor')} frontier={state.get('frontier')} "
-            f"leases={len(state.get('leases', []))}")
+    return (
+        f"n={state.get('n')} floor={state.get('floor')} frontier={state.get('frontier')} "
+        f"leases={len(state.get('leases', []))}"
+    )
 
 
 def engine_alive(ix: Index) -> list[Violation]:
@@ -433,13 +461,19 @@ def engine_alive(ix: Index) -> list[Violation]:
     out = []
     for e in ix.events:
         if e["ev"] == "loop_died":
-            out.append(Violation("engine_alive", f"consumer loop of {e['member']} died: {e['error']}: {e['msg']}", [e]))
+            out.append(
+                Violation(
+                    "engine_alive", f"consumer loop of {e['member']} died: {e['error']}: {e['msg']}", [e]
+                )
+            )
         elif e["ev"] == "proc_error":
             out.append(Violation("engine_alive", f"{e['proc']} failed: {e['error']}: {e['msg']}", [e]))
     for cid, call in ix.calls.items():
         ret = ix.rets.get(cid)
         if ret is not None and ret["outcome"] == "bug":
-            out.append(Violation("engine_alive", f"{call['op']} raised {ret['error']}: {ret['msg']}", [call, ret]))
+            out.append(
+                Violation("engine_alive", f"{call['op']} raised {ret['error']}: {ret['msg']}", [call, ret])
+            )
             continue
         if ret is not None and ret["outcome"] == "crashed":
             continue
@@ -448,11 +482,14 @@ def engine_alive(ix: Index) -> list[Violation]:
             continue
         waited = end - call["t"] - ix.paused(call["proc"], call["t"], end)
         if waited > limit:
-            out.append(Violation(
-                "engine_alive",
-                f"{call['op']} by {call['proc']} {'returned' if ret else 'still open'} after {waited:.0f}s "
-                f"(limit {limit:.0f}s, paused time excluded)", [call] + ([ret] if ret else []),
-            ))
+            out.append(
+                Violation(
+                    "engine_alive",
+                    f"{call['op']} by {call['proc']} {'returned' if ret else 'still open'} after {waited:.0f}s "
+                    f"(limit {limit:.0f}s, paused time excluded)",
+                    [call] + ([ret] if ret else []),
+                )
+            )
     return out
 
 
@@ -469,12 +506,19 @@ def per_key_order(ix: Index) -> list[Violation]:
     ordered = ix.ordered_groups()
     if not ordered:
         return []
-    limits = {t["name"]: int(t.get("max_deliveries", DEFAULT_MAX_DELIVERIES)) for t in ix.params.get("topics", [])}
+    limits = {
+        t["name"]: int(t.get("max_deliveries", DEFAULT_MAX_DELIVERIES)) for t in ix.params.get("topics", [])
+    }
     # the key of each known position, from acknowledged publishes and from deliveries
     keys: dict[tuple[str, int], dict[tuple[int, int], str]] = defaultdict(dict)
     covered: dict[tuple[str, int, int, int], float] = {}
     for call, ret in ix.publishes():
-        if ret is not None and ret["outcome"] == "ok" and call.get("key") is not None and not ret.get("duplicate"):
+        if (
+            ret is not None
+            and ret["outcome"] == "ok"
+            and call.get("key") is not None
+            and not ret.get("duplicate")
+        ):
             keys[(call["topic"], ret["partition"])][(ret["seq"], ret["index"])] = call["key"]
             covered[(call["topic"], ret["partition"], ret["seq"], ret["index"])] = call["t"]
     for d in ix.deliveries:
@@ -486,8 +530,12 @@ def per_key_order(ix: Index) -> list[Violation]:
     for d in ix.deliveries:
         pos = (d["group"], d["topic"], d["partition"], d["seq"], d["idx"])
         delivered_to.add(pos)
-        times = [c["t"] for c, r in settle.get(d["receipt"], []) if c["op"] == "ack" or not c.get("requeue", True)
-                 if _maybe_applied(r)]
+        times = [
+            c["t"]
+            for c, r in settle.get(d["receipt"], [])
+            if c["op"] == "ack" or not c.get("requeue", True)
+            if _maybe_applied(r)
+        ]
         if int(d.get("deliveries", 0)) >= limits.get(d["topic"], DEFAULT_MAX_DELIVERIES):
             times.append(ix.lease_end(d))
         if times:
@@ -504,17 +552,22 @@ def per_key_order(ix: Index) -> list[Violation]:
                 continue
             qpos = (group, topic, d["partition"], q[0], q[1])
             published = covered.get((topic, d["partition"], q[0], q[1]))
-            relevant = qpos in delivered_to or (published is not None and since is not None and published >= since)
+            relevant = qpos in delivered_to or (
+                published is not None and since is not None and published >= since
+            )
             if not relevant:
                 continue
             done = settled_at.get(qpos)
             if done is None or done > d["t"] + EPS:
-                out.append(Violation(
-                    "per_key_order",
-                    f"ordered group {group}: key {key!r} at seg {here[0]}/{here[1]} delivered at t={d['t']:.3f} "
-                    f"before the earlier seg {q[0]}/{q[1]} of the same key was settled"
-                    + (f" (settled at t={done:.3f})" if done is not None else " (never settled)"), [d],
-                ))
+                out.append(
+                    Violation(
+                        "per_key_order",
+                        f"ordered group {group}: key {key!r} at seg {here[0]}/{here[1]} delivered at t={d['t']:.3f} "
+                        f"before the earlier seg {q[0]}/{q[1]} of the same key was settled"
+                        + (f" (settled at t={done:.3f})" if done is not None else " (never settled)"),
+                        [d],
+                    )
+                )
                 break
     return out
 
@@ -526,6 +579,7 @@ def dedup_stored_once(ix: Index) -> list[Violation]:
     answered as duplicates, deliveries, and the segments found in the bucket at the end) names
     a single position. Topics deleted during the history are skipped (deletion drops markers).
     """
+
     def deleted(topic: str) -> bool:  # a dead-letter topic inherits its source's deletions
         return ix.has_deletes(topic) or (topic.endswith(".dlq") and ix.has_deletes(topic[: -len(".dlq")]))
 
@@ -536,7 +590,9 @@ def dedup_stored_once(ix: Index) -> list[Violation]:
             continue
         dedup_of[call["tag"]] = (call["topic"], call["dedup_id"])
         if ret is not None and ret["outcome"] == "ok":
-            positions[(call["topic"], call["dedup_id"])].setdefault((ret["partition"], ret["seq"], ret["index"]), ret)
+            positions[(call["topic"], call["dedup_id"])].setdefault(
+                (ret["partition"], ret["seq"], ret["index"]), ret
+            )
     for d in ix.deliveries:
         k = dedup_of.get(d["tag"])
         if k is not None and k[0] == d["topic"]:
@@ -550,11 +606,13 @@ def dedup_stored_once(ix: Index) -> list[Violation]:
     out = []
     for (topic, dedup), where in positions.items():
         if len(where) > 1:
-            out.append(Violation(
-                "dedup_stored_once",
-                f"dedup id {dedup!r} on {topic} is stored at {len(where)} positions: {sorted(where)}",
-                list(where.values())[:6],
-            ))
+            out.append(
+                Violation(
+                    "dedup_stored_once",
+                    f"dedup id {dedup!r} on {topic} is stored at {len(where)} positions: {sorted(where)}",
+                    list(where.values())[:6],
+                )
+            )
     return out
 
 
@@ -567,10 +625,13 @@ def no_publish_into_deleted_topic(ix: Index) -> list[Violation]:
     out = []
     for call, ret in ix.publishes():
         if ret is not None and ret["outcome"] == "ok" and ix.in_gap(call["topic"], call["t"], ret["t"]):
-            out.append(Violation(
-                "no_publish_into_deleted_topic",
-                f"publish {call['tag']} into deleted topic {call['topic']} was acknowledged", [call, ret],
-            ))
+            out.append(
+                Violation(
+                    "no_publish_into_deleted_topic",
+                    f"publish {call['tag']} into deleted topic {call['topic']} was acknowledged",
+                    [call, ret],
+                )
+            )
     return out
 
 
@@ -632,20 +693,24 @@ def job_all_or_nothing(ix: Index) -> list[Violation]:
                 continue
             sample = [d for d in ix.deliveries if d["group"] == group and d["tag"] in part][:2]
             if not job.committed:
-                out.append(Violation(
-                    "job_all_or_nothing",
-                    f"group {group} received {len(part)} message(s) of job {job.name} on {job.topic}, which never "
-                    f"committed ({len(job.runs)} run(s), none OK, no commit in the store)",
-                    sample + _job_events(job),
-                ))
+                out.append(
+                    Violation(
+                        "job_all_or_nothing",
+                        f"group {group} received {len(part)} message(s) of job {job.name} on {job.topic}, which never "
+                        f"committed ({len(job.runs)} run(s), none OK, no commit in the store)",
+                        sample + _job_events(job),
+                    )
+                )
             elif part != job.tags and group in at_commit:
                 missing = sorted(job.tags - part)
-                out.append(Violation(
-                    "job_all_or_nothing",
-                    f"group {group} received {len(part)} of the {len(job.tags)} messages of job {job.name} on "
-                    f"{job.topic}; never: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}",
-                    sample + _job_events(job),
-                ))
+                out.append(
+                    Violation(
+                        "job_all_or_nothing",
+                        f"group {group} received {len(part)} of the {len(job.tags)} messages of job {job.name} on "
+                        f"{job.topic}; never: {', '.join(missing[:5])}{' ...' if len(missing) > 5 else ''}",
+                        sample + _job_events(job),
+                    )
+                )
     return out
 
 
@@ -669,19 +734,24 @@ def job_one_copy(ix: Index) -> list[Violation]:
             ids[k].add(d["id"])
     for (group, topic, tag), where in copies.items():
         if len(where) > 1 or len(ids[(group, topic, tag)]) > 1:
-            out.append(Violation(
-                "job_one_copy",
-                f"message {tag} of job {job_of[(topic, tag)].name} was delivered to group {group} as "
-                f"{max(len(where), len(ids[(group, topic, tag)]))} copies: positions {sorted(where)}",
-                list(where.values())[:4],
-            ))
+            out.append(
+                Violation(
+                    "job_one_copy",
+                    f"message {tag} of job {job_of[(topic, tag)].name} was delivered to group {group} as "
+                    f"{max(len(where), len(ids[(group, topic, tag)]))} copies: positions {sorted(where)}",
+                    list(where.values())[:4],
+                )
+            )
     for job in ix.jobs.values():
         if len(job.commits) > 1:
-            out.append(Violation(
-                "job_one_copy",
-                f"job {job.name} on {job.topic} committed {len(job.commits)} times: "
-                f"{', '.join(e['id'] for e in job.commits)}", job.commits[:4],
-            ))
+            out.append(
+                Violation(
+                    "job_one_copy",
+                    f"job {job.name} on {job.topic} committed {len(job.commits)} times: "
+                    f"{', '.join(e['id'] for e in job.commits)}",
+                    job.commits[:4],
+                )
+            )
     return out
 
 
@@ -732,18 +802,23 @@ def job_no_pending_delivery(ix: Index) -> list[Violation]:
             continue
         commit = shown.get((d["topic"], job.name, int(d["partition"]), int(d["seq"])))
         if commit is None:
-            out.append(Violation(
-                "job_no_pending_delivery",
-                f"message {d['tag']} of job {job.name} delivered to {d['member']} at t={d['t']:.3f} from "
-                f"p{d['partition']} seg {d['seq']}, which no committed record of the job shows",
-                [d, *[e for e in ix.txns if e.get("job") == job.name][:5]],
-            ))
+            out.append(
+                Violation(
+                    "job_no_pending_delivery",
+                    f"message {d['tag']} of job {job.name} delivered to {d['member']} at t={d['t']:.3f} from "
+                    f"p{d['partition']} seg {d['seq']}, which no committed record of the job shows",
+                    [d, *[e for e in ix.txns if e.get("job") == job.name][:5]],
+                )
+            )
         elif commit["i"] > d["i"]:
-            out.append(Violation(
-                "job_no_pending_delivery",
-                f"message {d['tag']} of job {job.name} delivered at t={d['t']:.3f}, before its transaction "
-                f"{commit['id']} committed (t={commit['t']:.3f})", [d, commit],
-            ))
+            out.append(
+                Violation(
+                    "job_no_pending_delivery",
+                    f"message {d['tag']} of job {job.name} delivered at t={d['t']:.3f}, before its transaction "
+                    f"{commit['id']} committed (t={commit['t']:.3f})",
+                    [d, commit],
+                )
+            )
     return out
 
 

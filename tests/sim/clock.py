@@ -41,8 +41,22 @@ MIN_TIMER_S = 1e-6
 
 # The module-level functions of ``random`` (bound methods of its hidden shared instance).
 _RANDOM_FUNCTIONS = (
-    "random", "uniform", "randint", "randrange", "choice", "choices", "shuffle", "sample", "getrandbits",
-    "randbytes", "gauss", "normalvariate", "expovariate", "triangular", "betavariate", "lognormvariate",
+    "random",
+    "uniform",
+    "randint",
+    "randrange",
+    "choice",
+    "choices",
+    "shuffle",
+    "sample",
+    "getrandbits",
+    "randbytes",
+    "gauss",
+    "normalvariate",
+    "expovariate",
+    "triangular",
+    "betavariate",
+    "lognormvariate",
 )
 
 
@@ -127,7 +141,9 @@ class SimLoop(asyncio.SelectorEventLoop):
             # still stopped: run it when the process continues, in the very same context object
             # (a copy would break a task whose code set a context variable and resets it later:
             # a token resets only in the context that made it)
-            asyncio.SelectorEventLoop.call_at(self, until, self._run_held, context, callback, *args, context=context)
+            asyncio.SelectorEventLoop.call_at(
+                self, until, self._run_held, context, callback, *args, context=context
+            )
             return
         callback(*args)
 
@@ -140,7 +156,11 @@ class SimLoop(asyncio.SelectorEventLoop):
         return super().call_soon(callback, *args, context=context)
 
     def call_at(  # type: ignore[override]
-        self, when: float, callback: Callable[..., Any], *args: Any, context: contextvars.Context | None = None
+        self,
+        when: float,
+        callback: Callable[..., Any],
+        *args: Any,
+        context: contextvars.Context | None = None,
     ) -> asyncio.TimerHandle:
         # Real time always moves on: a timer is never due "now" (within the loop's clock resolution).
         # Without this, code that waits for ``deadline - now`` seconds while that is a few ulps above
@@ -159,8 +179,14 @@ def virtual_time(clock: VirtualClock, skew: Callable[[], float]) -> Iterator[Non
     ``skew()`` is asked on every call, so each simulated process reads its own skewed clock
     (it looks the calling process up in a context variable).
     """
-    saved = (time.time, time.time_ns, time.monotonic, time.monotonic_ns, time.perf_counter,
-             time.perf_counter_ns)
+    saved = (
+        time.time,
+        time.time_ns,
+        time.monotonic,
+        time.monotonic_ns,
+        time.perf_counter,
+        time.perf_counter_ns,
+    )
 
     sim_thread = threading.get_ident()
     real_time, real_time_ns, real_mono, real_mono_ns, real_perf, real_perf_ns = saved
@@ -200,8 +226,14 @@ def virtual_time(clock: VirtualClock, skew: Callable[[], float]) -> Iterator[Non
     try:
         yield
     finally:
-        (time.time, time.time_ns, time.monotonic, time.monotonic_ns, time.perf_counter,
-         time.perf_counter_ns) = saved
+        (
+            time.time,
+            time.time_ns,
+            time.monotonic,
+            time.monotonic_ns,
+            time.perf_counter,
+            time.perf_counter_ns,
+        ) = saved
         for func, attr, value in rebound:
             setattr(func, attr, value)
 

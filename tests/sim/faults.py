@@ -93,13 +93,14 @@ class CallingStore:
         await self._call("DELETE", keys[0] if keys else "", lambda: self.inner.delete(keys))
 
     async def list(self, prefix: str, *, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
-        infos = await self._call("LIST", prefix, lambda: _collect(self.inner.list(prefix, start_after=start_after)))
+        infos = await self._call(
+            "LIST", prefix, lambda: _collect(self.inner.list(prefix, start_after=start_after))
+        )
         for info in infos:
             yield info
 
     async def close(self) -> None:
         return None
-
 
 
 class SimStore(CallingStore):
@@ -131,8 +132,11 @@ class SimStore(CallingStore):
             return None
         roll = rng.random()
         for kind, p in (
-            ("error", r.error), ("timeout", r.timeout), ("lost", r.lost if op in ("PUT", "DELETE") else 0.0),
-            ("latency", r.latency), ("outage", r.outage),
+            ("error", r.error),
+            ("timeout", r.timeout),
+            ("lost", r.lost if op in ("PUT", "DELETE") else 0.0),
+            ("latency", r.latency),
+            ("outage", r.outage),
             ("pause", r.pause if proc.pauses < r.max_pauses else 0.0),
             ("crash", r.crash if proc.crashes < r.max_crashes else 0.0),
         ):
@@ -211,6 +215,7 @@ class SimStore(CallingStore):
             return await request()
         finally:
             CURRENT.reset(token)
+
 
 async def _collect(it: AsyncIterator[ObjectInfo]) -> builtins.list[ObjectInfo]:
     return [info async for info in it]

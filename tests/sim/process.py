@@ -28,7 +28,9 @@ from typing import Any
 
 from .clock import SimLoop, VirtualClock
 
-CURRENT: contextvars.ContextVar[SimProcess | None] = contextvars.ContextVar("bucketq_sim_process", default=None)
+CURRENT: contextvars.ContextVar[SimProcess | None] = contextvars.ContextVar(
+    "bucketq_sim_process", default=None
+)
 
 
 def _frozen_until() -> float:
@@ -90,7 +92,9 @@ class Processes:
         self.all.append(proc)
         return proc
 
-    def spawn(self, proc: SimProcess, coro: Coroutine[Any, Any, Any], name: str | None = None) -> asyncio.Task[Any]:
+    def spawn(
+        self, proc: SimProcess, coro: Coroutine[Any, Any, Any], name: str | None = None
+    ) -> asyncio.Task[Any]:
         """Run ``coro`` as a task of ``proc`` (and every task it creates, transitively)."""
         ctx = contextvars.copy_context()
         ctx.run(CURRENT.set, proc)

@@ -72,10 +72,17 @@ class RunResult:
 
     def summary(self) -> dict[str, Any]:
         return {
-            "seed": self.seed, "family": self.family, "ok": self.ok, "digest": self.digest,
-            "violations": [v.to_json() for v in self.violations], "injected": self.injected,
-            "coverage": self.coverage, "wall_s": round(self.wall_s, 4), "virtual_s": round(self.virtual_s, 1),
-            "error": self.error, "flaws": self.flaws,
+            "seed": self.seed,
+            "family": self.family,
+            "ok": self.ok,
+            "digest": self.digest,
+            "violations": [v.to_json() for v in self.violations],
+            "injected": self.injected,
+            "coverage": self.coverage,
+            "wall_s": round(self.wall_s, 4),
+            "virtual_s": round(self.virtual_s, 1),
+            "error": self.error,
+            "flaws": self.flaws,
         }
 
 
@@ -115,9 +122,16 @@ def run_schedule(seed: int, family: str | None = None, *, schedule: Schedule | N
     violations = checker.check(events) if error is None else []
     return RunResult(
         flaws=classify(events, violations),
-        seed=schedule.seed, family=schedule.family, violations=violations, digest=digest(events),
-        injected=dict(sorted(store.injected.items())), coverage=coverage(events), wall_s=time.perf_counter() - started,
-        virtual_s=clock.now, error=error, events=events,
+        seed=schedule.seed,
+        family=schedule.family,
+        violations=violations,
+        digest=digest(events),
+        injected=dict(sorted(store.injected.items())),
+        coverage=coverage(events),
+        wall_s=time.perf_counter() - started,
+        virtual_s=clock.now,
+        error=error,
+        events=events,
     )
 
 
@@ -207,16 +221,21 @@ async def _quiesce(sim: Sim, members: list[MemberRole]) -> None:
         if checker.undelivered(history.events, ix) or checker.undelivered_jobs(ix):
             continue
         # an open app call keeps the run going until it returns or is overdue (then it is a finding)
-        if any(ix.rets.get(cid) is None and not ix.crashes.get(call["proc"])
-               and clock.now - call["t"] - ix.paused(call["proc"], call["t"], clock.now) <= s.hang_limit_s
-               for cid, call in ix.calls.items()):
+        if any(
+            ix.rets.get(cid) is None
+            and not ix.crashes.get(call["proc"])
+            and clock.now - call["t"] - ix.paused(call["proc"], call["t"], clock.now) <= s.hang_limit_s
+            for cid, call in ix.calls.items()
+        ):
             continue
         break
 
 
 async def _final(sim: Sim, members: list[MemberRole]) -> None:
     history = sim.history
-    live = [(m, m.consumer) for m in members if m.consumer is not None and m.proc is not None and m.proc.alive]
+    live = [
+        (m, m.consumer) for m in members if m.consumer is not None and m.proc is not None and m.proc.alive
+    ]
     for role in sim.roles:
         role.stop()
     await asyncio.sleep(1.0)  # cancellations land (their "cancelled" returns are recorded in order)
@@ -230,12 +249,24 @@ async def _final(sim: Sim, members: list[MemberRole]) -> None:
                     await worker.log.catch_up()
                     state = worker.log.state.to_json()
                 except Exception as exc:
-                    history.record("replica", topic=topic, group=role.group.name, partition=partition,
-                                   member=consumer.member, state=f"catch-up failed: {type(exc).__name__}: {exc}")
+                    history.record(
+                        "replica",
+                        topic=topic,
+                        group=role.group.name,
+                        partition=partition,
+                        member=consumer.member,
+                        state=f"catch-up failed: {type(exc).__name__}: {exc}",
+                    )
                     continue
                 if state.get("n"):
-                    history.record("replica", topic=topic, group=role.group.name, partition=partition,
-                                   member=consumer.member, state=state)
+                    history.record(
+                        "replica",
+                        topic=topic,
+                        group=role.group.name,
+                        partition=partition,
+                        member=consumer.member,
+                        state=state,
+                    )
     memory = sim.store.inner
     storage = Storage(memory, "conditional_write")
     keys = Keys("")
@@ -243,7 +274,9 @@ async def _final(sim: Sim, members: list[MemberRole]) -> None:
     logs = sorted({(m["topic"], m["group"], int(m["p"])) for k in stored if (m := _CURSOR.match(k))})
     for topic, group, partition in logs:
         try:
-            state = (await CursorLog(storage, keys, topic, group, partition, member="sim-check").load()).to_json()
+            state = (
+                await CursorLog(storage, keys, topic, group, partition, member="sim-check").load()
+            ).to_json()
         except Exception as exc:
             state = {"error": f"{type(exc).__name__}: {exc}"}
         history.record("fresh", topic=topic, group=group, partition=partition, state=state)
@@ -257,17 +290,31 @@ async def _final(sim: Sim, members: list[MemberRole]) -> None:
         try:
             seg = decode_segment(blob.data)
         except Exception as exc:
-            history.record("stored", topic=m["topic"], partition=int(m["p"]), seq=int(m["seq"]), tags=[], dedups=[],
-                           error=str(exc)[:200])
+            history.record(
+                "stored",
+                topic=m["topic"],
+                partition=int(m["p"]),
+                seq=int(m["seq"]),
+                tags=[],
+                dedups=[],
+                error=str(exc)[:200],
+            )
             continue
         fields: dict[str, Any] = {}
         if seg.header.txn is not None:  # a job commit's chunk (visible or not: its record decides)
             fields.update(txn=seg.header.txn, chunk=seg.header.chunk)
         if any(DLQ_CONSUMER in r.headers for r in seg.records):  # dead-letter copies: for which group
             fields["dlq_for"] = [r.headers.get(DLQ_CONSUMER) for r in seg.records]
-        history.record("stored", topic=m["topic"], partition=int(m["p"]), seq=int(m["seq"]),
-                       tags=[r.payload for r in seg.records], dedups=[r.dedup_id for r in seg.records],
-                       keys=[r.key for r in seg.records], **fields)
+        history.record(
+            "stored",
+            topic=m["topic"],
+            partition=int(m["p"]),
+            seq=int(m["seq"]),
+            tags=[r.payload for r in seg.records],
+            dedups=[r.dedup_id for r in seg.records],
+            keys=[r.key for r in seg.records],
+            **fields,
+        )
 
 
 def coverage(events: list[Event]) -> dict[str, int]:
@@ -303,9 +350,19 @@ def _run_summary(job: tuple[int, str | None]) -> dict[str, Any]:
     try:
         return run_schedule(seed, family).summary()
     except Exception:  # the schedule could not even be built or run: report, do not stop the batch
-        return {"seed": seed, "family": family or "?", "ok": False, "digest": "", "violations": [],
-                "injected": {}, "coverage": {}, "wall_s": 0.0, "virtual_s": 0.0,
-                "error": traceback.format_exc(limit=8), "flaws": []}
+        return {
+            "seed": seed,
+            "family": family or "?",
+            "ok": False,
+            "digest": "",
+            "violations": [],
+            "injected": {},
+            "coverage": {},
+            "wall_s": 0.0,
+            "virtual_s": 0.0,
+            "error": traceback.format_exc(limit=8),
+            "flaws": [],
+        }
 
 
 def run_many(

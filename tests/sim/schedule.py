@@ -234,9 +234,14 @@ def _members(
         start = 0.0 if i == 0 else rng.uniform(0.0, chaos_s * 0.6)
         leave = rng.uniform(start + 5.0, chaos_s) if rng.random() < churn and chaos_s > start + 5 else None
         plan = MemberPlan(
-            f"{group.name}.{i}", group.name, group.topic, start=start, leave=leave,
+            f"{group.name}.{i}",
+            group.name,
+            group.topic,
+            start=start,
+            leave=leave,
             rejoin_after=rng.uniform(1.0, 30.0) if leave is not None and rng.random() < 0.5 else None,
-            max_in_flight=rng.choice([1, 3, 10, 50]), poll_max=rng.choice([1, 3, 10]),
+            max_in_flight=rng.choice([1, 3, 10, 50]),
+            poll_max=rng.choice([1, 3, 10]),
             concurrency=rng.choice([1, 2, 4, 16]),
             work=(0.0, rng.choice([0.1, 0.5, 2.0])),
         )
@@ -256,9 +261,17 @@ def _producers(
         mean_gap = span / count
         keys = [f"k{j}" for j in range(rng.choice([1, 3, 8]))]
         plan = ProducerPlan(
-            f"prod{i}.{topic}", topic, start=rng.uniform(0.0, chaos_s * 0.2), count=count,
-            gap=(0.0, 2 * mean_gap), burst=rng.choice([1, 1, 3]), keys=keys, keyed=rng.choice([0.0, 0.5, 1.0]),
-            dedup=rng.choice([0.0, 0.0, 0.2]), redo=0.2, delay=rng.choice([0.0, 0.1]),
+            f"prod{i}.{topic}",
+            topic,
+            start=rng.uniform(0.0, chaos_s * 0.2),
+            count=count,
+            gap=(0.0, 2 * mean_gap),
+            burst=rng.choice([1, 1, 3]),
+            keys=keys,
+            keyed=rng.choice([0.0, 0.5, 1.0]),
+            dedup=rng.choice([0.0, 0.0, 0.2]),
+            redo=0.2,
+            delay=rng.choice([0.0, 0.1]),
         )
         for k, v in over.items():
             setattr(plan, k, v)
@@ -277,13 +290,19 @@ def _job(rng: random.Random, name: str, topic: TopicPlan, chaos_s: float, **over
         p = parts[c] if c < len(parts) else rng.choice(parts)
         tasks[c % ntasks].append((p, rng.randint(1, 8)))
     plan = JobPlan(
-        name, topic.name, start=rng.uniform(0.0, chaos_s * 0.5), tasks=tasks,
+        name,
+        topic.name,
+        start=rng.uniform(0.0, chaos_s * 0.5),
+        tasks=tasks,
         # the shortest allowed (10 s) leaves 5 s to append: latency spikes and outages fail commits;
         # restarts and rerun gaps land both before a timeout (the rerun finishes the pending commit)
         # and after it (a reader or GC aborted it first)
-        txn_timeout_s=rng.choice([10.0, 20.0, 60.0, 180.0]), runs=rng.randint(2, 5),
-        abort=rng.choice([0.0, 0.2, 0.4]), redo=rng.choice([0.0, 0.3, 0.6]),
-        gap=(1.0, rng.choice([10.0, 60.0, 240.0])), kill=rng.choice([0.0, 0.3, 0.6]),
+        txn_timeout_s=rng.choice([10.0, 20.0, 60.0, 180.0]),
+        runs=rng.randint(2, 5),
+        abort=rng.choice([0.0, 0.2, 0.4]),
+        redo=rng.choice([0.0, 0.3, 0.6]),
+        gap=(1.0, rng.choice([10.0, 60.0, 240.0])),
+        kill=rng.choice([0.0, 0.3, 0.6]),
         kill_calls=(1, 10 + 3 * nchunks + ntasks + 12 * len({p for chunks in tasks for p, _ in chunks})),
         compression=rng.choice([None, "zlib"]),
     )
@@ -292,12 +311,23 @@ def _job(rng: random.Random, name: str, topic: TopicPlan, chaos_s: float, **over
     return plan
 
 
-def _base(rng: random.Random, seed: int, family: str, *, chaos_s: float, level: float, **consumer: Any) -> Schedule:
+def _base(
+    rng: random.Random, seed: int, family: str, *, chaos_s: float, level: float, **consumer: Any
+) -> Schedule:
     cs = _consumer_settings(rng, **consumer)
     return Schedule(
-        seed=seed, family=family, chaos_s=chaos_s, topics=[], groups=[], members=[], producers=[],
-        gc=GcPlan(start=rng.uniform(1.0, 20.0), interval=(5.0, 30.0)), faults=_faults(rng, level),
-        consumer=cs, producer=_producer_settings(rng), skew=_skew(rng, cs),
+        seed=seed,
+        family=family,
+        chaos_s=chaos_s,
+        topics=[],
+        groups=[],
+        members=[],
+        producers=[],
+        gc=GcPlan(start=rng.uniform(1.0, 20.0), interval=(5.0, 30.0)),
+        faults=_faults(rng, level),
+        consumer=cs,
+        producer=_producer_settings(rng),
+        skew=_skew(rng, cs),
     )
 
 
@@ -309,15 +339,20 @@ def _mixed(rng: random.Random, seed: int) -> Schedule:
     ntopics = 2 if rng.random() < 0.2 else 1
     for t in range(ntopics):
         topic = TopicPlan(
-            f"t{t}", partitions=rng.choice([1, 1, 2, 3]),
+            f"t{t}",
+            partitions=rng.choice([1, 1, 2, 3]),
             retention_s=rng.choice([0.001, 5.0, 60.0, 7 * 24 * 3600.0]),
         )
         if rng.random() < 0.2:
             topic.grow.append((rng.uniform(5.0, s.chaos_s), topic.partitions + rng.randint(1, 2)))
         s.topics.append(topic)
         for g in range(rng.choice([1, 1, 2])):
-            group = GroupPlan(f"g{g}{t}", topic.name, rng.choice(["earliest", "earliest", "latest"]),
-                              ordered=rng.random() < 0.25)
+            group = GroupPlan(
+                f"g{g}{t}",
+                topic.name,
+                rng.choice(["earliest", "earliest", "latest"]),
+                ordered=rng.random() < 0.25,
+            )
             s.groups.append(group)
             s.members += _members(rng, group, rng.randint(1, 3), s.chaos_s)
         s.producers += _producers(rng, topic.name, rng.randint(1, 3), s.chaos_s, messages=rng.randint(5, 40))
@@ -337,11 +372,30 @@ def _stale_tail(rng: random.Random, seed: int) -> Schedule:
     s.topics.append(TopicPlan("t0", partitions=1, retention_s=rng.choice([0.001, 0.5, 2.0])))
     group = GroupPlan("g0", "t0", "earliest")
     s.groups.append(group)
-    s.members += _members(rng, group, rng.randint(1, 2), s.chaos_s, churn=0.0, ack=0.95, nack=0.0, slow=0.0,
-                          drop=0.0, dead=0.0, extend=0.05, work=(0.0, 0.05))
+    s.members += _members(
+        rng,
+        group,
+        rng.randint(1, 2),
+        s.chaos_s,
+        churn=0.0,
+        ack=0.95,
+        nack=0.0,
+        slow=0.0,
+        drop=0.0,
+        dead=0.0,
+        extend=0.05,
+        work=(0.0, 0.05),
+    )
     # one producer: only a restarted process can reuse a number (r1b); several: cached tails too (r1)
-    s.producers += _producers(rng, "t0", rng.randint(1, 3), s.chaos_s, messages=rng.randint(10, 30), keyed=0.0,
-                              gap=(0.1, rng.choice([1.0, 3.0, 6.0])))
+    s.producers += _producers(
+        rng,
+        "t0",
+        rng.randint(1, 3),
+        s.chaos_s,
+        messages=rng.randint(10, 30),
+        keyed=0.0,
+        gap=(0.1, rng.choice([1.0, 3.0, 6.0])),
+    )
     s.gc = GcPlan(start=rng.uniform(1.0, 5.0), interval=(0.5, rng.choice([2.0, 5.0])))
     s.faults.crash = rng.choice([0.002, 0.01])
     s.faults.max_crashes = 2
@@ -350,20 +404,46 @@ def _stale_tail(rng: random.Random, seed: int) -> Schedule:
 
 def _long_outage(rng: random.Random, seed: int) -> Schedule:
     """r2: a member stopped for longer than GC's delta grace with a delta in flight; short checkpoints."""
-    s = _base(rng, seed, "long_outage", chaos_s=rng.uniform(28.0, 36.0) * MINUTE, level=0.5,
-              checkpoint_every=rng.choice([2, 3, 4]), poll_max_ms=2000.0, poll_idle_ms=5000.0,
-              heartbeat_interval_s=5.0)
+    s = _base(
+        rng,
+        seed,
+        "long_outage",
+        chaos_s=rng.uniform(28.0, 36.0) * MINUTE,
+        level=0.5,
+        checkpoint_every=rng.choice([2, 3, 4]),
+        poll_max_ms=2000.0,
+        poll_idle_ms=5000.0,
+        heartbeat_interval_s=5.0,
+    )
     s.topics.append(TopicPlan("t0", partitions=1))
     group = GroupPlan("g0", "t0", "earliest", ordered=False)
     s.groups.append(group)
-    s.members += _members(rng, group, rng.randint(2, 3), 60.0, churn=0.0, max_in_flight=rng.choice([2, 5]),
-                          slow=0.0, drop=0.05, work=(0.0, 2.0), poll_wait=(2.0, 10.0))
-    s.producers += _producers(rng, "t0", 1, s.chaos_s * 0.8, messages=rng.randint(30, 60), keyed=0.0, dedup=0.0,
-                              delay=0.0)
+    s.members += _members(
+        rng,
+        group,
+        rng.randint(2, 3),
+        60.0,
+        churn=0.0,
+        max_in_flight=rng.choice([2, 5]),
+        slow=0.0,
+        drop=0.05,
+        work=(0.0, 2.0),
+        poll_wait=(2.0, 10.0),
+    )
+    s.producers += _producers(
+        rng, "t0", 1, s.chaos_s * 0.8, messages=rng.randint(30, 60), keyed=0.0, dedup=0.0, delay=0.0
+    )
     s.gc = GcPlan(start=60.0, interval=(60.0, 300.0))
-    s.faults = _faults(rng, 0.3, pause=rng.choice([0.01, 0.03]), max_pauses=1,
-                       pause_s=[(25 * MINUTE, 35 * MINUTE)], crash=0.0, outage=0.0,
-                       only=["*/log/*"])
+    s.faults = _faults(
+        rng,
+        0.3,
+        pause=rng.choice([0.01, 0.03]),
+        max_pauses=1,
+        pause_s=[(25 * MINUTE, 35 * MINUTE)],
+        crash=0.0,
+        outage=0.0,
+        only=["*/log/*"],
+    )
     if rng.random() < 0.5:
         s.gc.delta_grace_factor = 1.5  # short, but still longer than a replica trusts its view
     return s
@@ -371,15 +451,33 @@ def _long_outage(rng: random.Random, seed: int) -> Schedule:
 
 def _paused_prefetch(rng: random.Random, seed: int) -> Schedule:
     """r3: a member with a prefetch buffer stopped past its leases while another member takes over."""
-    s = _base(rng, seed, "paused_prefetch", chaos_s=rng.uniform(60.0, 120.0), level=0.3,
-              visibility_timeout_s=rng.choice([5.0, 10.0]))
+    s = _base(
+        rng,
+        seed,
+        "paused_prefetch",
+        chaos_s=rng.uniform(60.0, 120.0),
+        level=0.3,
+        visibility_timeout_s=rng.choice([5.0, 10.0]),
+    )
     s.topics.append(TopicPlan("t0", partitions=rng.choice([1, 1, 2])))
     group = GroupPlan("g0", "t0", "earliest", ordered=rng.random() < 0.2)
     s.groups.append(group)
-    s.members += _members(rng, group, 2, 20.0, churn=0.0, max_in_flight=rng.choice([5, 20]), poll_max=1,
-                          concurrency=rng.choice([1, 2]), work=(0.1, 1.0), slow=0.0)
+    s.members += _members(
+        rng,
+        group,
+        2,
+        20.0,
+        churn=0.0,
+        max_in_flight=rng.choice([5, 20]),
+        poll_max=1,
+        concurrency=rng.choice([1, 2]),
+        work=(0.1, 1.0),
+        slow=0.0,
+    )
     # a burst: prefetch buffers fill up, and stay full while the apps work through them
-    s.producers += _producers(rng, "t0", 1, s.chaos_s, messages=rng.randint(40, 80), gap=(0.0, 0.1), start=0.0)
+    s.producers += _producers(
+        rng, "t0", 1, s.chaos_s, messages=rng.randint(40, 80), gap=(0.0, 0.1), start=0.0
+    )
     s.faults.pause = rng.choice([0.01, 0.03])
     s.faults.pause_s = [(20.0, 120.0)]
     s.faults.crash = 0.0
@@ -390,8 +488,9 @@ def _late_sub_gc(rng: random.Random, seed: int) -> Schedule:
     """r4: a new ``earliest`` subscription starting while GC collects expired segments."""
     s = _base(rng, seed, "late_sub_gc", chaos_s=rng.uniform(30.0, 60.0), level=rng.choice([0.0, 0.3]))
     s.topics.append(TopicPlan("t0", partitions=rng.choice([1, 2]), retention_s=rng.choice([0.001, 0.5])))
-    s.producers += _producers(rng, "t0", 1, s.chaos_s, messages=rng.randint(10, 25), start=0.0,
-                              gap=(0.0, 3.0), dedup=0.0)
+    s.producers += _producers(
+        rng, "t0", 1, s.chaos_s, messages=rng.randint(10, 25), start=0.0, gap=(0.0, 3.0), dedup=0.0
+    )
     for g in range(rng.randint(1, 3)):
         group = GroupPlan(f"g{g}", "t0", "earliest")
         s.groups.append(group)
@@ -403,23 +502,44 @@ def _late_sub_gc(rng: random.Random, seed: int) -> Schedule:
 
 def _lost_commit(rng: random.Random, seed: int) -> Schedule:
     """r5: lost responses and brownouts on cursor-log writes while members join and leave."""
-    s = _base(rng, seed, "lost_commit", chaos_s=rng.uniform(30.0, 90.0), level=1.0,
-              max_commit_attempts=rng.choice([2, 3, 5]), heartbeat_interval_s=rng.choice([1.0, 2.0]),
-              member_ttl_s=5.0)
+    s = _base(
+        rng,
+        seed,
+        "lost_commit",
+        chaos_s=rng.uniform(30.0, 90.0),
+        level=1.0,
+        max_commit_attempts=rng.choice([2, 3, 5]),
+        heartbeat_interval_s=rng.choice([1.0, 2.0]),
+        member_ttl_s=5.0,
+    )
     s.topics.append(TopicPlan("t0", partitions=rng.choice([1, 1, 2])))
     group = GroupPlan("g0", "t0", "earliest")
     s.groups.append(group)
     s.members += _members(rng, group, rng.randint(2, 3), s.chaos_s, churn=0.5)
     s.producers += _producers(rng, "t0", 1, s.chaos_s, messages=rng.randint(15, 40))
-    s.faults = _faults(rng, 1.0, lost=rng.choice([0.05, 0.15]), outage=rng.choice([0.01, 0.03]),
-                       outage_s=(1.0, 20.0), only=["*/log/*"], crash=0.0, pause=0.0)
+    s.faults = _faults(
+        rng,
+        1.0,
+        lost=rng.choice([0.05, 0.15]),
+        outage=rng.choice([0.01, 0.03]),
+        outage_s=(1.0, 20.0),
+        only=["*/log/*"],
+        crash=0.0,
+        pause=0.0,
+    )
     return s
 
 
 def _latest_growth(rng: random.Random, seed: int) -> Schedule:
     """r6: ``latest`` subscriptions while partitions are added and producers keep publishing."""
-    s = _base(rng, seed, "latest_growth", chaos_s=rng.uniform(30.0, 60.0), level=rng.choice([0.0, 0.3]),
-              heartbeat_interval_s=5.0)
+    s = _base(
+        rng,
+        seed,
+        "latest_growth",
+        chaos_s=rng.uniform(30.0, 60.0),
+        level=rng.choice([0.0, 0.3]),
+        heartbeat_interval_s=5.0,
+    )
     topic = TopicPlan("t0", partitions=rng.choice([1, 2]))
     topic.grow.append((rng.uniform(5.0, 25.0), topic.partitions + rng.randint(1, 3)))
     s.topics.append(topic)
@@ -427,8 +547,16 @@ def _latest_growth(rng: random.Random, seed: int) -> Schedule:
         group = GroupPlan(f"g{g}", "t0", pos)
         s.groups.append(group)
         s.members += _members(rng, group, rng.randint(1, 2), s.chaos_s, churn=0.1)
-    s.producers += _producers(rng, "t0", rng.randint(1, 3), s.chaos_s, messages=rng.randint(20, 50), keyed=1.0,
-                              keys=[f"k{j}" for j in range(12)], start=rng.uniform(0.0, 30.0))
+    s.producers += _producers(
+        rng,
+        "t0",
+        rng.randint(1, 3),
+        s.chaos_s,
+        messages=rng.randint(20, 50),
+        keyed=1.0,
+        keys=[f"k{j}" for j in range(12)],
+        start=rng.uniform(0.0, 30.0),
+    )
     s.faults.crash = rng.choice([0.0, 0.005])
     return s
 
@@ -441,11 +569,27 @@ def _dedup(rng: random.Random, seed: int) -> Schedule:
     group = GroupPlan("g0", "t0", "earliest")
     s.groups.append(group)
     s.members += _members(rng, group, 1, s.chaos_s, churn=0.0)
-    s.producers += _producers(rng, "t0", rng.randint(1, 2), s.chaos_s, messages=rng.randint(10, 30), dedup=0.8,
-                              redo=rng.choice([0.2, 0.5]), retry=3)
-    s.faults = _faults(rng, 1.0, lost=rng.choice([0.03, 0.1]), outage=rng.choice([0.005, 0.02]),
-                       outage_s=(2.0, 15.0), error=rng.choice([0.02, 0.1]), crash=0.0, pause=0.0,
-                       only=["*/seg/*", "*/dedup/*"])
+    s.producers += _producers(
+        rng,
+        "t0",
+        rng.randint(1, 2),
+        s.chaos_s,
+        messages=rng.randint(10, 30),
+        dedup=0.8,
+        redo=rng.choice([0.2, 0.5]),
+        retry=3,
+    )
+    s.faults = _faults(
+        rng,
+        1.0,
+        lost=rng.choice([0.03, 0.1]),
+        outage=rng.choice([0.005, 0.02]),
+        outage_s=(2.0, 15.0),
+        error=rng.choice([0.02, 0.1]),
+        crash=0.0,
+        pause=0.0,
+        only=["*/seg/*", "*/dedup/*"],
+    )
     return s
 
 
@@ -462,17 +606,53 @@ def _ordered_deep(rng: random.Random, seed: int) -> Schedule:
     s.groups.append(group)
     one_per_segment = {"linger_ms": 0.0, "max_batch_messages": 1}
     bulk = rng.randint(70, 100)
-    script = ["o"] * bulk + ["K"] * rng.randint(1, 4) + [rng.choice(["o", "x"]) for _ in range(rng.randint(0, 3))]
-    s.producers.append(ProducerPlan("prod0.t0", "t0", start=0.0, count=len(script), gap=(0.0, 0.03), key_script=script,
-                                    settings=one_per_segment))
+    script = (
+        ["o"] * bulk + ["K"] * rng.randint(1, 4) + [rng.choice(["o", "x"]) for _ in range(rng.randint(0, 3))]
+    )
+    s.producers.append(
+        ProducerPlan(
+            "prod0.t0",
+            "t0",
+            start=0.0,
+            count=len(script),
+            gap=(0.0, 0.03),
+            key_script=script,
+            settings=one_per_segment,
+        )
+    )
     leave = rng.uniform(4.0, 8.0)
     rejoin = rng.uniform(0.5, 4.0)
     later = ["K"] * rng.randint(1, 3) + ["x"]
-    s.producers.append(ProducerPlan("prod1.t0", "t0", start=leave + rejoin + rng.uniform(0.5, 5.0), count=len(later),
-                                    gap=(0.0, 0.5), key_script=later, settings=one_per_segment))
-    s.members.append(MemberPlan("g0.0", "g0", "t0", start=0.0, leave=leave, rejoin_after=rejoin,
-                                max_in_flight=rng.choice([1, 2]), poll_max=1, work=(0.2, 0.6), ack=0.95,
-                                nack=0.0, extend=0.0, slow=0.0, drop=0.05, dead=0.0))
+    s.producers.append(
+        ProducerPlan(
+            "prod1.t0",
+            "t0",
+            start=leave + rejoin + rng.uniform(0.5, 5.0),
+            count=len(later),
+            gap=(0.0, 0.5),
+            key_script=later,
+            settings=one_per_segment,
+        )
+    )
+    s.members.append(
+        MemberPlan(
+            "g0.0",
+            "g0",
+            "t0",
+            start=0.0,
+            leave=leave,
+            rejoin_after=rejoin,
+            max_in_flight=rng.choice([1, 2]),
+            poll_max=1,
+            work=(0.2, 0.6),
+            ack=0.95,
+            nack=0.0,
+            extend=0.0,
+            slow=0.0,
+            drop=0.05,
+            dead=0.0,
+        )
+    )
     s.faults.crash = 0.0
     return s
 
@@ -489,8 +669,16 @@ def _topic_churn(rng: random.Random, seed: int) -> Schedule:
     group = GroupPlan("g0", "t0", rng.choice(["earliest", "latest"]))
     s.groups.append(group)
     s.members += _members(rng, group, rng.randint(1, 2), s.chaos_s, churn=0.0)
-    s.producers += _producers(rng, "t0", rng.randint(1, 2), s.chaos_s, messages=rng.randint(20, 60), dedup=0.0,
-                              start=0.0, gap=(0.1, 1.0))
+    s.producers += _producers(
+        rng,
+        "t0",
+        rng.randint(1, 2),
+        s.chaos_s,
+        messages=rng.randint(20, 60),
+        dedup=0.0,
+        start=0.0,
+        gap=(0.1, 1.0),
+    )
     s.faults.crash = 0.0
     return s
 
@@ -501,11 +689,17 @@ def _jobs(rng: random.Random, seed: int) -> Schedule:
     publishes ordinary segments between the jobs' chunks, and GC aborts expired transactions."""
     s = _base(rng, seed, "jobs", chaos_s=rng.uniform(30.0, 90.0), level=rng.choice([0.0, 0.3, 1.0]))
     # long retention mostly (readers meet the jobs' segments); sometimes GC collects them
-    topic = TopicPlan("t0", partitions=rng.choice([1, 2, 2, 3]), retention_s=rng.choice([7 * DAY, 7 * DAY, 0.001]))
+    topic = TopicPlan(
+        "t0", partitions=rng.choice([1, 2, 2, 3]), retention_s=rng.choice([7 * DAY, 7 * DAY, 0.001])
+    )
     s.topics.append(topic)
     for g in range(rng.choice([1, 1, 2])):
-        group = GroupPlan(f"g{g}", "t0", rng.choice(["earliest", "earliest", "earliest", "latest"]),
-                          ordered=rng.random() < 0.15)
+        group = GroupPlan(
+            f"g{g}",
+            "t0",
+            rng.choice(["earliest", "earliest", "earliest", "latest"]),
+            ordered=rng.random() < 0.15,
+        )
         s.groups.append(group)
         s.members += _members(rng, group, rng.randint(1, 2), s.chaos_s, churn=0.2)
     s.producers += _producers(rng, "t0", 1, s.chaos_s, messages=rng.randint(5, 20), dedup=0.0)
@@ -525,11 +719,24 @@ def _jobs_gc(rng: random.Random, seed: int) -> Schedule:
     s.topics.append(topic)
     group = GroupPlan("g0", "t0", "earliest")
     s.groups.append(group)
-    s.members += _members(rng, group, 1, s.chaos_s, churn=0.0, ack=1.0, nack=0.0, extend=0.0, slow=0.0,
-                          drop=0.0, dead=0.0)
+    s.members += _members(
+        rng, group, 1, s.chaos_s, churn=0.0, ack=1.0, nack=0.0, extend=0.0, slow=0.0, drop=0.0, dead=0.0
+    )
     s.gc = GcPlan(start=1.0, interval=(1.0, 3.0))
-    s.jobs.append(_job(rng, "job0-t0", topic, s.chaos_s, start=rng.uniform(1.0, 10.0), abort=0.0, kill=0.0,
-                       redo=1.0, runs=2, gap=(30.0, 40.0)))
+    s.jobs.append(
+        _job(
+            rng,
+            "job0-t0",
+            topic,
+            s.chaos_s,
+            start=rng.uniform(1.0, 10.0),
+            abort=0.0,
+            kill=0.0,
+            redo=1.0,
+            runs=2,
+            gap=(30.0, 40.0),
+        )
+    )
     return s
 
 
@@ -542,8 +749,19 @@ def _jobs_latest(rng: random.Random, seed: int) -> Schedule:
     s = _base(rng, seed, "jobs_latest", chaos_s=rng.uniform(60.0, 90.0), level=0.0)
     topic = TopicPlan("t0", partitions=rng.choice([2, 3]))
     s.topics.append(topic)
-    job = _job(rng, "job0-t0", topic, s.chaos_s, start=rng.uniform(1.0, 5.0), abort=0.0, kill=1.0, redo=0.0,
-               runs=3, gap=(40.0, 50.0), txn_timeout_s=300.0)
+    job = _job(
+        rng,
+        "job0-t0",
+        topic,
+        s.chaos_s,
+        start=rng.uniform(1.0, 5.0),
+        abort=0.0,
+        kill=1.0,
+        redo=0.0,
+        runs=3,
+        gap=(40.0, 50.0),
+        txn_timeout_s=300.0,
+    )
     chunks = sum(len(c) for c in job.tasks)
     first_append = 3 + chunks + len(job.tasks) + 4 * topic.partitions  # after the record was written
     job.kill_calls = (first_append, first_append + 2 * chunks + 7 * topic.partitions)  # while it is pending
@@ -551,9 +769,23 @@ def _jobs_latest(rng: random.Random, seed: int) -> Schedule:
     earliest = GroupPlan("g0", "t0", "earliest")
     latest = GroupPlan("g1", "t0", "latest")
     s.groups += [earliest, latest]
-    s.members.append(MemberPlan("g0.0", "g0", "t0", ack=1.0, nack=0.0, extend=0.0, slow=0.0, drop=0.0, dead=0.0))
-    s.members.append(MemberPlan("g1.0", "g1", "t0", start=job.start + rng.uniform(10.0, 30.0), ack=1.0, nack=0.0,
-                                extend=0.0, slow=0.0, drop=0.0, dead=0.0))
+    s.members.append(
+        MemberPlan("g0.0", "g0", "t0", ack=1.0, nack=0.0, extend=0.0, slow=0.0, drop=0.0, dead=0.0)
+    )
+    s.members.append(
+        MemberPlan(
+            "g1.0",
+            "g1",
+            "t0",
+            start=job.start + rng.uniform(10.0, 30.0),
+            ack=1.0,
+            nack=0.0,
+            extend=0.0,
+            slow=0.0,
+            drop=0.0,
+            dead=0.0,
+        )
+    )
     return s
 
 

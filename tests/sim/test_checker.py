@@ -42,42 +42,120 @@ class H:
         return self
 
     def join(self, group: str = "g", topic: str = "t", member: str = "m1", ordered: bool = False) -> H:
-        self.ret(self.call("join", f"member.{member}#1", group=group, topic=topic, start_position="earliest",
-                           ordered=ordered), member=member)
+        self.ret(
+            self.call(
+                "join",
+                f"member.{member}#1",
+                group=group,
+                topic=topic,
+                start_position="earliest",
+                ordered=ordered,
+            ),
+            member=member,
+        )
         return self
 
-    def publish(self, tag: str, seq: int, *, topic: str = "t", key: str | None = None, dedup: str | None = None,
-                duplicate: bool = False, idx: int = 0) -> H:
+    def publish(
+        self,
+        tag: str,
+        seq: int,
+        *,
+        topic: str = "t",
+        key: str | None = None,
+        dedup: str | None = None,
+        duplicate: bool = False,
+        idx: int = 0,
+    ) -> H:
         cid = self.call("publish", "prod#1", topic=topic, tag=tag, key=key, dedup_id=dedup, delay=None)
         self.ret(cid, partition=0, seq=seq, index=idx, offset=seq, id=tag, duplicate=duplicate)
         return self
 
-    def deliver(self, tag: str, seq: int, *, member: str = "m1", group: str = "g", lease_s: float = 30.0,
-                skew: float = 0.0, key: str | None = None, receipt: str | None = None, topic: str = "t",
-                idx: int = 0, msg_id: str | None = None) -> str:
+    def deliver(
+        self,
+        tag: str,
+        seq: int,
+        *,
+        member: str = "m1",
+        group: str = "g",
+        lease_s: float = 30.0,
+        skew: float = 0.0,
+        key: str | None = None,
+        receipt: str | None = None,
+        topic: str = "t",
+        idx: int = 0,
+        msg_id: str | None = None,
+    ) -> str:
         receipt = receipt or f"{topic}:0:{seq}:{idx}:{member}-{self.t}"
-        self.add("deliver", proc=f"member.{member}#1", member=member, group=group, topic=topic, partition=0,
-                 seq=seq, idx=idx, tag=tag, id=msg_id or f"id-{tag}-{seq}", key=key, receipt=receipt,
-                 until=EPOCH + self.t + skew + lease_s, skew=skew, deliveries=1)
+        self.add(
+            "deliver",
+            proc=f"member.{member}#1",
+            member=member,
+            group=group,
+            topic=topic,
+            partition=0,
+            seq=seq,
+            idx=idx,
+            tag=tag,
+            id=msg_id or f"id-{tag}-{seq}",
+            key=key,
+            receipt=receipt,
+            until=EPOCH + self.t + skew + lease_s,
+            skew=skew,
+            deliveries=1,
+        )
         return receipt
 
     def job(self, name: str, tags: list[str], outcome: str = "ok", *, topic: str = "t", run: str = "r1") -> H:
         """One run of a write job (the ``job`` app call)."""
         cid = self.call("job", f"job.{name}#1", job=name, topic=topic, run=run, tags=tags)
-        self.ret(cid, outcome, **({"txn": f"{name}.000001", "recovered": False, "messages": len(tags)}
-                                  if outcome == "ok" else {"error": "TxnError"}))
+        self.ret(
+            cid,
+            outcome,
+            **(
+                {"txn": f"{name}.000001", "recovered": False, "messages": len(tags)}
+                if outcome == "ok"
+                else {"error": "TxnError"}
+            ),
+        )
         return self
 
     def txn(self, name: str, state: str, seqs: list[int | None], *, n: int = 1, topic: str = "t") -> H:
         """The store's journal: the job's record ``{name}.{n}`` written with partition 0's chunk seqs."""
-        self.add("txn", topic=topic, id=f"{name}.{n:06d}", job=name, owner="r1", state=state, reason=None,
-                 partitions={"0": seqs})
+        self.add(
+            "txn",
+            topic=topic,
+            id=f"{name}.{n:06d}",
+            job=name,
+            owner="r1",
+            state=state,
+            reason=None,
+            partitions={"0": seqs},
+        )
         return self
 
-    def settle(self, op: str, receipt: str, tag: str, seq: int, outcome: str = "ok", error: str | None = None,
-               member: str = "m1", **fields: Any) -> None:
-        cid = self.call(op, f"member.{member}#1", group="g", topic="t", partition=0, seq=seq, idx=0, tag=tag,
-                        receipt=receipt, **fields)
+    def settle(
+        self,
+        op: str,
+        receipt: str,
+        tag: str,
+        seq: int,
+        outcome: str = "ok",
+        error: str | None = None,
+        member: str = "m1",
+        **fields: Any,
+    ) -> None:
+        cid = self.call(
+            op,
+            f"member.{member}#1",
+            group="g",
+            topic="t",
+            partition=0,
+            seq=seq,
+            idx=0,
+            tag=tag,
+            receipt=receipt,
+            **fields,
+        )
         self.ret(cid, outcome, **({"error": error} if error else {}))
 
 
@@ -106,7 +184,9 @@ def test_publish_before_the_subscription_or_into_a_later_deleted_topic_is_not_re
 
 def test_a_dead_letter_copy_for_the_group_settles_the_message() -> None:
     h = H().topic().join().at(2).publish("a", 0)
-    h.at(9).add("stored", topic="t.dlq", partition=0, seq=0, tags=["a"], dedups=["x"], keys=[None], dlq_for=["g"])
+    h.at(9).add(
+        "stored", topic="t.dlq", partition=0, seq=0, tags=["a"], dedups=["x"], keys=[None], dlq_for=["g"]
+    )
     assert names(h) == []
 
 
@@ -147,8 +227,21 @@ def test_lease_deadline_is_read_in_the_holders_clock() -> None:
 def test_an_extend_prolongs_the_lease_and_a_lost_lease_ack_does_not_settle() -> None:
     h = H().topic().join().join(member="m2").at(1).publish("a", 0)
     r = h.at(2).deliver("a", 0, member="m1", lease_s=10)
-    h.ret(h.call("extend", "member.m1#1", receipt=r, group="g", topic="t", partition=0, seq=0, idx=0, tag="a",
-                 seconds=30), until=EPOCH + 40)
+    h.ret(
+        h.call(
+            "extend",
+            "member.m1#1",
+            receipt=r,
+            group="g",
+            topic="t",
+            partition=0,
+            seq=0,
+            idx=0,
+            tag="a",
+            seconds=30,
+        ),
+        until=EPOCH + 40,
+    )
     h.at(20).settle("ack", r, "a", 0, outcome="error", error="LeaseLost")
     h.at(25).deliver("a", 0, member="m2")
     assert names(h) == ["exclusive_lease"]
@@ -190,7 +283,9 @@ def test_a_diverging_replica_is_a_violation() -> None:
 
 def test_a_dead_loop_an_unexpected_exception_and_a_hung_call_are_violations() -> None:
     h = H(hang_limit_s=300.0)
-    h.add("loop_died", proc="member.m1#1", member="m1", error="ValueError", msg="delta 7 applied to state at 7")
+    h.add(
+        "loop_died", proc="member.m1#1", member="m1", error="ValueError", msg="delta 7 applied to state at 7"
+    )
     assert names(h) == ["engine_alive"]
     h = H(hang_limit_s=300.0)
     h.ret(h.call("leave", member="m1"), "bug", error="KeyError", msg="x")

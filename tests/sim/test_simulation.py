@@ -41,14 +41,20 @@ def test_schedules_hold_every_invariant() -> None:
     lines = []
     for s in failures:
         kinds = sorted({v["invariant"] for v in s["violations"]}) or ["simulator error"]
-        first = s["violations"][0]["message"] if s["violations"] else (s["error"] or "").strip().splitlines()[-1]
-        lines.append(f"seed {s['seed']} ({s['family']}) {', '.join(kinds)} [{', '.join(s['flaws'])}]: {first}\n"
-                     f"    rerun: {rerun_command(s['seed'], None, None)}")
+        first = (
+            s["violations"][0]["message"] if s["violations"] else (s["error"] or "").strip().splitlines()[-1]
+        )
+        lines.append(
+            f"seed {s['seed']} ({s['family']}) {', '.join(kinds)} [{', '.join(s['flaws'])}]: {first}\n"
+            f"    rerun: {rerun_command(s['seed'], None, None)}"
+        )
     print(f"{SEEDS} schedules in {elapsed:.1f}s ({SEEDS / elapsed:.1f}/s)")
     assert not failures, f"{len(failures)} of {SEEDS} schedules failed:\n" + "\n".join(lines)
 
 
-@pytest.mark.parametrize("family", ["mixed", "stale_tail", "paused_prefetch", "lost_commit", "topic_churn", "jobs"])
+@pytest.mark.parametrize(
+    "family", ["mixed", "stale_tail", "paused_prefetch", "lost_commit", "topic_churn", "jobs"]
+)
 def test_a_seed_replays_the_same_history(family: str) -> None:
     first = run_schedule(7, family)
     second = run_schedule(7, family)
@@ -90,7 +96,11 @@ def test_a_seed_replays_across_processes() -> None:
     for _ in range(2):
         out = subprocess.run(
             [sys.executable, "-m", "tests.sim", "--seed", "3", "--family", "mixed", "--json"],
-            cwd=ROOT, capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONHASHSEED": "0"},
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, "PYTHONHASHSEED": "0"},
         )
         digests.append(json.loads(out.stdout)["runs"][0]["digest"])
     assert digests[0] == digests[1] != ""

@@ -52,8 +52,11 @@ def classify(events: list[Event], violations: list[Violation]) -> list[str]:
     long_pause = any(until - start > LONG_PAUSE_S for ps in ix.pauses.values() for start, until in ps)
     backwards = _backward_tails(ix)
     gaps = _floor_gaps(ix)
-    floors = {(e["group"], e["topic"], e["partition"]): int(e["state"]["floor"]) for e in events
-              if e["ev"] == "fresh" and isinstance(e.get("state"), dict) and "floor" in e["state"]}
+    floors = {
+        (e["group"], e["topic"], e["partition"]): int(e["state"]["floor"])
+        for e in events
+        if e["ev"] == "fresh" and isinstance(e.get("state"), dict) and "floor" in e["state"]
+    }
     stored = {(e["topic"], e["partition"], e["seq"]) for e in events if e["ev"] == "stored"}
     occupants: dict[tuple[Any, Any, Any], set[str]] = defaultdict(set)  # messages seen at each number
     for d in ix.deliveries:
@@ -65,7 +68,9 @@ def classify(events: list[Event], violations: list[Violation]) -> list[str]:
         if e["ev"] == "stored":
             occupants[(e["topic"], e["partition"], e["seq"])].update(str(t) for t in e["tags"])
     initial = {t["name"]: int(t.get("partitions", 1)) for t in ix.params.get("topics", [])}
-    latest = {(c["group"], c["topic"]) for c, _ in ix.by_op.get("join", []) if c.get("start_position") == "latest"}
+    latest = {
+        (c["group"], c["topic"]) for c, _ in ix.by_op.get("join", []) if c.get("start_position") == "latest"
+    }
     for v in violations:
         inv = v.invariant
         label: str | None = None
@@ -81,10 +86,14 @@ def classify(events: list[Event], violations: list[Violation]) -> list[str]:
             elif len(occupants.get(pos, set()) - {call["tag"]}) > 0:
                 # another message is known at this number: it was used (and freed by GC) before
                 label = "r1b" if _first_write_of(ix, call) else "r1"
-            elif any(e["ev"] == "loop_died" and e["error"] == "ValueError" and f".{group}." in e["proc"]
-                     for e in events):
+            elif any(
+                e["ev"] == "loop_died" and e["error"] == "ValueError" and f".{group}." in e["proc"]
+                for e in events
+            ):
                 label = "r5"  # a member of the group lost its loop (and its app waits on its acks for ever)
-            elif (group, call["topic"]) in latest and int(ret.get("partition", 0)) >= initial.get(call["topic"], 1):
+            elif (group, call["topic"]) in latest and int(ret.get("partition", 0)) >= initial.get(
+                call["topic"], 1
+            ):
                 label = "r6"
             elif _join_faulted(ix, group, call["topic"]):
                 label = "join-unstarted"
@@ -101,9 +110,15 @@ def classify(events: list[Event], violations: list[Violation]) -> list[str]:
                 label = "lost-delta"
         elif inv == "engine_alive":
             text = v.message
-            if "ValueError" in text or "applied to state" in text or _loop_died_with(ix, v.events[0], "ValueError"):
+            if (
+                "ValueError" in text
+                or "applied to state" in text
+                or _loop_died_with(ix, v.events[0], "ValueError")
+            ):
                 label = "r5"
-            elif v.events and v.events[0].get("op") in ("ack", "nack", "extend") and _left_during(ix, v.events):
+            elif (
+                v.events and v.events[0].get("op") in ("ack", "nack", "extend") and _left_during(ix, v.events)
+            ):
                 label = "close-unanswered"
         elif inv == "dedup_stored_once":
             label = "r7"
@@ -119,8 +134,9 @@ def _backward_tails(ix: Index) -> dict[tuple[Any, Any, Any], str]:
     """Positions (topic, partition, seq) of acknowledged publishes written at or below a segment
     number already acknowledged on that partition, labelled r1 (a producer's cached tail) or r1b
     (a fresh producer process)."""
-    acked: list[tuple[Event, Event]] = [(c, r) for c, r in ix.publishes() if r is not None and r["outcome"] == "ok"
-                                        and not r.get("duplicate")]
+    acked: list[tuple[Event, Event]] = [
+        (c, r) for c, r in ix.publishes() if r is not None and r["outcome"] == "ok" and not r.get("duplicate")
+    ]
     highest: dict[tuple[str, int], list[tuple[float, int]]] = defaultdict(list)  # (ret t, seq)
     for c, r in acked:
         highest[(c["topic"], r["partition"])].append((r["t"], r["seq"]))
@@ -165,24 +181,35 @@ def _left_during(ix: Index, events: list[Event]) -> bool:
     """The hung call's process began leaving its group while the call was open."""
     call = events[0]
     end = events[1]["t"] if len(events) > 1 else ix.end
-    return any(c["proc"] == call["proc"] and call["t"] - 30.0 <= c["t"] <= end for c, _ in ix.by_op.get("leave", []))
+    return any(
+        c["proc"] == call["proc"] and call["t"] - 30.0 <= c["t"] <= end for c, _ in ix.by_op.get("leave", [])
+    )
 
 
 def _cut_off_before(ix: Index, delivery: Event) -> bool:
     """The delivering process was stopped, or could not reach the store, before the delivery."""
     proc = delivery.get("proc", "")
     return any(start <= delivery["t"] for start, _until in ix.pauses.get(proc, [])) or any(
-        e["ev"] == "outage" and e["proc"] == proc and e["t"] <= delivery["t"] for e in ix.events)
+        e["ev"] == "outage" and e["proc"] == proc and e["t"] <= delivery["t"] for e in ix.events
+    )
 
 
 def _lost_delta_before(ix: Index, delivery: Event) -> bool:
-    return any(e["ev"] == "fault" and e["proc"] == delivery.get("proc") and e["kind"] in ("lost", "timeout")
-               and "/subs/" in e["key"] and e["t"] <= delivery["t"] for e in ix.events)
+    return any(
+        e["ev"] == "fault"
+        and e["proc"] == delivery.get("proc")
+        and e["kind"] in ("lost", "timeout")
+        and "/subs/" in e["key"]
+        and e["t"] <= delivery["t"]
+        for e in ix.events
+    )
 
 
 def _loop_died_with(ix: Index, call: Event, error: str) -> bool:
     """The consumer loop of ``call``'s process died of ``error``."""
-    return any(e["ev"] == "loop_died" and e["proc"] == call.get("proc") and e["error"] == error for e in ix.events)
+    return any(
+        e["ev"] == "loop_died" and e["proc"] == call.get("proc") and e["error"] == error for e in ix.events
+    )
 
 
 def _join_faulted(ix: Index, group: str, topic: str) -> bool:
@@ -190,12 +217,17 @@ def _join_faulted(ix: Index, group: str, topic: str) -> bool:
     for call, ret in ix.by_op.get("join", []):
         if call["group"] != group or call["topic"] != topic or ret is None or ret["outcome"] != "ok":
             continue
-        if any(e["ev"] == "fault" and e["proc"] == call["proc"] and call["t"] <= e["t"] <= ret["t"] for e in ix.events):
+        if any(
+            e["ev"] == "fault" and e["proc"] == call["proc"] and call["t"] <= e["t"] <= ret["t"]
+            for e in ix.events
+        ):
             return True
     return False
 
 
 def _first_write_of(ix: Index, call: Event) -> bool:
     """``call`` is the first publish its process made on that topic (a fresh process's tail)."""
-    return not any(c["proc"] == call["proc"] and c["topic"] == call["topic"] and c["t"] < call["t"]
-                   for c, _ in ix.publishes())
+    return not any(
+        c["proc"] == call["proc"] and c["topic"] == call["topic"] and c["t"] < call["t"]
+        for c, _ in ix.publishes()
+    )

@@ -68,7 +68,9 @@ async def _txns(settings: Settings, topic: str) -> list[tuple[str, str]]:
 async def _consume_all(settings: Settings, topic: str, expected: int, idle_s: float = 2.0) -> list[int]:
     """Every message an engine consumer gets (acked): ``expected`` of them, then ``idle_s`` of quiet
     to show there is nothing more."""
-    fast = Settings.from_dict(settings.model_dump(mode="json") | {"consumer": {"poll_min_ms": 5, "poll_max_ms": 50}})
+    fast = Settings.from_dict(
+        settings.model_dump(mode="json") | {"consumer": {"poll_min_ms": 5, "poll_max_ms": 50}}
+    )
     got: list[int] = []
     async with Bucketq(fast) as bq:
         consumer = await bq.register_consumer("checker", topic)
@@ -95,8 +97,14 @@ def test_refused_commit_leaves_nothing_visible_and_the_rerun_writes_once(
         # S3 refuses every segment PUT of partition 1 (the staging PUTs go through)
         proxy.refuse("PUT", rf"/{bucket.s3_bucket}/ledger/p0001/seg/")
         with pytest.raises(Exception, match="nothing of it is visible"):
-            _save(_rows(spark, n), options | {"endpoint": proxy.url}, "ledger", jobId="ledger-1",
-                  batchMessages=250, txnTimeout=12)
+            _save(
+                _rows(spark, n),
+                options | {"endpoint": proxy.url},
+                "ledger",
+                jobId="ledger-1",
+                batchMessages=250,
+                txnTimeout=12,
+            )
         assert proxy.refused > 0
     # the other partitions' segments were appended, but no reader shows them
     appended = asyncio.run(keys_under(bucket, "ledger/p0000/seg/"))
@@ -110,7 +118,10 @@ def test_refused_commit_leaves_nothing_visible_and_the_rerun_writes_once(
     _save(_rows(spark, n), options, "ledger", jobId="ledger-1", batchMessages=250)
     assert _visible(spark, bucket, "ledger") == list(range(n))
     assert asyncio.run(_consume_all(bucket, "ledger", n)) == list(range(n))
-    assert asyncio.run(_txns(bucket, "ledger")) == [("ledger-1.000001", "aborted"), ("ledger-1.000002", "committed")]
+    assert asyncio.run(_txns(bucket, "ledger")) == [
+        ("ledger-1.000001", "aborted"),
+        ("ledger-1.000002", "committed"),
+    ]
 
 
 KILLED_JOB = textwrap.dedent(
@@ -140,17 +151,28 @@ def test_driver_killed_during_commit_then_rerun_leaves_exactly_one_copy(
     with RefusingProxy(moto_server.endpoint_url) as proxy:
         # every segment append of the commit takes a while: the kill lands in the middle of it
         proxy.delay("PUT", rf"/{bucket.s3_bucket}/orders/p\d+/seg/", 0.5)
-        job_options = options | {"endpoint": proxy.url, "topic": "orders", "jobId": "nightly", "batchMessages": "150"}
+        job_options = options | {
+            "endpoint": proxy.url,
+            "topic": "orders",
+            "jobId": "nightly",
+            "batchMessages": "150",
+        }
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": os.getcwd()}
         proc = subprocess.Popen(
-            [sys.executable, str(script), json.dumps(job_options), str(n)], env=env, start_new_session=True,
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            [sys.executable, str(script), json.dumps(job_options), str(n)],
+            env=env,
+            start_new_session=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
         )
         try:
             deadline = time.monotonic() + 240
             while time.monotonic() < deadline and proc.poll() is None:
                 # the commit has begun (record written) and some of its segments are in
-                if asyncio.run(keys_under(bucket, "orders/txn/")) and len(asyncio.run(keys_under(bucket, "orders/p"))) >= 3:
+                if (
+                    asyncio.run(keys_under(bucket, "orders/txn/"))
+                    and len(asyncio.run(keys_under(bucket, "orders/p"))) >= 3
+                ):
                     break
                 time.sleep(0.1)
             assert proc.poll() is None, proc.stdout.read().decode()[-3000:] if proc.stdout else ""
@@ -232,7 +254,9 @@ def test_backfill_and_export_run_twice_add_nothing(spark: Any, bucket: Settings,
 
 
 def test_redrive_resumes_a_round_that_died_before_its_acks(spark: Any, moto_server: S3Server) -> None:
-    settings = moto_server.settings(strategy="conditional_write", consumer={"poll_min_ms": 5, "poll_max_ms": 40})
+    settings = moto_server.settings(
+        strategy="conditional_write", consumer={"poll_min_ms": 5, "poll_max_ms": 40}
+    )
     asyncio.run(publish_many(settings, "orders", 20, partitions=2))
 
     async def dead_letter_all() -> set[str]:
@@ -249,17 +273,25 @@ def test_redrive_resumes_a_round_that_died_before_its_acks(spark: Any, moto_serv
     ids = asyncio.run(dead_letter_all())
     # a redrive round that claimed, committed its copies, and died before acking
     wanted: dict[int, list[tuple[int, int]]] = {}
-    for r in pipelines.read_topic(spark, settings, "orders.dlq").select("partition", "seq", "index").collect():
+    for r in (
+        pipelines.read_topic(spark, settings, "orders.dlq").select("partition", "seq", "index").collect()
+    ):
         wanted.setdefault(int(r["partition"]), []).append((int(r["seq"]), int(r["index"])))
-    claims = asyncio.run(cursor_ops.claim(settings, "orders.dlq", "redrive", wanted, lease_s=1800, member="dead"))
+    claims = asyncio.run(
+        cursor_ops.claim(settings, "orders.dlq", "redrive", wanted, lease_s=1800, member="dead")
+    )
     assert claims.count == 20
     intent = cursor_ops.RoundIntent("orders.dlq", "orders", "redrive", "redrive-crashed", claims)
     asyncio.run(cursor_ops.save_intent(settings, intent))
-    pipelines._copy_claimed(spark, settings, "orders.dlq", "orders", claims, show=False, round_no=1, job=intent.job)
+    pipelines._copy_claimed(
+        spark, settings, "orders.dlq", "orders", claims, show=False, round_no=1, job=intent.job
+    )
 
     report = pipelines.redrive(spark, settings, "orders.dlq", "orders", show=False)
     assert (report.moved, report.acked, report.lost) == (0, 20, 0)  # copies were there; acks finished
-    redriven = pipelines.read_topic(spark, settings, "orders").where("headers['bucketq-redrive-for'] = 'billing'")
+    redriven = pipelines.read_topic(spark, settings, "orders").where(
+        "headers['bucketq-redrive-for'] = 'billing'"
+    )
     assert sorted(r["id"] for r in redriven.select("id").collect()) == sorted(ids)  # each exactly once
     assert pipelines.redrive(spark, settings, "orders.dlq", "orders", show=False).moved == 0
     assert asyncio.run(cursor_ops.open_intents(settings, "orders.dlq", "redrive")) == []

@@ -23,9 +23,16 @@ def _cli(server: S3Server, settings: Settings, *args: str) -> Any:
     from bucketq.cli.app import app
 
     conn = [
-        "--endpoint-url", server.endpoint_url, "--bucket", str(settings.s3_bucket),
-        "--access-key-id", server.access_key, "--secret-access-key", server.secret_key,
-        "--strategy", "conditional_write",
+        "--endpoint-url",
+        server.endpoint_url,
+        "--bucket",
+        str(settings.s3_bucket),
+        "--access-key-id",
+        server.access_key,
+        "--secret-access-key",
+        server.secret_key,
+        "--strategy",
+        "conditional_write",
     ]
     result = CliRunner().invoke(app, [*conn, "spark", *args])
     assert result.exit_code == 0, result.output
@@ -50,8 +57,17 @@ def _essence(r: Record) -> tuple[Any, ...]:
     """Everything a message is, independent of where it sits (timestamps to the microsecond)."""
     micros = round(r.not_before * 1e6) if r.not_before is not None else None
     return (
-        r.id, r.key, tuple(sorted(r.headers.items())), repr(r.payload), r.data, r.content_type,
-        round(r.created_at * 1e6), r.producer_id, r.priority, micros, r.dedup_id,
+        r.id,
+        r.key,
+        tuple(sorted(r.headers.items())),
+        repr(r.payload),
+        r.data,
+        r.content_type,
+        round(r.created_at * 1e6),
+        r.producer_id,
+        r.priority,
+        micros,
+        r.dedup_id,
     )
 
 
@@ -64,7 +80,18 @@ def test_export_then_backfill_is_lossless(
     result = _cli(moto_server, bucket, "export", "--topic", "source", "--to", str(out), "--format", fmt, "-q")
     assert "exported 500 messages" in result.output
     result = _cli(
-        moto_server, bucket, "backfill", "--from", str(out), "--format", fmt, "--topic", "copy", "--create", "2", "-q"
+        moto_server,
+        bucket,
+        "backfill",
+        "--from",
+        str(out),
+        "--format",
+        fmt,
+        "--topic",
+        "copy",
+        "--create",
+        "2",
+        "-q",
     )
     assert "published 500 messages" in result.output
 
@@ -77,7 +104,13 @@ def test_export_then_backfill_is_lossless(
 def test_export_time_window_and_csv_backfill(spark: Any, bucket: Settings, tmp_path: Path) -> None:
     asyncio.run(publish_many(bucket, "window", 100, make=_message))
     count = pipelines.export(
-        spark, bucket, "window", str(tmp_path / "w"), "json", since=str(1_700_000_010), until=str(1_700_000_020),
+        spark,
+        bucket,
+        "window",
+        str(tmp_path / "w"),
+        "json",
+        since=str(1_700_000_010),
+        until=str(1_700_000_020),
         show=False,
     )
     assert count == 10
@@ -127,7 +160,9 @@ async def _billing_receives(settings: Settings, count: int) -> list[Any]:
 
 
 def test_redrive_moves_every_dead_letter_exactly_once(spark: Any, moto_server: S3Server) -> None:
-    settings = moto_server.settings(strategy="conditional_write", consumer={"poll_min_ms": 5, "poll_max_ms": 40})
+    settings = moto_server.settings(
+        strategy="conditional_write", consumer={"poll_min_ms": 5, "poll_max_ms": 40}
+    )
     timeout, invalid = asyncio.run(_dead_letter_some(settings))
 
     first = pipelines.redrive(
@@ -143,7 +178,9 @@ def test_redrive_moves_every_dead_letter_exactly_once(spark: Any, moto_server: S
     again = pipelines.redrive(spark, settings, "orders.dlq", "orders", show=False)
     assert (again.moved, again.rounds) == (0, 0)
 
-    redriven = [r for *_, r in asyncio.run(topic_records(settings, "orders")) if "bucketq-redrive-for" in r.headers]
+    redriven = [
+        r for *_, r in asyncio.run(topic_records(settings, "orders")) if "bucketq-redrive-for" in r.headers
+    ]
     assert sorted(r.id for r in redriven) == sorted(timeout | invalid)  # each exactly once
     for r in redriven:
         assert r.headers["bucketq-redrive-for"] == "billing"
@@ -154,7 +191,9 @@ def test_redrive_moves_every_dead_letter_exactly_once(spark: Any, moto_server: S
     # the consumer that failed gets them again; the other consumer of the topic skips them
     received = asyncio.run(_billing_receives(settings, 20))
     assert sorted(m.id for m in received) == sorted(timeout | invalid)
-    audit = pipelines.read_topic(spark, settings, "orders", consumer="audit").where("state = 'pending'").count()
+    audit = (
+        pipelines.read_topic(spark, settings, "orders", consumer="audit").where("state = 'pending'").count()
+    )
     assert audit == 30
 
 

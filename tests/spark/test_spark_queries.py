@@ -40,8 +40,16 @@ def topic(moto_server: S3Server) -> tuple[Settings, list[Row]]:
 
     # several segments per partition (batches of 150)
     for start in range(0, N, 150):
-        asyncio.run(publish_many(settings, "shapes", 150, partitions=3, create=start == 0,
-                                 make=lambda i, start=start: make(start + i)))
+        asyncio.run(
+            publish_many(
+                settings,
+                "shapes",
+                150,
+                partitions=3,
+                create=start == 0,
+                make=lambda i, start=start: make(start + i),
+            )
+        )
     rows = [(p, seq, r) for p, seq, _, r in asyncio.run(topic_records(settings, "shapes"))]
     assert len(rows) == N and len({p for p, _, _ in rows}) == 3 and len({s for _, s, _ in rows}) > 2
     return settings, rows
@@ -100,7 +108,9 @@ def test_every_shape_alone_and_after_every_other_on_one_dataframe(
     assert len(set(expected)) > 8  # the shapes really select different rows
 
     def load() -> Any:
-        reader = session.read.format("bucketq").options(**settings_options(settings)).option("topic", "shapes")
+        reader = (
+            session.read.format("bucketq").options(**settings_options(settings)).option("topic", "shapes")
+        )
         return reader.option("minPartitions", "1").load()  # one task per query: the answer is what counts
 
     # a narrowing shape first on a fresh DataFrame, then one with nothing to push

@@ -40,9 +40,13 @@ def published(moto_server: S3Server) -> tuple[Settings, list[PublishResult]]:
 
 
 def _read(spark: Any, settings: Settings, **options: Any) -> Any:
-    return spark.read.format("bucketq").options(**settings_options(settings)).option("topic", "events").options(
-        **{k: str(v) for k, v in options.items()}
-    ).load()
+    return (
+        spark.read.format("bucketq")
+        .options(**settings_options(settings))
+        .option("topic", "events")
+        .options(**{k: str(v) for k, v in options.items()})
+        .load()
+    )
 
 
 @pytest.fixture(scope="module")
@@ -51,7 +55,9 @@ def table(spark: Any, published: tuple[Settings, list[PublishResult]]) -> Any:
     return _read(spark, published[0]).toArrow()
 
 
-def test_read_equals_what_the_engine_published(table: Any, published: tuple[Settings, list[PublishResult]]) -> None:
+def test_read_equals_what_the_engine_published(
+    table: Any, published: tuple[Settings, list[PublishResult]]
+) -> None:
     _, results = published
     assert table.num_rows == N
     rows = table.to_pylist()
@@ -60,7 +66,10 @@ def test_read_equals_what_the_engine_published(table: Any, published: tuple[Sett
     for i, res in enumerate(results):
         row = by_id[res.id]
         assert (row["partition"], row["seq"], row["index"], row["offset"]) == (
-            res.partition, res.seq, res.index, res.offset
+            res.partition,
+            res.seq,
+            res.index,
+            res.offset,
         )
         want = make(i)
         assert row["topic"] == "events"
@@ -89,17 +98,23 @@ def test_filters_by_partition_seq_and_time(
     assert _read(spark, settings, startSeq=2, endSeq=5).count() == sum(2 <= r.seq < 5 for r in results)
     pushed = _read(spark, settings).where("partition = 2 AND seq >= 3 AND seq < 6")
     assert pushed.count() == sum(r.partition == 2 and 3 <= r.seq < 6 for r in results)
-    assert _read(spark, settings).where("partition IN (0, 3)").count() == sum(r.partition in (0, 3) for r in results)
+    assert _read(spark, settings).where("partition IN (0, 3)").count() == sum(
+        r.partition in (0, 3) for r in results
+    )
 
     times = sorted(table.column("created_at").to_pylist())
     cut, end = times[N // 3], times[2 * N // 3]
     expected = sum(cut <= t < end for t in times)
     assert _read(spark, settings, since=cut.isoformat(), until=end.isoformat()).count() == expected
-    where = _read(spark, settings).where(f"created_at >= '{cut.isoformat()}' AND created_at < '{end.isoformat()}'")
+    where = _read(spark, settings).where(
+        f"created_at >= '{cut.isoformat()}' AND created_at < '{end.isoformat()}'"
+    )
     assert where.count() == expected
 
 
-def test_planning_groups_segments_by_size(spark: Any, published: tuple[Settings, list[PublishResult]]) -> None:
+def test_planning_groups_segments_by_size(
+    spark: Any, published: tuple[Settings, list[PublishResult]]
+) -> None:
     settings, _ = published
     segments = len({(r.partition, r.seq) for r in published[1]})
     assert _read(spark, settings, splitBytes=1).rdd.getNumPartitions() == segments
@@ -131,9 +146,15 @@ def test_consumer_state_column(spark: Any, moto_server: S3Server) -> None:
         return acked, dead, held
 
     acked, dead, held = asyncio.run(consume())
-    rows = spark.read.format("bucketq").options(**settings_options(settings)).option("topic", "work").option(
-        "consumer", "billing"
-    ).load().select("id", "state").collect()
+    rows = (
+        spark.read.format("bucketq")
+        .options(**settings_options(settings))
+        .option("topic", "work")
+        .option("consumer", "billing")
+        .load()
+        .select("id", "state")
+        .collect()
+    )
     state = {r["id"]: r["state"] for r in rows}
     assert len(state) == len(results)
     assert {i for i, s in state.items() if s == "acked"} == acked

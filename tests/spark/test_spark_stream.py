@@ -16,7 +16,13 @@ pytestmark = [pytest.mark.spark, pytest.mark.s3]
 
 
 def _run_available_now(spark: Any, options: dict[str, str], out: Path, checkpoint: Path, **extra: str) -> Any:
-    stream = spark.readStream.format("bucketq").options(**options).option("topic", "clicks").options(**extra).load()
+    stream = (
+        spark.readStream.format("bucketq")
+        .options(**options)
+        .option("topic", "clicks")
+        .options(**extra)
+        .load()
+    )
     query = (
         stream.select("id", "partition", "seq", "index", "payload")
         .writeStream.format("parquet")

@@ -39,14 +39,19 @@ def test_options_resolve_settings_and_reject_bad_values() -> None:
 
 
 def test_time_window_is_exact_to_the_microsecond() -> None:
-    cfg = ReadConfig.from_options({**CONN, "topic": "t", "since": "2024-01-01T00:00:00Z", "until": "1704067260"})
+    cfg = ReadConfig.from_options(
+        {**CONN, "topic": "t", "since": "2024-01-01T00:00:00Z", "until": "1704067260"}
+    )
     start = datetime(2024, 1, 1, tzinfo=UTC).timestamp()
     assert cfg.wants_time(start) and not cfg.wants_time(start - 1e-6)
     assert cfg.wants_time(start + 59.999999) and not cfg.wants_time(start + 60)
 
 
 def test_unknown_options_fail_with_the_valid_ones() -> None:
-    with pytest.raises(ConfigError, match=r"unknown option 'partition' \(did you mean 'partitions'\?\) for a bucketq read; valid options: .*partitions"):
+    with pytest.raises(
+        ConfigError,
+        match=r"unknown option 'partition' \(did you mean 'partitions'\?\) for a bucketq read; valid options: .*partitions",
+    ):
         ReadConfig.from_options({**CONN, "topic": "t", "partition": "0"})
     with pytest.raises(ConfigError, match=r"'jobid2'.* for a bucketq write; valid options: .*jobId"):
         WriteConfig.from_options({**CONN, "topic": "t", "jobid2": "x"})
@@ -79,8 +84,9 @@ def test_fast_lines_decode_like_the_engine_and_reject_what_it_rejects() -> None:
     assert encoder.fast
     texts = ['{"n": 1}', "[1, 2.5, null]", '"s\\u00e9"', "7", None, '{"nested": {"a": [true]}}']
     keys = ["k-1", None, 'q"uote', "k-1", None, "é"]
-    batch = pa.RecordBatch.from_pylist([{"payload": t, "key": k} for t, k in zip(texts, keys, strict=True)],
-                                       schema=arrow_schema(schema))
+    batch = pa.RecordBatch.from_pylist(
+        [{"payload": t, "key": k} for t, k in zip(texts, keys, strict=True)], schema=arrow_schema(schema)
+    )
     records = []
     for partition, lines in encoder.encode(batch):  # mixed payload types: message by message
         for line in _lines(lines):
@@ -89,25 +95,36 @@ def test_fast_lines_decode_like_the_engine_and_reject_what_it_rejects() -> None:
             if record.key is not None:
                 assert partition == partition_for_key(record.key, 4)
     by_key = sorted((r.key or "", json.dumps(r.payload)) for r in records)
-    want = sorted(((k or "", json.dumps(json.loads(t) if t is not None else None)) for t, k in zip(texts, keys, strict=True)))
+    want = sorted(
+        (
+            (k or "", json.dumps(json.loads(t) if t is not None else None))
+            for t, k in zip(texts, keys, strict=True)
+        )
+    )
     assert by_key == want
     ids = [r.id for r in records]
     assert len(set(ids)) == len(ids) and all(uuid.UUID(i).version == 7 for i in ids)
     assert all(r.producer_id == "pid" and r.content_type == "application/json" for r in records)
-    uniform = pa.RecordBatch.from_pylist([{"payload": f'{{"n": {i}}}', "key": f"k{i}"} for i in range(50)],
-                                         schema=arrow_schema(schema))
+    uniform = pa.RecordBatch.from_pylist(
+        [{"payload": f'{{"n": {i}}}', "key": f"k{i}"} for i in range(50)], schema=arrow_schema(schema)
+    )
     out = list(encoder.encode(uniform))
     assert all(isinstance(lines, pa.Array) for _, lines in out)  # the bulk path
-    got = sorted(Record.from_json(json.loads(line)).payload["n"] for _, lines in out for line in _lines(lines))
+    got = sorted(
+        Record.from_json(json.loads(line)).payload["n"] for _, lines in out for line in _lines(lines)
+    )
     assert got == list(range(50))
     # what is not exactly one JSON value fails the task as the engine's encoder would
-    for bad in ["1}{\"p\":2", "1,\"q\":2", "NaN", "{\"a\":1,}", "", "[1", "1 2", "{\n\"a\": NaN}"]:
-        broken = pa.RecordBatch.from_pylist([{"payload": "1", "key": None}, {"payload": bad, "key": None}],
-                                            schema=arrow_schema(schema))
+    for bad in ['1}{"p":2', '1,"q":2', "NaN", '{"a":1,}', "", "[1", "1 2", '{\n"a": NaN}']:
+        broken = pa.RecordBatch.from_pylist(
+            [{"payload": "1", "key": None}, {"payload": bad, "key": None}], schema=arrow_schema(schema)
+        )
         with pytest.raises(InvalidMessage, match="not JSON"):
             list(encoder.encode(broken))
     # line breaks inside a payload are valid JSON: stored re-encoded on one line
-    multi = pa.RecordBatch.from_pylist([{"payload": '{\n "a": 1\n}', "key": None}], schema=arrow_schema(schema))
+    multi = pa.RecordBatch.from_pylist(
+        [{"payload": '{\n "a": 1\n}', "key": None}], schema=arrow_schema(schema)
+    )
     ((_, lines),) = list(encoder.encode(multi))
     assert [Record.from_json(json.loads(line)).payload for line in _lines(lines)] == [{"a": 1}]
 
@@ -173,10 +190,14 @@ def test_arrow_schema_matches_spark() -> None:
 
 def test_row_mapping() -> None:
     cfg = WriteConfig.from_options({**CONN, "topic": "t", "keepIds": "false"})
-    schema = StructType([
-        StructField("payload", StringType()), StructField("headers", MapType(StringType(), StringType())),
-        StructField("created_at", TimestampType()), StructField("id", StringType()),
-    ])
+    schema = StructType(
+        [
+            StructField("payload", StringType()),
+            StructField("headers", MapType(StringType(), StringType())),
+            StructField("created_at", TimestampType()),
+            StructField("id", StringType()),
+        ]
+    )
     when = datetime(2024, 1, 1, tzinfo=UTC)
     batch = pa.RecordBatch.from_pylist(
         [{"payload": '{"a": [1, 2]}', "headers": [("h", "v")], "created_at": when, "id": "x"}],

@@ -83,7 +83,9 @@ def test_write_maps_rows_data_and_times(spark: Any, bucket: Settings, options: d
     assert records[3].payload == "hello"
 
 
-def test_failed_write_task_leaves_nothing_visible(spark: Any, bucket: Settings, options: dict[str, str]) -> None:
+def test_failed_write_task_leaves_nothing_visible(
+    spark: Any, bucket: Settings, options: dict[str, str]
+) -> None:
     asyncio.run(_create(bucket, "ledger", 2))
     # task 1 stages several segments, then meets a payload that is not JSON and fails the job
     df = spark.range(5000, numPartitions=2).selectExpr(
@@ -97,7 +99,9 @@ def test_failed_write_task_leaves_nothing_visible(spark: Any, bucket: Settings, 
     # a clean rerun then publishes everything once
     good = spark.range(5000, numPartitions=2).selectExpr("to_json(named_struct('n', id)) AS payload")
     _writer(good, options, "ledger", batchMessages=500).save()
-    assert sorted(r.payload["n"] for *_, r in asyncio.run(topic_records(bucket, "ledger"))) == list(range(5000))
+    assert sorted(r.payload["n"] for *_, r in asyncio.run(topic_records(bucket, "ledger"))) == list(
+        range(5000)
+    )
 
 
 def test_bad_input_is_rejected_before_any_task(spark: Any, bucket: Settings, options: dict[str, str]) -> None:
@@ -108,5 +112,7 @@ def test_bad_input_is_rejected_before_any_task(spark: Any, bucket: Settings, opt
     with pytest.raises(Exception, match="unknown topic"):
         _writer(spark.createDataFrame([("{}",)], "payload STRING"), options, "missing").save()
     with pytest.raises(Exception, match="append-only"):
-        _writer(spark.createDataFrame([("{}",)], "payload STRING"), options, "strict").mode("overwrite").save()
+        _writer(spark.createDataFrame([("{}",)], "payload STRING"), options, "strict").mode(
+            "overwrite"
+        ).save()
     assert settings_options(bucket)["bucket"] == bucket.s3_bucket
