@@ -13,7 +13,8 @@ Hypothesis profiles, chosen by ``HYPOTHESIS_PROFILE`` (default ``ci``):
 import os
 
 from hypothesis import Phase, settings
-from servers import file_storage, memory_storage, moto_server, s3_backend, seaweedfs_server
+
+from tests.support.servers import file_storage, memory_storage, moto_server, s3_backend, seaweedfs_server
 
 __all__ = ["file_storage", "memory_storage", "moto_server", "s3_backend", "seaweedfs_server"]
 

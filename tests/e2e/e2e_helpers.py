@@ -27,13 +27,13 @@ from typing import Any
 
 import pytest
 import yaml
-from harness import wait_for
-from servers import _clean_env as servers_clean_env
-from servers import free_ports
 
 from bucketq import Bucketq
 from bucketq.client import Client, message
 from bucketq.config import Settings
+from tests.operator.harness import wait_for
+from tests.support.servers import _clean_env as servers_clean_env
+from tests.support.servers import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"

@@ -24,8 +24,9 @@ from typing import Any
 
 import pytest
 import yaml
-from chart_tools import CHART, OLDEST_KUBE, REPO, helm, tool
-from e2e_helpers import (
+
+from bucketq.config import Settings
+from tests.e2e.e2e_helpers import (
     CUSTOM_RESOURCES,
     EXAMPLES,
     NAMESPACE,
@@ -42,10 +43,9 @@ from e2e_helpers import (
     publish,
     wait_consumed,
 )
-from harness import wait_for
-from servers import ACCESS_KEY, SECRET_KEY, free_ports
-
-from bucketq.config import Settings
+from tests.operator.harness import wait_for
+from tests.ship.chart_tools import CHART, OLDEST_KUBE, REPO, helm, tool
+from tests.support.servers import ACCESS_KEY, SECRET_KEY, free_ports
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -37,18 +37,9 @@ from typing import Any
 import celpy
 import jsonpatch
 import pytest
-from chart_tools import (
-    CHART,
-    container_env,
-    granted,
-    one,
-    operator_container,
-    render,
-    secret_data,
-    selector_matches,
-    tool,
-)
-from e2e_helpers import (
+
+from bucketq.config import Settings
+from tests.e2e.e2e_helpers import (
     CONSUMER,
     CUSTOM_RESOURCES,
     EXAMPLES,
@@ -71,11 +62,20 @@ from e2e_helpers import (
     wait_consumed,
     worker_command,
 )
-from harness import Kube, wait_for
-from k8s_emulator import EmulatorThread
-from servers import S3Server, free_ports
-
-from bucketq.config import Settings
+from tests.operator.harness import Kube, wait_for
+from tests.operator.k8s_emulator import EmulatorThread
+from tests.ship.chart_tools import (
+    CHART,
+    container_env,
+    granted,
+    one,
+    operator_container,
+    render,
+    secret_data,
+    selector_matches,
+    tool,
+)
+from tests.support.servers import S3Server, free_ports
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.s3]
 

@@ -8,12 +8,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Kube, RunningOperator, fast_settings, port_open, start_operator, wait_for
-from k8s_emulator import EmulatorThread
-from servers import S3Server, free_ports
 
 from bucketq.config import Settings
 from bucketq.operator.crds import all_crds
+from tests.operator.harness import Kube, RunningOperator, fast_settings, port_open, start_operator, wait_for
+from tests.operator.k8s_emulator import EmulatorThread
+from tests.support.servers import S3Server, free_ports
 
 SHARED = "shared-*"
 

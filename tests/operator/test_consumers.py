@@ -6,12 +6,11 @@ import asyncio
 import urllib.request
 from typing import Any
 
-from harness import Kube, RunningOperator, condition, wait_for
-from test_topics import ready, topic
-
 from bucketq.config import Settings
 from bucketq.core.app import Bucketq
 from bucketq.operator.buckets import namespace_root
+from tests.operator.harness import Kube, RunningOperator, condition, wait_for
+from tests.operator.test_topics import ready, topic
 
 
 def consumer(ns: str, name: str, **spec: Any) -> dict[str, Any]:

@@ -11,11 +11,11 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from k8s_emulator import CelRules, apply_defaults
 from typer.testing import CliRunner
 
 from bucketq.operator.crds import all_crds, rendered_files
 from bucketq.operator.models import KINDS
+from tests.operator.k8s_emulator import CelRules, apply_defaults
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMAS = {

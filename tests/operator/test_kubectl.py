@@ -8,8 +8,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from harness import Kube, RunningOperator, wait_for
-from test_topics import ready
+
+from tests.operator.harness import Kube, RunningOperator, wait_for
+from tests.operator.test_topics import ready
 
 ROOT = Path(__file__).resolve().parents[2]
 KUBECTL = shutil.which("kubectl")

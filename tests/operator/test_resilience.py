@@ -7,13 +7,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from harness import Kube, RunningOperator, condition, fast_settings, start_operator, wait_for
-from s3_switch import S3Switch
-from servers import S3Server
-from test_consumers import consumer
-from test_topics import ready, topic
 
 from bucketq.config import Settings
+from tests.operator.harness import Kube, RunningOperator, condition, fast_settings, start_operator, wait_for
+from tests.operator.s3_switch import S3Switch
+from tests.operator.test_consumers import consumer
+from tests.operator.test_topics import ready, topic
+from tests.support.servers import S3Server
 
 
 def objects(moto_server: S3Server, settings: Settings, prefix: str) -> dict[str, tuple[str, Any]]:

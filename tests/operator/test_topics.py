@@ -6,10 +6,10 @@ import json
 from typing import Any
 
 import pytest
-from harness import ApiFailure, Kube, RunningOperator, condition, wait_for
-from servers import S3Server
 
 from bucketq.config import Settings
+from tests.operator.harness import ApiFailure, Kube, RunningOperator, condition, wait_for
+from tests.support.servers import S3Server
 
 
 def topic(ns: str, name: str, **spec: Any) -> dict[str, Any]:

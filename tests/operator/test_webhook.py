@@ -14,13 +14,13 @@ import jsonpatch
 import kopf
 import pytest
 import yaml
-from harness import Kube, RunningOperator, wait_for
-from test_consumers import consumer
-from test_topics import ready, topic
 
 from bucketq.config import Settings
 from bucketq.operator.config import OperatorSettings
 from bucketq.operator.webhook import SidecarInjector
+from tests.operator.harness import Kube, RunningOperator, wait_for
+from tests.operator.test_consumers import consumer
+from tests.operator.test_topics import ready, topic
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
@@ -258,9 +258,8 @@ def test_tls_webhook_server_with_a_generated_certificate() -> None:
     import asyncio
     import ssl
 
-    from servers import free_ports
-
     from bucketq.operator.webhook import webhook_server
+    from tests.support.servers import free_ports
 
     (port,) = free_ports(1)
     server = webhook_server(

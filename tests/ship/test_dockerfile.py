@@ -248,7 +248,7 @@ def excluded(path: str, patterns: list[tuple[bool, str]]) -> bool:
 @pytest.mark.parametrize(
     "path",
     [
-        "tests/test_engine.py",
+        "tests/engine/test_engine.py",
         "tests/ship/test_dockerfile.py",
         ".venv/bin/python",
         "venv/lib/x.py",

@@ -19,7 +19,8 @@ from typing import Any
 
 import pytest
 import yaml
-from chart_tools import (
+
+from tests.ship.chart_tools import (
     CHART,
     NAMESPACE,
     NEWEST_KUBE,

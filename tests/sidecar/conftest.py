@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from servers import S3Server
-from sidecar_procs import SidecarFactory, SidecarProc, start_sidecar
 
 from bucketq.config import Settings
+from tests.sidecar.sidecar_procs import SidecarFactory, SidecarProc, start_sidecar
+from tests.support.servers import S3Server
 
 
 @pytest.fixture

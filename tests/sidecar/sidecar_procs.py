@@ -16,11 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-from servers import free_ports
-
 from bucketq import Bucketq
 from bucketq.client import AsyncClient, Client
 from bucketq.config import Settings
+from tests.support.servers import free_ports
 
 T = TypeVar("T")
 START_TIMEOUT_S = 30.0

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from servers import S3Server
 
 from bucketq.sidecar.bench import run_via_sidecar
+from tests.support.servers import S3Server
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 

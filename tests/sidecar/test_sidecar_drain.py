@@ -7,11 +7,11 @@ import signal
 import time
 
 import pytest
-from sidecar_procs import SidecarFactory, aeventually, create_topics
 
 from bucketq import Bucketq
 from bucketq.client import DeliveredMessage, UnavailableError, message
 from bucketq.config import Settings
+from tests.sidecar.sidecar_procs import SidecarFactory, aeventually, create_topics
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 

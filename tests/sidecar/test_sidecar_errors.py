@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sidecar_procs import SidecarFactory, SidecarProc, create_topics, eventually
 
 from bucketq.client import (
     BadRequestError,
@@ -25,6 +24,7 @@ from bucketq.client import (
     message,
 )
 from bucketq.config import Settings
+from tests.sidecar.sidecar_procs import SidecarFactory, SidecarProc, create_topics, eventually
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 

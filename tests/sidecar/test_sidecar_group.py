@@ -7,11 +7,11 @@ import time
 from collections import Counter
 
 import pytest
-from sidecar_procs import SidecarFactory, SidecarProc, create_topics
 
 from bucketq.client import DeliveredMessage, message
 from bucketq.client.errors import LeaseLostError
 from bucketq.config import Settings
+from tests.sidecar.sidecar_procs import SidecarFactory, SidecarProc, create_topics
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 

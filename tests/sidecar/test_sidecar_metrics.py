@@ -8,10 +8,10 @@ import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from sidecar_procs import SidecarFactory, create_topics, eventually
 
 from bucketq.client import message
 from bucketq.config import Settings
+from tests.sidecar.sidecar_procs import SidecarFactory, create_topics, eventually
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 

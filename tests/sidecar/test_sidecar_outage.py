@@ -8,11 +8,11 @@ import urllib.request
 from urllib.parse import urlsplit
 
 import pytest
-from servers import S3Server
-from sidecar_procs import SidecarFactory, create_topics, eventually
-from tcp_proxy import TcpProxy
 
 from bucketq.client import UnavailableError
+from tests.sidecar.sidecar_procs import SidecarFactory, create_topics, eventually
+from tests.support.servers import S3Server
+from tests.support.tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 

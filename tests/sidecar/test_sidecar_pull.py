@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 
 import pytest
-from sidecar_procs import SidecarFactory, create_topics
 
 from bucketq import Bucketq
 from bucketq.client import DeliveredMessage, message
 from bucketq.config import Settings
+from tests.sidecar.sidecar_procs import SidecarFactory, create_topics
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from sidecar_procs import SidecarFactory, aeventually, create_topics
 
 from bucketq import Bucketq
 from bucketq.client import DeliveredMessage, PushServer, message
 from bucketq.config import Settings
 from bucketq.sidecar.push import interpret
+from tests.sidecar.sidecar_procs import SidecarFactory, aeventually, create_topics
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 

@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from servers import S3Server
 
 from bucketq.config import Settings
 from bucketq.spark.options import settings_options
+from tests.support.servers import S3Server
 
 
 def _spark_available() -> bool:

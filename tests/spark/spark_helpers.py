@@ -107,7 +107,8 @@ class RefusingProxy:
     async def _start(self) -> None:
         import aiohttp
         from aiohttp import web
-        from servers import free_ports
+
+        from tests.support.servers import free_ports
 
         self._session = aiohttp.ClientSession(auto_decompress=False)
         app = web.Application(client_max_size=256 * 1024 * 1024)

@@ -15,8 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from servers import S3Server
-from spark_helpers import RefusingProxy, keys_under, publish_many
 
 from bucketq import Bucketq, Settings
 from bucketq.core.keys import Keys
@@ -26,6 +24,8 @@ from bucketq.spark import redrive as cursor_ops
 from bucketq.spark.commit import read_report
 from bucketq.spark.options import resolve_settings, settings_options
 from bucketq.storage import open_storage
+from tests.spark.spark_helpers import RefusingProxy, keys_under, publish_many
+from tests.support.servers import S3Server
 
 pytestmark = [pytest.mark.spark, pytest.mark.s3]
 

@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from servers import S3Server
-from spark_helpers import publish_many, topic_records
 from typer.testing import CliRunner
 
 from bucketq import Bucketq, Settings
 from bucketq.core.segment import Record
 from bucketq.spark import pipelines
+from tests.spark.spark_helpers import publish_many, topic_records
+from tests.support.servers import S3Server
 
 pytestmark = [pytest.mark.spark, pytest.mark.s3]
 

@@ -14,13 +14,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from servers import S3Server
-from spark_helpers import publish_many, topic_records
 
 from bucketq import Settings
 from bucketq.core.segment import Record
 from bucketq.spark import PUSHDOWN_CONF
 from bucketq.spark.options import settings_options
+from tests.spark.spark_helpers import publish_many, topic_records
+from tests.support.servers import S3Server
 
 pytestmark = [pytest.mark.spark, pytest.mark.s3]
 

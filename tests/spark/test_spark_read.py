@@ -7,12 +7,12 @@ import json
 from typing import Any
 
 import pytest
-from servers import S3Server
-from spark_helpers import publish_many
 
 from bucketq import Bucketq, PublishResult, Settings
 from bucketq.spark.options import settings_options
 from bucketq.spark.schema import message_schema
+from tests.spark.spark_helpers import publish_many
+from tests.support.servers import S3Server
 
 pytestmark = [pytest.mark.spark, pytest.mark.s3]
 

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from spark_helpers import publish_many
 
 from bucketq import Settings
+from tests.spark.spark_helpers import publish_many
 
 pytestmark = [pytest.mark.spark, pytest.mark.s3]
 

@@ -8,11 +8,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from spark_helpers import keys_under, topic_records
 
 from bucketq import Bucketq, Settings
 from bucketq.spark.commit import read_report
 from bucketq.spark.options import resolve_settings, settings_options
+from tests.spark.spark_helpers import keys_under, topic_records
 
 pytestmark = [pytest.mark.spark, pytest.mark.s3]
 

@@ -8,10 +8,10 @@ import time
 from pathlib import Path
 
 import pytest
-from engine_helpers import Backend, drain
 
 from bucketq import Bucketq, ConfigError, Settings, StorageError
 from bucketq.storage import MemoryStore
+from tests.support.engine_helpers import Backend, drain
 
 
 def test_settings_from_env_yaml_dict_and_builder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from engine_helpers import Backend, drain
 
 from bucketq import Bucketq, PublishTimeout
 from bucketq.core.keys import Keys
 from bucketq.core.segment import decode_segment
 from bucketq.storage import MemoryStore, build_store
 from bucketq.storage.faults import FaultyStore
+from tests.support.engine_helpers import Backend, drain
 
 
 @pytest.fixture(params=["memory", pytest.param("moto", marks=pytest.mark.s3)])

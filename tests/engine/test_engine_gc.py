@@ -11,17 +11,17 @@ import asyncio
 import time
 
 import pytest
-from engine_helpers import Backend, drain
 
 from bucketq.core.cursor_log import CursorLog
 from bucketq.core.keys import Keys, parse_seq
+from tests.support.engine_helpers import Backend, drain
 
 HOUR = 3600.0
 
 
 @pytest.fixture(params=["memory", pytest.param("moto", marks=pytest.mark.s3)])
 async def gc_backend(request: pytest.FixtureRequest, tmp_path) -> Backend:  # type: ignore[no-untyped-def]
-    from engine_helpers import _backend_for
+    from tests.support.engine_helpers import _backend_for
 
     b = _backend_for(request.param, request, tmp_path)
     yield b

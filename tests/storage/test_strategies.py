@@ -11,7 +11,6 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from servers import FlakyProxy, S3Server, free_ports
 
 from bucketq.config import CsprngSettings, Settings
 from bucketq.errors import (
@@ -34,6 +33,7 @@ from bucketq.storage import (
 )
 from bucketq.storage.faults import FaultyStore
 from bucketq.storage.s3 import S3Store
+from tests.support.servers import FlakyProxy, S3Server, free_ports
 
 FAST = CsprngSettings(verify_retries=2, jitter_min_ms=1, jitter_max_ms=5, claim_timeout_s=30.0)
 

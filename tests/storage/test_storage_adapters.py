@@ -8,11 +8,11 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from servers import S3Server
 
 from bucketq.errors import AlreadyExists, PreconditionFailed, StorageError
 from bucketq.storage import FileStore, MemoryStore, ObjectStore, Storage, etag_of
 from bucketq.storage.s3 import S3Store
+from tests.support.servers import S3Server
 
 BACKENDS = [
     "memory",

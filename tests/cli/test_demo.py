@@ -15,7 +15,7 @@ from bucketq.cli import app
 from bucketq.demo.sidecar import SidecarMetrics
 from bucketq.sidecar.metrics import Metrics
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _rows(text: str) -> dict[str, str]:

@@ -13,10 +13,9 @@ import textwrap
 import time
 from pathlib import Path
 
-from engine_helpers import Backend, drain, race_backend  # noqa: F401  (fixture)
-
 from bucketq.core.keys import Keys
 from bucketq.core.segment import decode_segment
+from tests.support.engine_helpers import Backend, drain
 
 
 async def test_racing_producers_on_one_partition_lose_nothing(race_backend: Backend) -> None:
@@ -166,7 +165,9 @@ HOLDING_CONSUMER = textwrap.dedent("""
 def _spawn(code: str, bucket: Path) -> subprocess.Popen[str]:
     env = {
         **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")]),
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]
+        ),
     }
     return subprocess.Popen(
         [sys.executable, "-c", code, str(bucket)], stdout=subprocess.PIPE, text=True, env=env

@@ -14,7 +14,6 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from engine_helpers import Backend, backend, drain, poll_one  # noqa: F401  (fixtures)
 
 from bucketq import Bucketq
 from bucketq.core import cursor_log, partition_worker, segment_writer
@@ -26,6 +25,7 @@ from bucketq.core.segment_writer import SegmentWriter
 from bucketq.errors import LeaseLost, PublishTimeout, StorageError, TopicDeleted, TopicNotFound
 from bucketq.storage import MemoryStore, Storage
 from bucketq.storage.faults import FaultyStore
+from tests.support.engine_helpers import Backend, drain, poll_one
 
 TRUST_S = 0.3
 GRACE_S = 1.0

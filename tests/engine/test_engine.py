@@ -7,11 +7,11 @@ import json
 import time
 
 import pytest
-from engine_helpers import Backend, backend, drain, poll_one  # noqa: F401  (fixtures)
 
 from bucketq import LeaseLost, MessageTooLarge, TopicNotFound
 from bucketq.core.keys import Keys
 from bucketq.errors import BucketqError, InvalidMessage, InvalidName
+from tests.support.engine_helpers import Backend, drain, poll_one
 
 
 async def test_publish_consume_ack_and_stats(backend: Backend) -> None:

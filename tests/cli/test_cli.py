@@ -10,12 +10,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from servers import S3Server, free_ports
 from typer.testing import CliRunner, Result
 
 from bucketq.cli import app
 from bucketq.cli.connection import Connection
 from bucketq.cli.errors import EXIT_ERROR, EXIT_STORAGE, EXIT_USAGE
+from tests.support.servers import S3Server, free_ports
 
 runner = CliRunner()
 
