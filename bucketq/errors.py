@@ -1,6 +1,67 @@
-"""Errors raised by bucketq. Every error names the problem in plain words."""
+"""Every error bucketq raises, in one tree. Every message names the problem in plain words.
+
+Catch :class:`BucketqError` for everything, a family base for one kind of failure, or one condition::
+
+    BucketqError
+    ├── ConfigError            the configuration is malformed or incomplete
+    ├── StorageError           the object store failed or cannot be reached
+    │   ├── StorageTimeout       (also a TimeoutError) no answer in time; the write's outcome is unknown
+    │   ├── NotSupported         the store rejects a feature bucketq needs
+    │   └── PreconditionFailed   a conditional write lost
+    │       ├── AlreadyExists      put-if-absent found the key written
+    │       └── Contended          another writer holds a live claim on the key
+    ├── TopicNotFound          the topic does not exist
+    │   └── TopicDeleted         ... and it went away while a write was under way
+    ├── InvalidName            (also a ValueError) a topic or consumer name breaks the rules
+    ├── InvalidMessage         (also a ValueError) a message cannot be encoded
+    ├── MessageTooLarge        (also a ValueError) a message is over the topic's size limit
+    ├── InvalidReceipt         (also a ValueError) a receipt is not one bucketq delivered
+    ├── LeaseLost              the lease is stale; the message may be redelivered elsewhere
+    ├── PublishTimeout         a publish could not be made durable in time
+    ├── Closed                 the producer or consumer is closed or draining
+    └── SidecarError           the sidecar answered an error (raised by :mod:`bucketq.client`)
+        ├── BadRequest           400/415
+        ├── Unauthorized         401
+        ├── TopicNotFound        404: the sidecar's answer (in library mode: bucketq.TopicNotFound)
+        ├── LeaseLost            409: the sidecar's answer (in library mode: bucketq.LeaseLost)
+        ├── TooLarge             413
+        ├── Busy                 429, with ``retry_after``
+        ├── Unavailable          503, with ``retry_after``
+        └── ConnectionFailed     no answer at all
+
+Naming: a base class that stands for a family of failures, to be caught as a whole, ends in
+``Error`` (``BucketqError``, ``ConfigError``, ``StorageError``, ``SidecarError``); a class for one
+condition is named for what happened, without a suffix (``LeaseLost``, ``TopicNotFound``, ``Closed``),
+so that ``except LeaseLost:`` reads as the case it handles.
+
+Everything here is exported from :mod:`bucketq`; the :class:`SidecarError` subclasses live in
+:mod:`bucketq.client.errors` (exported from :mod:`bucketq.client`), next to the HTTP answers they
+mirror. This module imports nothing but the standard library: the sidecar client depends on it
+without the engine.
+"""
 
 from __future__ import annotations
+
+__all__ = [
+    "AlreadyExists",
+    "BucketqError",
+    "Closed",
+    "ConfigError",
+    "Contended",
+    "InvalidMessage",
+    "InvalidName",
+    "InvalidReceipt",
+    "LeaseLost",
+    "MessageTooLarge",
+    "NotSupported",
+    "PreconditionFailed",
+    "PublishTimeout",
+    "SidecarError",
+    "StorageError",
+    "StorageTimeout",
+    "TopicDeleted",
+    "TopicNotFound",
+]
 
 
 class BucketqError(Exception):
@@ -83,5 +144,27 @@ class PublishTimeout(BucketqError):
     """The publish could not be made durable in time; it was not acknowledged."""
 
 
-class ClosedError(BucketqError):
+class InvalidReceipt(BucketqError, ValueError):
+    """A receipt is malformed: not one bucketq delivered, or altered on the way."""
+
+    def __init__(self, text: object) -> None:
+        super().__init__(f"malformed receipt {text!r}: pass the receipt exactly as it was delivered")
+
+
+class Closed(BucketqError):
     """The producer or consumer is closed or draining."""
+
+
+class SidecarError(BucketqError):
+    """The sidecar answered an error: ``status`` (HTTP), ``code`` (stable) and ``message``.
+
+    Raised by :mod:`bucketq.client`; its subclasses (one per kind of answer) are in
+    :mod:`bucketq.client.errors`. ``retry_after`` is the seconds the sidecar asked to wait, if any.
+    """
+
+    def __init__(self, status: int, code: str, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.retry_after = retry_after

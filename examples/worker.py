@@ -17,10 +17,10 @@ from typing import Any
 
 from bucketq.client import (
     Client,
-    ConnectionFailedError,
+    ConnectionFailed,
     DeliveredMessage,
     SidecarError,
-    UnavailableError,
+    Unavailable,
     message,
 )
 
@@ -59,10 +59,10 @@ def main() -> int:
                 break
             try:
                 msgs = client.pull(max_messages=args.batch, wait=args.wait)
-            except UnavailableError as exc:  # starting, draining or S3 outage: back off
+            except Unavailable as exc:  # starting, draining or S3 outage: back off
                 time.sleep(exc.retry_after or 1.0)
                 continue
-            except ConnectionFailedError:  # the sidecar is restarting: it comes back on its own
+            except ConnectionFailed:  # the sidecar is restarting: it comes back on its own
                 time.sleep(1.0)
                 continue
             if not msgs:

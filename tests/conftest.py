@@ -1,4 +1,12 @@
-"""Shared fixtures and Hypothesis profiles. S3 servers and opened storages live in ``servers.py``.
+"""Shared fixtures, Hypothesis profiles, marker checks and the opt-out summary.
+
+S3 servers and opened storages live in ``tests/support/servers.py``; the tools the tests need beyond
+``.venv`` (and ``BUCKETQ_TEST_SKIP``, the one opt-out) in ``tests/support/tools.py``.
+
+Markers (pyproject): ``s3`` (starts an S3 server), ``spark``, ``e2e`` (real processes), ``slow``.
+``make test-fast`` deselects all four, so they must be accurate: a test that uses the moto or
+SeaweedFS server fixture gets the ``s3`` mark here even if its module forgot it (tests that reach a
+server through ``request.getfixturevalue`` must carry the mark themselves).
 
 Hypothesis profiles, chosen by ``HYPOTHESIS_PROFILE`` (default ``ci``):
 
@@ -11,9 +19,12 @@ Hypothesis profiles, chosen by ``HYPOTHESIS_PROFILE`` (default ``ci``):
 """
 
 import os
+from collections import Counter
 
+import pytest
 from hypothesis import Phase, settings
 
+from tests.support import tools
 from tests.support.servers import file_storage, memory_storage, moto_server, s3_backend, seaweedfs_server
 
 __all__ = ["file_storage", "memory_storage", "moto_server", "s3_backend", "seaweedfs_server"]
@@ -37,3 +48,41 @@ settings.register_profile(
     "mutate", settings.get_profile("ci"), max_examples=30, phases=[Phase.explicit, Phase.generate]
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+S3_SERVER_FIXTURES = {"moto_server", "seaweedfs_server"}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    tools.opted_out()  # an unknown area in BUCKETQ_TEST_SKIP is a usage error, before anything runs
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that uses the moto or SeaweedFS server fixture starts an S3 server: it is an ``s3``
+    test even where its module forgot the mark (``make test-fast`` must never start one)."""
+    for item in items:
+        if (
+            S3_SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))
+            and item.get_closest_marker("s3") is None
+        ):
+            item.add_marker(pytest.mark.s3)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Which areas ``BUCKETQ_TEST_SKIP`` opted out of, and how many tests each one skipped."""
+    areas = tools.opted_out()
+    if not areas:
+        return
+    skipped: Counter[str] = Counter()
+    for report in terminalreporter.stats.get("skipped", []):
+        longrepr = getattr(report, "longrepr", None)
+        reason = longrepr[2] if isinstance(longrepr, tuple) else ""
+        reason = reason.removeprefix("Skipped: ")
+        if reason.startswith(tools.SKIP_PREFIX):
+            skipped[reason.removeprefix(tools.SKIP_PREFIX).split(":", 1)[0]] += 1
+    terminalreporter.section(f"opted out with {tools.SKIP_ENV} (these areas did NOT run)", yellow=True)
+    for area in sorted(areas):
+        count = skipped[area]
+        what = f"{count} test(s) skipped" if count else "nothing skipped (its tools are installed)"
+        terminalreporter.write_line(f"{area}: {what} — {tools.AREAS[area]}")

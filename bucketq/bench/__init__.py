@@ -3,5 +3,12 @@
 Scenarios: ``publish`` (producers only), ``consume`` (a preloaded backlog, consumers only), ``e2e``
 (producers and consumers at once, unthrottled) and ``latency`` (paced publishing, publish to
 receive). Backends: a moto server or SeaweedFS process started for the run, a temp directory
-(``file``) or ``memory``. See :func:`bucketq.bench.runner.run_bench`.
+(``file``) or ``memory``. See :func:`bucketq.bench.runner.run_scenarios` and
+:func:`bucketq.bench.backends.open_backend`.
+
+Every benchmark lives here, outside the runtime packages, and shares one delivery tracker
+(:mod:`~bucketq.bench.tracker`) and one process launcher (:mod:`~bucketq.bench.servers`):
+:mod:`~bucketq.bench.sidecar` (``--via sidecar``: apps speaking HTTP to sidecar processes) and
+:mod:`~bucketq.bench.spark` (``--spark``: the data source's write and read throughput). The runtime
+packages never import this one.
 """

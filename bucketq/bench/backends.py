@@ -15,7 +15,8 @@ from typing import Any, Literal
 from bucketq import Bucketq, Settings
 from bucketq.bench.metered import MeteredStore
 from bucketq.bench.servers import S3Server, serve
-from bucketq.storage import MemoryStore, ObjectStore, RequestStats, build_store
+from bucketq.storage import MemoryStore, ObjectStore, RequestStats
+from bucketq.storage.strategies import build_store
 
 BackendName = Literal["moto", "seaweedfs", "file", "memory"]
 BACKENDS: tuple[BackendName, ...] = ("moto", "seaweedfs", "file", "memory")
@@ -90,14 +91,6 @@ class Usage:
     @property
     def total(self) -> int:
         return sum(self.requests.values())
-
-    def minus(self, other: Usage) -> Usage:
-        return Usage(
-            self.requests - other.requests,
-            self.calls - other.calls,
-            self.bytes_in - other.bytes_in,
-            self.bytes_out - other.bytes_out,
-        )
 
 
 class RunBucket:

@@ -7,32 +7,20 @@ from collections import Counter
 from collections.abc import AsyncIterator
 from typing import Any
 
+from bucketq.core import keys
 from bucketq.errors import PreconditionFailed
 from bucketq.storage import Blob, ObjectInfo, ObjectStore, RequestStats
-
-# (substring of the key, kind); the first match wins.
-_KINDS: tuple[tuple[str, str], ...] = (
-    (".claim", "claim"),
-    ("_probe/", "probe"),
-    ("_bucketq/", "format"),
-    ("_registry/members/", "member"),
-    ("_registry/", "registry"),
-    ("/seg/", "segment"),
-    ("/head.json", "head"),
-    ("/log/", "delta"),
-    ("/ckpt/", "checkpoint"),
-    ("/dedup/", "dedup"),
-    ("/subs/", "subscription"),
-    ("/.topic", "topic"),
-)
+from bucketq.storage.strategies import CLAIM_SUFFIX
 
 
 def key_kind(key: str) -> str:
-    """The protocol object a key (or LIST prefix) names: segment, delta, head, member, ..."""
-    for needle, kind in _KINDS:
-        if needle in key:
-            return kind
-    return "other"
+    """The protocol object a key (or LIST prefix) names: segment, delta, head, member, ...
+
+    The layout is :func:`bucketq.core.keys.key_kind`'s; only the ``csprng_verify`` strategy's claim
+    objects (``{key}`` plus :data:`~bucketq.storage.strategies.CLAIM_SUFFIX`) are told apart here,
+    because the storage layer, not the key layout, adds them.
+    """
+    return "claim" if key.endswith(CLAIM_SUFFIX) else keys.key_kind(key)
 
 
 class MeteredStore:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
 import gc
 from collections.abc import Callable
 
-from bucketq.bench.backends import Backend, open_backend
+from bucketq.bench.backends import Backend
 from bucketq.bench.params import BenchParams
 from bucketq.bench.report import RunResult
 from bucketq.bench.scenarios import SCENARIO_RUNNERS
@@ -33,11 +32,3 @@ async def run_scenarios(
         if on_result is not None:
             on_result(result)
     return results
-
-
-def run_bench(
-    params: BenchParams, *, on_start: StartFn | None = None, on_result: ResultFn | None = None
-) -> list[RunResult]:
-    """Start the backend, run the scenarios, stop the backend."""
-    with open_backend(params.backend, params.tuning) as backend:
-        return asyncio.run(run_scenarios(backend, params, on_start=on_start, on_result=on_result))

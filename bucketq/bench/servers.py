@@ -4,6 +4,9 @@ Each server is a separate process on free 127.0.0.1 ports, with its log in a wor
 
     with serve("moto") as server:
         settings = server.settings()  # a fresh bucket on the server
+
+:func:`launch`, :func:`wait_http` and :func:`stop_process` are the one way every benchmark starts,
+awaits and stops a helper process (S3 servers here, sidecars in :mod:`bucketq.bench.sidecar`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -94,15 +97,9 @@ class S3Server:
         """Settings for a fresh bucket on this server (the environment is ignored)."""
         return Settings.from_dict(self.settings_dict(strategy, **overrides))
 
-    def tail_log(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return "(no log)"
-
     def stop(self) -> None:
         """Stop the process (and, for SeaweedFS, remove its stray sockets)."""
-        _stop(self.process)
+        stop_process(self.process)
         if self.name == "seaweedfs":
             _remove_weed_sockets(self.ports)
 
@@ -146,8 +143,22 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def _spawn(args: list[str], log_path: Path, *, cwd: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
-    log = open(log_path, "wb")  # noqa: SIM115 - owned by the child process
+def _clean_env() -> dict[str, str]:
+    """This environment without ``AWS_*`` and ``BUCKETQ_*``: a child sees only what it is given."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "BUCKETQ_"))}
+    env["AWS_EC2_METADATA_DISABLED"] = "true"  # no 1 s probe of the EC2 metadata endpoint per client
+    return env
+
+
+def launch(
+    args: list[str], log_path: Path, *, cwd: Path, env: Mapping[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    """Start a helper process, output to ``log_path``, environment :func:`_clean_env` plus ``env``.
+
+    On Linux the child is SIGTERMed if this process dies first, so a crashed benchmark leaves no
+    server or sidecar behind.
+    """
+    log = open(log_path, "wb")  # noqa: SIM115 - the child owns the file once started
     try:
         return subprocess.Popen(
             args,
@@ -155,45 +166,59 @@ def _spawn(args: list[str], log_path: Path, *, cwd: Path, env: dict[str, str]) -
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=cwd,
-            env=env,
+            env=_clean_env() | dict(env or {}),
             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
         )
     finally:
         log.close()
 
 
-def _wait_http(url: str, proc: subprocess.Popen[bytes], log_path: Path, what: str) -> None:
-    """Wait until ``url`` gives any HTTP answer (403 counts: the server is up)."""
-    deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+def _log_tail(log_path: Path) -> str:
+    try:
+        return log_path.read_text(errors="replace")[-3000:]
+    except OSError:
+        return "(no log)"
+
+
+def wait_http(
+    url: str,
+    proc: subprocess.Popen[bytes],
+    log_path: Path,
+    what: str,
+    *,
+    timeout: float = SERVER_START_TIMEOUT_S,
+    any_status: bool = True,
+) -> None:
+    """Wait until ``url`` answers; raise with the log's tail if the process exits or time runs out.
+
+    With ``any_status`` any HTTP answer counts (an S3 server's 403 means it is up); without, only a
+    2xx does (a sidecar's ``/readyz`` answers 503 until it is ready).
+    """
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(
-                f"{what} exited with {proc.returncode}:\n{log_path.read_text(errors='replace')[-3000:]}"
-            )
+            raise RuntimeError(f"{what} exited with {proc.returncode}:\n{_log_tail(log_path)}")
         try:
             with urllib.request.urlopen(url, timeout=1):
                 return
         except urllib.error.HTTPError:
-            return
+            if any_status:
+                return
+            time.sleep(0.05)
         except OSError:
             time.sleep(0.02)
-    raise RuntimeError(f"{what} did not answer at {url} within {SERVER_START_TIMEOUT_S:g}s")
+    raise RuntimeError(f"{what} did not answer at {url} within {timeout:g}s:\n{_log_tail(log_path)}")
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """SIGTERM, then SIGKILL if it is still running after ``timeout`` seconds."""
     if proc.poll() is None:
         proc.terminate()
         try:
-            proc.wait(timeout=10)
+            proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=10)
-
-
-def _clean_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "BUCKETQ_"))}
-    env["AWS_EC2_METADATA_DISABLED"] = "true"
-    return env
 
 
 def start_moto(workdir: Path) -> S3Server:
@@ -208,12 +233,12 @@ def start_moto(workdir: Path) -> S3Server:
     (port,) = free_ports(1)
     log_path = workdir / "moto.log"
     started = time.monotonic()
-    proc = _spawn([*args, "-H", "127.0.0.1", "-p", str(port)], log_path, cwd=workdir, env=_clean_env())
+    proc = launch([*args, "-H", "127.0.0.1", "-p", str(port)], log_path, cwd=workdir)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_http(url + "/", proc, log_path, "moto server")
+        wait_http(url + "/", proc, log_path, "moto server")
     except BaseException:
-        _stop(proc)
+        stop_process(proc)
         raise
     return S3Server("moto", url, proc, log_path, time.monotonic() - started)
 
@@ -270,19 +295,19 @@ def start_seaweedfs(workdir: Path) -> S3Server:
         *(f"-{name}={port}" for name, port in ports.items()),
     ]
     # With these set, mini creates an admin identity for them; without, S3 would be anonymous.
-    env = _clean_env() | {
+    env = {
         "AWS_ACCESS_KEY_ID": ACCESS_KEY,
         "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
         "TMPDIR": str(workdir),
     }
     log_path = workdir / "weed.log"
     started = time.monotonic()
-    proc = _spawn(args, log_path, cwd=workdir, env=env)
+    proc = launch(args, log_path, cwd=workdir, env=env)
     url = f"http://127.0.0.1:{ports['s3.port']}"
     try:
-        _wait_http(url + "/", proc, log_path, "SeaweedFS")
+        wait_http(url + "/", proc, log_path, "SeaweedFS")
     except BaseException:
-        _stop(proc)
+        stop_process(proc)
         _remove_weed_sockets(ports)
         raise
     return S3Server("seaweedfs", url, proc, log_path, time.monotonic() - started, ports=ports)

@@ -6,12 +6,13 @@ import importlib
 import logging
 import sys
 from pathlib import Path
-from typing import Any
 
 import typer
 
-from bucketq.cli import bench, messages, stats, topics
+from bucketq._extras import install_hint, missing_module
+from bucketq.cli import bench, consumers, dlq, gc, messages, peek, stats, topics
 from bucketq.cli.connection import Connection
+from bucketq.cli.errors import EXIT_ERROR
 
 app = typer.Typer(
     name="bucketq",
@@ -23,6 +24,14 @@ app = typer.Typer(
     add_completion=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from bucketq import __version__
+
+        typer.echo(f"bucketq {__version__}")
+        raise typer.Exit()
 
 
 @app.callback()
@@ -44,8 +53,17 @@ def connect(
     config: Path | None = typer.Option(
         None, "--config", help="YAML file with settings (keys as in BUCKETQ_*)."
     ),
+    namespace: str | None = typer.Option(
+        None,
+        "--namespace",
+        "-N",
+        help="A Kubernetes namespace's queues under the operator's root: ROOT/NAMESPACE.",
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Log what the engine does."),
     debug: bool = typer.Option(False, "--debug", help="Debug logs, and tracebacks on errors."),
+    version: bool = typer.Option(
+        False, "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
+    ),
 ) -> None:
     """Connection options shared by every command."""
     ctx.obj = Connection(
@@ -60,6 +78,7 @@ def connect(
         file_path=file_path,
         config=config,
         debug=debug,
+        namespace=namespace,
     )
     configure_logging(logging.DEBUG if debug else logging.INFO if verbose else logging.WARNING)
 
@@ -85,9 +104,13 @@ def configure_logging(level: int) -> None:
 
 
 app.add_typer(topics.app, name="topic")
+app.add_typer(consumers.app, name="consumer")
+app.add_typer(dlq.app, name="dlq")
 app.command("publish")(messages.publish)
 app.command("consume")(messages.consume)
+app.command("peek")(peek.peek)
 app.command("stats")(stats.stats)
+app.command("gc")(gc.gc)
 app.command("bench")(bench.bench)
 
 
@@ -97,27 +120,48 @@ def _demo_command() -> None:
     app.command("demo")(command)
 
 
-def _optional(module: str, attr: str) -> Any | None:
-    """``module.attr`` if that component is installed, else None."""
-    try:
-        return getattr(importlib.import_module(module), attr)
-    except ImportError:
-        return None
+def _needs_extra(name: str, extra: str) -> None:
+    """Register ``bucketq NAME`` as a stand-in that prints the install hint and exits 1.
+
+    It takes any arguments (``--help`` included): whatever the user typed, the answer is the same
+    one line, not a usage error about options the stand-in does not know.
+    """
+    hint = install_hint(f"bucketq {name}", extra)
+
+    def missing() -> None:
+        typer.echo(hint, err=True)
+        raise typer.Exit(EXIT_ERROR)
+
+    app.command(
+        name,
+        # Not the hint itself: help text is rich markup, where "[sidecar]" would vanish as a tag.
+        help=f"(not installed: needs the {extra} extra)",
+        add_help_option=False,
+        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+    )(missing)
 
 
 def _optional_commands() -> None:
-    """Commands of components installed alongside (sidecar, operator, spark), when present."""
-    for name, module, attr in (
-        ("sidecar", "bucketq.sidecar.cli", "command"),
-        ("operator", "bucketq.operator.cli", "command"),
-        ("crds", "bucketq.operator.cli", "crds_command"),
+    """Commands of the components that come with extras (sidecar, operator, spark).
+
+    Whether an extra is installed is looked up without importing it, so ``bucketq --help`` stays
+    fast; a missing one leaves a stand-in command that names the extra to install.
+    """
+    for name, extra, module, attr in (
+        ("sidecar", "sidecar", "bucketq.sidecar.cli", "command"),
+        ("operator", "operator", "bucketq.operator.cli", "command"),
+        ("crds", "operator", "bucketq.operator.cli", "crds_command"),
     ):
-        command = _optional(module, attr)
-        if command is not None:
-            app.command(name)(command)
-    spark = _optional("bucketq.spark.cli", "app")
-    if spark is not None:
+        if missing_module(extra) is None:
+            app.command(name)(getattr(importlib.import_module(module), attr))
+        else:
+            _needs_extra(name, extra)
+    if missing_module("spark") is None:
+        from bucketq.spark.cli import app as spark
+
         app.add_typer(spark, name="spark")
+    else:
+        _needs_extra("spark", "spark")
 
 
 _demo_command()

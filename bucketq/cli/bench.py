@@ -191,7 +191,7 @@ async def _bench_server(
     with console.status(f"starting {backend}…"), serve(backend) as server:  # type: ignore[arg-type]
         bucket = server.new_bucket()
         if kind == "sidecar":
-            from bucketq.sidecar.bench import run_via_sidecar
+            from bucketq.bench.sidecar import run_via_sidecar
 
             record = await run_via_sidecar(
                 server.endpoint_url,
@@ -205,7 +205,7 @@ async def _bench_server(
             )
             records = [record | {"backend": backend}]
         else:
-            from bucketq.spark.bench import run_spark_bench
+            from bucketq.bench.spark import run_spark_bench
 
             records = await asyncio.to_thread(
                 run_spark_bench,

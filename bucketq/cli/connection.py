@@ -61,6 +61,7 @@ class Connection:
     file_path: Path | None = None
     config: Path | None = None
     debug: bool = False
+    namespace: str | None = None
 
     def flags(self) -> dict[str, Any]:
         """Settings fields given as flags."""
@@ -82,7 +83,14 @@ class Connection:
         from bucketq import Settings
 
         data = read_yaml(self.config) if self.config is not None else {}
-        return Settings.load(**deep_merge(deep_merge(data, self.flags()), extra))
+        settings = Settings.load(**deep_merge(deep_merge(data, self.flags()), extra))
+        if self.namespace is None:
+            return settings
+        # the operator keeps each namespace's queues under {root}/{namespace} (core/keys.py)
+        from bucketq.core.keys import namespace_root, validate_name
+
+        validate_name(self.namespace, "namespace")
+        return settings.model_copy(update={"root": namespace_root(settings.root, self.namespace)})
 
     @contextlib.asynccontextmanager
     async def open(self, **extra: Any) -> AsyncIterator[Bucketq]:

@@ -6,13 +6,13 @@ import asyncio
 import json
 import sys
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import typer
 from rich.markup import escape
 
 from bucketq.cli.connection import Connection, connection
-from bucketq.cli.errors import EXIT_ERROR, CliError, out, run, stderr, warn
+from bucketq.cli.errors import EXIT_ERROR, CliError, fail, out, run, stderr, warn
 from bucketq.cli.formats import parse_headers, parse_payload
 
 if TYPE_CHECKING:
@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 RAW_CONTENT_TYPE = "text/plain; charset=utf-8"
 CLI_PRODUCER = "cli"
+Settle = Literal["ack", "release", "dead"]  # what consume does with each message it printed
 
 
 def publish(
@@ -89,11 +90,32 @@ async def _publish(
     _report_publish(topic, outcomes, as_json)
 
 
+PROGRESS_FROM = 100  # a progress bar for bulk publishes of at least this many messages
+
+
 async def _send(
     producer: Producer, topic: str, bodies: list[dict[str, Any]], key: str | None, headers: dict[str, str]
 ) -> list[PublishResult | BaseException]:
-    calls = [producer.publish(topic, key=key, headers=headers, **body) for body in bodies]
-    return list(await asyncio.gather(*calls, return_exceptions=True))
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(
+        TextColumn("publish"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=stderr(),
+        transient=True,
+        disable=len(bodies) < PROGRESS_FROM,
+    ) as bar:
+        task = bar.add_task("publish", total=len(bodies))
+
+        async def one(body: dict[str, Any]) -> PublishResult:
+            try:
+                return await producer.publish(topic, key=key, headers=headers, **body)
+            finally:
+                bar.advance(task)
+
+        return list(await asyncio.gather(*(one(b) for b in bodies), return_exceptions=True))
 
 
 def _report_publish(topic: str, outcomes: list[PublishResult | BaseException], as_json: bool) -> None:
@@ -134,43 +156,81 @@ def consume(
     ctx: typer.Context,
     topic: str = typer.Argument(..., help="Topic to consume from."),
     consumer: str = typer.Option(..., "--consumer", "-c", help="Consumer (group) name."),
-    max_messages: int = typer.Option(10, "--max", "-n", min=1, help="Stop after this many messages."),
+    max_messages: int = typer.Option(
+        10, "--max", "-n", min=1, help="Stop after this many messages (ignored with --follow)."
+    ),
     wait: float = typer.Option(
-        5.0, "--wait", "-w", min=0, help="Stop after this many seconds without a message."
+        5.0, "--wait", "-w", min=0, help="Stop after this many seconds without a message (not with --follow)."
+    ),
+    follow: bool = typer.Option(
+        False, "--follow", "-f", help="Keep consuming until interrupted (Ctrl-C), like a console consumer."
     ),
     no_ack: bool = typer.Option(
-        False, "--no-ack", help="Give the messages back (nack) instead of acking: they can be consumed again."
+        False,
+        "--no-ack",
+        help="Give the messages back uncounted instead of acking (to only look, use bucketq peek).",
+    ),
+    dead_letter: bool = typer.Option(
+        False,
+        "--dead-letter",
+        help="Nack each message without requeue: it moves to the dead-letter topic (reason nack).",
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per message."),
 ) -> None:
-    """Print messages and ack them (at-least-once: a message is acked only after it is printed)."""
+    """Print messages and ack them (at-least-once: a message is acked only after it is printed).
+
+    Consuming joins the consumer group (creating its subscription, which keeps the topic's data
+    until it has consumed it: delete it with ``bucketq consumer delete``). It stops after ``--max``
+    messages (default 10) or ``--wait`` idle seconds; ``--follow`` runs until interrupted.
+    """
     conn = connection(ctx)
-    run(_consume(conn, topic, consumer, max_messages, wait, no_ack, as_json), debug=conn.debug)
+    if no_ack and dead_letter:
+        fail(CliError("give --no-ack or --dead-letter, not both"))
+    settle: Settle = "release" if no_ack else "dead" if dead_letter else "ack"
+    run(_consume(conn, topic, consumer, max_messages, wait, settle, as_json, follow), debug=conn.debug)
+
+
+FOLLOW_BATCH = 100
 
 
 async def _consume(
-    conn: Connection, topic: str, group: str, max_messages: int, wait: float, no_ack: bool, as_json: bool
+    conn: Connection,
+    topic: str,
+    group: str,
+    max_messages: int,
+    wait: float,
+    settle: Settle,
+    as_json: bool,
+    follow: bool = False,
 ) -> None:
     from bucketq.core.keys import validate_name
 
     validate_name(topic)
     validate_name(group, "consumer")
+    no_ack = settle == "release"
+    if follow and no_ack:
+        raise CliError("--follow with --no-ack would hold every message leased: use bucketq peek to look")
     got, lost = 0, 0
     held: list[Message] = []  # with --no-ack, kept leased until the end so none is seen twice here
     async with conn.open() as bq:
-        member = await bq.register_consumer(group, [topic], max_in_flight=max_messages)
-        while got < max_messages:
-            messages = await member.poll(max_messages=max_messages - got, wait=wait)
+        member = await bq.register_consumer(
+            group, [topic], max_in_flight=FOLLOW_BATCH if follow else max_messages
+        )
+        while follow or got < max_messages:
+            want = FOLLOW_BATCH if follow else max_messages - got
+            messages = await member.poll(max_messages=want, wait=wait if not follow else 5.0)
             if not messages:
+                if follow:
+                    continue
                 break
             for msg in messages:
-                _print_message(msg, as_json, acked=not no_ack)
+                _print_message(msg, as_json, acked=settle == "ack")
             got += len(messages)
             if no_ack:
                 held.extend(messages)
             else:
-                lost += await _settle(messages, no_ack=False)
-        lost += await _settle(held, no_ack=True)
+                lost += await _settle(messages, settle)
+        lost += await _settle(held, "release")
         await member.close()
     if not got:
         stderr().print(f"[dim]no messages on {escape(topic)} for {escape(group)} within {wait:g}s[/]")
@@ -180,9 +240,13 @@ async def _consume(
         )
 
 
-async def _settle(messages: list[Message], *, no_ack: bool) -> int:
-    """Ack (or give back) a batch together; returns how many lost their lease."""
-    calls = [m.nack(requeue=True) if no_ack else m.ack() for m in messages]
+async def _settle(messages: list[Message], how: Settle) -> int:
+    """Ack, give back uncounted (a look is not a failed delivery) or dead-letter a batch together;
+    returns how many lost their lease."""
+    calls = [
+        m.ack() if how == "ack" else m.release() if how == "release" else m.nack(requeue=False)
+        for m in messages
+    ]
     outcomes = await asyncio.gather(*calls, return_exceptions=True)
     failed = [o for o in outcomes if isinstance(o, BaseException)]
     for exc in failed:

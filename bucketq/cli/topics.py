@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from bucketq.cli.connection import Connection, connection
-from bucketq.cli.errors import CliError, fail, out, run, warn
+from bucketq.cli.errors import CliError, fail, out, run, stderr, warn
 from bucketq.cli.formats import explain, human_bytes, human_duration, parse_duration
 
 if TYPE_CHECKING:
@@ -39,6 +39,16 @@ def create(
     dead_letter_topic: str | None = typer.Option(
         None, "--dead-letter-topic", help="Where dead letters go (default NAME.dlq)."
     ),
+    max_retention: str | None = typer.Option(
+        None,
+        "--max-retention",
+        help="Never keep a message longer, consumed or not (default: no limit): 30d.",
+    ),
+    subscription_timeout: str | None = typer.Option(
+        None,
+        "--subscription-timeout",
+        help="A subscription with no member and no activity this long stops holding data (default: never).",
+    ),
 ) -> None:
     """Create a topic (idempotent: an existing topic is kept as it is)."""
     conn = connection(ctx)
@@ -47,26 +57,28 @@ def create(
         dead_letter["max_deliveries"] = max_deliveries
     if dead_letter_topic is not None:
         dead_letter["topic"] = dead_letter_topic
-    run(_create(conn, name, partitions, retention, max_message_bytes, dead_letter or None), debug=conn.debug)
+    fields: dict[str, Any] = {
+        "partitions": partitions,
+        "retention_seconds": retention,
+        "max_message_bytes": max_message_bytes,
+        "dead_letter": dead_letter or None,
+        "max_retention_seconds": max_retention,
+        "subscription_timeout_seconds": subscription_timeout,
+    }
+    run(_create(conn, name, fields), debug=conn.debug)
 
 
-async def _create(
-    conn: Connection,
-    name: str,
-    partitions: int | None,
-    retention: str | None,
-    max_message_bytes: int | None,
-    dead_letter: dict[str, Any] | None,
-) -> None:
+DURATION_FIELDS = ("retention_seconds", "max_retention_seconds", "subscription_timeout_seconds")
+
+
+async def _create(conn: Connection, name: str, fields: dict[str, Any]) -> None:
     from bucketq.core.keys import validate_name
 
     validate_name(name)
-    fields: dict[str, Any] = {
-        "partitions": partitions,
-        "retention_seconds": parse_duration(retention) if retention is not None else None,
-        "max_message_bytes": max_message_bytes,
-        "dead_letter": dead_letter,
-    }
+    for field in DURATION_FIELDS:  # parsed here: a bad duration is reported like any bad input
+        if fields.get(field) is not None:
+            fields[field] = parse_duration(fields[field])
+    dead_letter = fields.get("dead_letter")
     asked = {k: v for k, v in fields.items() if v is not None}
     config = topic_config(asked)
     async with conn.open() as bq:
@@ -225,7 +237,18 @@ def delete(
 
 
 async def _delete(conn: Connection, name: str, *, purge: bool) -> None:
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
     async with conn.open() as bq:
-        deleted = await bq.delete_topic(name, purge=purge)
+        # the object count is not known up front (LIST pages as it deletes): a running count
+        with Progress(
+            SpinnerColumn(),
+            TextColumn("deleting {task.fields[name]}: {task.completed:,} objects"),
+            TimeElapsedColumn(),
+            console=stderr(),
+            transient=True,
+        ) as bar:
+            task = bar.add_task("delete", total=None, name=name)
+            deleted = await bq.delete_topic(name, purge=purge, progress=lambda n: bar.advance(task, n))
     detail = f"{deleted} object(s) removed" if purge else "marker removed, objects kept"
     out().print(f"deleted topic [bold]{escape(name)}[/] ({detail})")

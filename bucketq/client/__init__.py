@@ -13,22 +13,7 @@ Pull mode::
 :class:`AsyncClient` is the asyncio twin; :func:`serve` runs a push-mode handler.
 """
 
-from bucketq.client._common import message
-from bucketq.client.aio import AsyncClient
-from bucketq.client.errors import (
-    BadRequestError,
-    BusyError,
-    ConnectionFailedError,
-    LeaseLostError,
-    SidecarError,
-    TooLargeError,
-    TopicNotFoundError,
-    UnauthorizedError,
-    UnavailableError,
-)
-from bucketq.client.push import PushServer, serve, serve_async
-from bucketq.client.sync import Client
-from bucketq.sidecar.models import (
+from bucketq.api_models import (
     DeliveredMessage,
     OutgoingMessage,
     PublishBatchResponse,
@@ -36,15 +21,30 @@ from bucketq.sidecar.models import (
     SettleBatchResponse,
     SettleResponse,
 )
+from bucketq.client._common import message
+from bucketq.client.aio import AsyncClient
+from bucketq.client.errors import (
+    BadRequest,
+    Busy,
+    ConnectionFailed,
+    LeaseLost,
+    SidecarError,
+    TooLarge,
+    TopicNotFound,
+    Unauthorized,
+    Unavailable,
+)
+from bucketq.client.push import PushServer, serve, serve_async
+from bucketq.client.sync import Client
 
 __all__ = [
     "AsyncClient",
-    "BadRequestError",
-    "BusyError",
+    "BadRequest",
+    "Busy",
     "Client",
-    "ConnectionFailedError",
+    "ConnectionFailed",
     "DeliveredMessage",
-    "LeaseLostError",
+    "LeaseLost",
     "OutgoingMessage",
     "PublishBatchResponse",
     "PublishResponse",
@@ -52,10 +52,10 @@ __all__ = [
     "SettleBatchResponse",
     "SettleResponse",
     "SidecarError",
-    "TooLargeError",
-    "TopicNotFoundError",
-    "UnauthorizedError",
-    "UnavailableError",
+    "TooLarge",
+    "TopicNotFound",
+    "Unauthorized",
+    "Unavailable",
     "message",
     "serve",
     "serve_async",

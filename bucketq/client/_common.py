@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 from urllib.parse import quote
 
-from bucketq.sidecar.models import ExtendRequest, NackRequest, OutgoingMessage
+from bucketq.api_models import ExtendRequest, NackRequest, OutgoingMessage
 
 URL_ENV = "BUCKETQ_SIDECAR_URL"
 DEFAULT_URL = "http://127.0.0.1:3500"

@@ -10,18 +10,7 @@ from typing import Any, Self, TypeVar
 import aiohttp
 from pydantic import BaseModel
 
-from bucketq.client._common import (
-    batch_body,
-    default_url,
-    extend_entries,
-    message,
-    nack_body,
-    nack_entries,
-    publish_path,
-    wire,
-)
-from bucketq.client.errors import ConnectionFailedError, SidecarError, error_for
-from bucketq.sidecar.models import (
+from bucketq.api_models import (
     DeliveredMessage,
     ExtendRequest,
     NackRequest,
@@ -32,6 +21,17 @@ from bucketq.sidecar.models import (
     SettleBatchResponse,
     SettleResponse,
 )
+from bucketq.client._common import (
+    batch_body,
+    default_url,
+    extend_entries,
+    message,
+    nack_body,
+    nack_entries,
+    publish_path,
+    wire,
+)
+from bucketq.client.errors import ConnectionFailed, SidecarError, error_for
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -40,7 +40,7 @@ class AsyncClient:
     """Talks to the sidecar at ``url`` (default ``$BUCKETQ_SIDECAR_URL`` or http://127.0.0.1:3500).
 
     Use as ``async with AsyncClient() as client``. Errors raise :class:`~bucketq.client.SidecarError`
-    subclasses (``LeaseLostError`` for 409, ``BusyError`` for 429, ...).
+    subclasses (``LeaseLost`` for 409, ``Busy`` for 429, ...).
     """
 
     def __init__(self, url: str | None = None, *, token: str | None = None, timeout: float = 30.0) -> None:
@@ -76,7 +76,7 @@ class AsyncClient:
                     raise error_for(resp.status, data, resp.headers)
                 return data
         except (aiohttp.ClientConnectionError, TimeoutError) as exc:
-            raise ConnectionFailedError(0, "connection_failed", f"{method} {self.url}{path}: {exc}") from exc
+            raise ConnectionFailed(0, "connection_failed", f"{method} {self.url}{path}: {exc}") from exc
 
     async def _model(self, model: type[M], method: str, path: str, body: Any = None, **kw: float) -> M:
         return model.model_validate_json(await self._call(method, path, body, **kw))
@@ -130,7 +130,7 @@ class AsyncClient:
         return (await self._model(PullResponse, "POST", "/v1/pull", body, extra_timeout=wait)).messages
 
     async def ack(self, receipt: str) -> SettleResponse:
-        """Mark done; raises LeaseLostError (409) if the lease expired and was taken elsewhere."""
+        """Mark done; raises LeaseLost (409) if the lease expired and was taken elsewhere."""
         return await self._model(SettleResponse, "POST", "/v1/ack", {"receipt": receipt})
 
     async def nack(

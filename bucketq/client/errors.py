@@ -1,63 +1,58 @@
-"""Errors raised by the sidecar clients, one class per kind of answer."""
+"""Errors raised by the sidecar clients, one :class:`~bucketq.errors.SidecarError` subclass per kind
+of answer (the tree and the naming rule are drawn in :mod:`bucketq.errors`)."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
 
-
-class SidecarError(Exception):
-    """The sidecar answered an error: ``status`` (HTTP), ``code`` (stable) and ``message``."""
-
-    def __init__(self, status: int, code: str, message: str, *, retry_after: float | None = None) -> None:
-        super().__init__(f"{status} {code}: {message}")
-        self.status = status
-        self.code = code
-        self.message = message
-        self.retry_after = retry_after
+from bucketq.errors import SidecarError
 
 
-class BadRequestError(SidecarError):
+class BadRequest(SidecarError):
     """400/415: the request is malformed or invalid; it changed nothing."""
 
 
-class UnauthorizedError(SidecarError):
+class Unauthorized(SidecarError):
     """401: missing or wrong bearer token."""
 
 
-class TopicNotFoundError(SidecarError):
-    """404: the topic does not exist."""
+class TopicNotFound(SidecarError):
+    """404: the topic does not exist (the engine, in library mode, raises :class:`bucketq.TopicNotFound`)."""
 
 
-class LeaseLostError(SidecarError):
-    """409: the receipt is stale; the message may already be redelivered elsewhere."""
+class LeaseLost(SidecarError):
+    """409: the receipt is stale; the message may already be redelivered elsewhere.
+
+    The engine, in library mode, raises :class:`bucketq.LeaseLost` for the same condition.
+    """
 
 
-class TooLargeError(SidecarError):
+class TooLarge(SidecarError):
     """413: a message, batch or body is over its limit; nothing was published."""
 
 
-class BusyError(SidecarError):
+class Busy(SidecarError):
     """429: the publish buffer is full; retry after ``retry_after`` seconds."""
 
 
-class UnavailableError(SidecarError):
+class Unavailable(SidecarError):
     """503: starting, draining, or the bucket is unreachable; retry after ``retry_after`` seconds."""
 
 
-class ConnectionFailedError(SidecarError):
+class ConnectionFailed(SidecarError):
     """The sidecar could not be reached at all (status 0)."""
 
 
 _BY_STATUS: dict[int, type[SidecarError]] = {
-    400: BadRequestError,
-    401: UnauthorizedError,
-    404: TopicNotFoundError,
-    409: LeaseLostError,
-    413: TooLargeError,
-    415: BadRequestError,
-    429: BusyError,
-    503: UnavailableError,
+    400: BadRequest,
+    401: Unauthorized,
+    404: TopicNotFound,
+    409: LeaseLost,
+    413: TooLarge,
+    415: BadRequest,
+    429: Busy,
+    503: Unavailable,
 }
 
 
@@ -81,3 +76,17 @@ def error_for(status: int, body: bytes, headers: Mapping[str, str]) -> SidecarEr
     if status == 404 and code != "topic_not_found":
         return SidecarError(status, code, message)
     return _BY_STATUS.get(status, SidecarError)(status, code, message, retry_after=retry_after)
+
+
+__all__ = [
+    "BadRequest",
+    "Busy",
+    "ConnectionFailed",
+    "LeaseLost",
+    "SidecarError",
+    "TooLarge",
+    "TopicNotFound",
+    "Unauthorized",
+    "Unavailable",
+    "error_for",
+]

@@ -1,6 +1,6 @@
 """Push mode for Python apps: a tiny aiohttp server the sidecar POSTs messages to.
 
-The handler gets a :class:`~bucketq.sidecar.models.DeliveredMessage` and returns ``"SUCCESS"``,
+The handler gets a :class:`~bucketq.api_models.DeliveredMessage` and returns ``"SUCCESS"``,
 ``"RETRY"`` or ``"DROP"`` (``None`` or ``True`` mean success, ``False`` retry); an exception means
 retry. Sync and async handlers both work (sync ones run in a thread)::
 
@@ -26,7 +26,7 @@ from typing import Any, Literal, Self
 from aiohttp import web
 from pydantic import ValidationError
 
-from bucketq.sidecar.models import DeliveredMessage, PushBatch
+from bucketq.api_models import DeliveredMessage, PushBatch
 
 log = logging.getLogger("bucketq.client.push")
 

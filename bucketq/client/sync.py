@@ -11,18 +11,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel
 
-from bucketq.client._common import (
-    batch_body,
-    default_url,
-    extend_entries,
-    message,
-    nack_body,
-    nack_entries,
-    publish_path,
-    wire,
-)
-from bucketq.client.errors import ConnectionFailedError, SidecarError, error_for
-from bucketq.sidecar.models import (
+from bucketq.api_models import (
     DeliveredMessage,
     ExtendRequest,
     NackRequest,
@@ -33,6 +22,17 @@ from bucketq.sidecar.models import (
     SettleBatchResponse,
     SettleResponse,
 )
+from bucketq.client._common import (
+    batch_body,
+    default_url,
+    extend_entries,
+    message,
+    nack_body,
+    nack_entries,
+    publish_path,
+    wire,
+)
+from bucketq.client.errors import ConnectionFailed, SidecarError, error_for
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -83,15 +83,13 @@ class Client:
             except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
                 self.close()
                 if attempt == 2:
-                    raise ConnectionFailedError(
+                    raise ConnectionFailed(
                         0, "connection_failed", f"{method} {self.url}{path}: {exc}"
                     ) from exc
                 continue
             except OSError as exc:
                 self.close()
-                raise ConnectionFailedError(
-                    0, "connection_failed", f"{method} {self.url}{path}: {exc}"
-                ) from exc
+                raise ConnectionFailed(0, "connection_failed", f"{method} {self.url}{path}: {exc}") from exc
             if resp.status >= 400:
                 raise error_for(resp.status, data, dict(resp.getheaders()))
             return data
@@ -146,7 +144,7 @@ class Client:
         return self._model(PullResponse, "POST", "/v1/pull", body, extra_timeout=wait).messages
 
     def ack(self, receipt: str) -> SettleResponse:
-        """Mark done; raises LeaseLostError (409) if the lease expired and was taken elsewhere."""
+        """Mark done; raises LeaseLost (409) if the lease expired and was taken elsewhere."""
         return self._model(SettleResponse, "POST", "/v1/ack", {"receipt": receipt})
 
     def nack(

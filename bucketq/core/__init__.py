@@ -1,1 +1,1 @@
-"""The engine: the storage protocol of DESIGN.md section 2 (independent of Kubernetes)."""
+"""The engine: the storage protocol of docs/design.md section 2 (independent of Kubernetes)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, Self
 
@@ -12,22 +13,31 @@ from bucketq.core.consumer import Consumer
 from bucketq.core.gc import GcReport, collect_garbage
 from bucketq.core.keys import Keys, validate_name
 from bucketq.core.models import DeadLetterConfig, TopicConfig, TopicMarker
+from bucketq.core.peek import PeekedMessage, peek
 from bucketq.core.producer import Producer, PublishResult
 from bucketq.core.producer_peers import ProducerPeers
+from bucketq.core.redrive import RedriveReport, redrive
 from bucketq.core.registry import Registry
 from bucketq.core.stats import SubscriptionStats, subscription_stats
-from bucketq.core.subscriptions import delete_subscription, init_subscription
+from bucketq.core.subscriptions import (
+    SeekTarget,
+    delete_subscription,
+    init_subscription,
+    seek_subscription,
+)
 from bucketq.core.topics import TopicCatalog, TopicInfo
 from bucketq.errors import AlreadyExists, BucketqError, ConfigError, Contended, PreconditionFailed
 from bucketq.storage import ObjectStore, Storage, open_storage
 
 log = logging.getLogger("bucketq")
 
-# Storage format 2 adds GC fences, topic incarnations and the ``expire`` op (docs/protocol.md).
-# Every format-1 object is a valid format-2 object, so a format-1 bucket is upgraded in place on
-# open; processes of format 1 then refuse the bucket when they next start.
-FORMAT = 2
-UPGRADABLE_FORMATS = (1,)
+# Storage format 2 adds GC fences, topic incarnations and the ``expire`` op; format 3 the ``seek``
+# op and the topic retention limits (docs/protocol.md). Every older object is a valid format-3
+# object, so an older bucket is upgraded in place on open; processes of an older format then
+# refuse the bucket when they next start (stop them first: a running format-2 process would
+# drop a ``seek`` op as unknown and diverge from the others).
+FORMAT = 3
+UPGRADABLE_FORMATS = (1, 2)
 
 
 class Bucketq:
@@ -179,9 +189,12 @@ class Bucketq:
     async def describe_topic(self, name: str) -> TopicInfo:
         return await self.catalog.describe(name)
 
-    async def delete_topic(self, name: str, *, purge: bool = True) -> int:
-        """Delete the topic's marker and, with purge, all its objects. Returns objects deleted."""
-        return await self.catalog.delete(name, purge=purge)
+    async def delete_topic(
+        self, name: str, *, purge: bool = True, progress: Callable[[int], None] | None = None
+    ) -> int:
+        """Delete the topic's marker and, with purge, all its objects. Returns objects deleted;
+        ``progress`` hears how many objects each batch deleted."""
+        return await self.catalog.delete(name, purge=purge, progress=progress)
 
     # -- producers and consumers -----------------------------------------------------------------
 
@@ -258,13 +271,29 @@ class Bucketq:
         """Create ``consumer``'s cursors on every partition of ``topic`` (idempotent)."""
         return await init_subscription(self.storage, self.keys, topic, consumer, start_position)
 
+    async def seek(
+        self, topic: str, consumer: str, to: SeekTarget, *, partitions: list[int] | None = None
+    ) -> dict[int, tuple[int, int]]:
+        """Move a subscription to ``to`` (every member agrees); see :func:`seek_subscription`."""
+        return await seek_subscription(self.storage, self.keys, topic, consumer, to, partitions=partitions)
+
     async def delete_subscription(self, topic: str, consumer: str) -> int:
         """Delete ``consumer``'s cursors on ``topic``; returns objects deleted."""
         return await delete_subscription(self.storage, self.keys, topic, consumer)
 
     async def collect_garbage(self, topics: list[str] | None = None, **options: Any) -> GcReport:
-        """Retention and garbage collection (DESIGN.md 2.5); see :func:`bucketq.core.gc.collect_garbage`."""
+        """Retention and garbage collection (docs/design.md 2.5); see :func:`bucketq.core.gc.collect_garbage`."""
         return await collect_garbage(self.storage, self.keys, topics=topics, **options)
+
+    # -- looking at messages and moving dead letters ---------------------------------------------
+
+    async def peek(self, topic: str, **options: Any) -> list[PeekedMessage]:
+        """Read messages without leasing them or counting a delivery; see :func:`bucketq.core.peek.peek`."""
+        return await peek(self.storage, self.keys, self.catalog, topic, **options)
+
+    async def redrive(self, dlq: str, **options: Any) -> RedriveReport:
+        """Move pending dead letters back, idempotently; see :func:`bucketq.core.redrive.redrive`."""
+        return await redrive(self, dlq, **options)
 
     # -- stats -----------------------------------------------------------------------------------
 

@@ -4,25 +4,35 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from bucketq.config import ConsumerSettings
 from bucketq.core.cursor import Pos
 from bucketq.core.ids import token
 from bucketq.core.keys import Keys
 from bucketq.core.membership import Membership, owned_partitions
-from bucketq.core.message import InvalidReceipt, Message, Receipt
+from bucketq.core.message import Message, Receipt
 from bucketq.core.models import DeadLetterConfig, TopicConfig
-from bucketq.core.partition_worker import CycleResult, Intent, PartitionWorker
+from bucketq.core.partition_worker import CycleResult, Intent, IntentKind, PartitionWorker
 from bucketq.core.producer import Producer
 from bucketq.core.segment import Record
 from bucketq.core.topics import TopicCatalog
 from bucketq.core.waiting import wait_event
-from bucketq.errors import BucketqError, ClosedError, LeaseLost, StorageError, TopicDeleted, TopicNotFound
+from bucketq.errors import (
+    BucketqError,
+    Closed,
+    InvalidReceipt,
+    LeaseLost,
+    StorageError,
+    TopicDeleted,
+    TopicNotFound,
+)
 from bucketq.storage import Storage
 
 log = logging.getLogger("bucketq.consumer")
@@ -33,6 +43,9 @@ Handler = Callable[[Message], Awaitable[object]]
 # (or a tenth of the visibility timeout, if less) left (invariant I4: a message reaches the app
 # only while its lease is durably held).
 HAND_OUT_MARGIN_S = 0.5
+
+Settlement = Literal["acked", "nacked", "dead", "released at close"]
+"""How this member settled a delivered message (a repeat of the same settlement is a no-op)."""
 
 
 # A partition whose cycles failed this many times in a row is offered to the group (see _help_wanted).
@@ -94,7 +107,7 @@ class Consumer:
         self._subs: dict[str, _TopicSub] = {}
         self._buffer: deque[Message] = deque()
         self._held: dict[str, Message] = {}
-        self._settled: dict[str, str] = {}  # receipt -> "acked" | "nacked" | "dead"
+        self._settled: dict[str, Settlement] = {}  # receipt -> how it was settled
         self._extending: set[str] = set()  # prefetched receipts with an extend in flight
         self._wake = asyncio.Event()
         self._arrived = asyncio.Event()
@@ -234,7 +247,7 @@ class Consumer:
                 for intent in worker.intents:
                     if not intent.future.done():
                         intent.future.set_exception(
-                            ClosedError("consumer closed before the settlement was committed")
+                            Closed("consumer closed before the settlement was committed")
                         )
                 worker.intents = []
         for sub in self._subs.values():
@@ -385,7 +398,7 @@ class Consumer:
                 until = now + vt
                 self._extending.add(msg.receipt)
                 future = self._intent(Receipt.decode(msg.receipt), "extend", until=until)
-                future.add_done_callback(lambda f, m=msg, u=until: self._extended(m, u, f))  # type: ignore[misc]
+                future.add_done_callback(functools.partial(self._extended, msg, until))
 
     def _extended(self, msg: Message, until: float, future: asyncio.Future[bool]) -> None:
         self._extending.discard(msg.receipt)
@@ -472,23 +485,44 @@ class Consumer:
             raise InvalidReceipt(receipt.encode())
         return worker
 
-    def _intent(self, receipt: Receipt, kind: str, **fields: object) -> asyncio.Future[bool]:
+    def _intent(
+        self,
+        receipt: Receipt,
+        kind: IntentKind,
+        *,
+        until: float | None = None,
+        not_before: float | None = None,
+        counted: bool = True,
+        reason: str | None = None,
+    ) -> asyncio.Future[bool]:
         future: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._worker_for(receipt).add_intent(Intent(kind, receipt, future, **fields))  # type: ignore[arg-type]
+        intent = Intent(
+            kind, receipt, future, until=until, not_before=not_before, counted=counted, reason=reason
+        )
+        self._worker_for(receipt).add_intent(intent)
         self._wake.set()
         return future
 
-    async def _settle(self, receipt_text: str, kind: str, outcome: str, **fields: object) -> bool:
+    async def _settle(
+        self,
+        receipt_text: str,
+        kind: IntentKind,
+        outcome: Settlement,
+        *,
+        not_before: float | None = None,
+        reason: str | None = None,
+        counted: bool = True,
+    ) -> bool:
         """Commit a settlement; False when it was already done (idempotent repeat)."""
         if self._closed:
-            raise ClosedError("consumer is closed")
+            raise Closed("consumer is closed")
         previous = self._settled.get(receipt_text)
         if previous is not None:
             if previous == outcome:
                 return False  # idempotent
             raise LeaseLost(receipt_text, f"message was already {previous}")
         receipt = Receipt.decode(receipt_text)
-        ok = await self._intent(receipt, kind, **fields)
+        ok = await self._intent(receipt, kind, not_before=not_before, reason=reason, counted=counted)
         self._held.pop(receipt_text, None)
         if not ok:
             self.counters.lease_lost += 1
@@ -525,6 +559,12 @@ class Consumer:
         await self._dead_letter(r.topic, r.partition, r.pos, record, lease.deliveries, reason)
         await self._settle(receipt, "dead", "dead", reason=reason)
 
+    async def release(self, receipt: str) -> None:
+        """Give the message back at once without counting the delivery: the app only looked at it
+        (a console's ``--no-ack``) or could not start on it. Not a failure: it never moves the
+        message towards its dead-letter limit. Idempotent like ``nack``."""
+        await self._settle(receipt, "release", "nacked", counted=False)
+
     async def extend(self, receipt: str, seconds: float) -> float:
         """Keep the lease for ``seconds`` more from now; returns the new deadline."""
         if seconds <= 0:
@@ -542,6 +582,14 @@ class Consumer:
         if msg is not None:
             msg.lease_until = until
         return until
+
+    def knows(self, receipt: str) -> bool:
+        """Whether ``receipt`` is a lease this member delivered and holds, or one it settled lately.
+
+        Lets a server refuse a forged or stale receipt before it costs a bucket request (a
+        settlement of an unknown receipt would only be refused at commit time, after a write).
+        """
+        return receipt in self._held or receipt in self._settled
 
     async def _dead_letter(
         self, topic: str, partition: int, pos: Pos, record: Record, deliveries: int, reason: str
@@ -582,7 +630,7 @@ class Consumer:
         if self._error is not None:
             raise BucketqError(f"consumer loop failed: {self._error}") from self._error
         if self._closed:
-            raise ClosedError("consumer is closed")
+            raise Closed("consumer is closed")
         for sub in self._subs.values():
             if sub.gone is not None:
                 raise TopicDeleted(sub.topic)

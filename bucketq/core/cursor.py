@@ -1,18 +1,45 @@
-"""Cursor state of one subscription partition: a pure function of its delta log (DESIGN.md 2.3).
+"""Cursor state of one subscription partition: a pure function of its delta log (docs/design.md 2.3).
 
 ``apply_delta(state, delta)`` validates each op against the state *as it is when the op is
 reached* and applies the valid ones. Every reader runs the same rules on the same log, so all
 members converge on the same state. Invalid ops are skipped (the writer learns which by the
 result list). Nothing here performs I/O.
+
+Op kinds are the closed vocabulary :data:`OpKind` (docs/protocol.md, "Cursor logs"). An op
+whose kind this version does not know is dropped when its delta is decoded
+(:meth:`Delta.from_json` lists it in :attr:`Delta.unknown_ops`, and the cursor log warns): it is
+invalid for this version, exactly as an op that fails its rule, so every replica of this version
+still converges on the same state. A new op kind needs a new bucket format, which older
+processes refuse (docs/protocol.md: format 3 added ``seek``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Final, Literal, cast, get_args
 
 Pos = tuple[int, int]  # (segment seq, index in segment)
+
+OpKind = Literal["start", "seen", "expire", "seek", "claim", "extend", "ack", "release", "dead"]
+"""The ops of a cursor delta, as written in its ``"op"`` field."""
+
+OP_KINDS: Final[frozenset[str]] = frozenset(get_args(OpKind))
+
+
+class UnknownOpKind(ValueError):
+    """A delta op names a kind this version does not know (see the module docstring)."""
+
+    def __init__(self, kind: object) -> None:
+        super().__init__(f"unknown cursor op kind {kind!r}: expected one of {', '.join(get_args(OpKind))}")
+        self.kind = kind
+
+
+def op_kind(value: object) -> OpKind:
+    """``value`` as an :data:`OpKind`; raises :class:`UnknownOpKind` for anything else."""
+    if not isinstance(value, str) or value not in OP_KINDS:
+        raise UnknownOpKind(value)
+    return cast(OpKind, value)
 
 
 @dataclass(slots=True)
@@ -49,9 +76,9 @@ class Counters:
 
 @dataclass(slots=True)
 class Op:
-    """One delta op. ``kind`` is one of start, seen, expire, claim, extend, ack, release, dead."""
+    """One delta op (docs/protocol.md, "Cursor logs" lists each kind's fields)."""
 
-    kind: str
+    kind: OpKind
     seq: int = 0
     idx: int = 0
     token: str | None = None
@@ -66,6 +93,9 @@ class Op:
     skip: list[int] | None = None
     corrupt: bool = False
     ref: Any = field(default=None, compare=False, repr=False)  # the writer's bookkeeping, not stored
+
+    def __post_init__(self) -> None:
+        op_kind(self.kind)  # an op of an unknown kind is never built, let alone written
 
     @property
     def pos(self) -> Pos:
@@ -84,7 +114,7 @@ class Op:
             if self.corrupt:
                 out["corrupt"] = True
             return out
-        if k == "expire":
+        if k in ("expire", "seek"):
             return {"op": k, "seq": self.seq, "base": self.base}
         out = {"op": k, "seq": self.seq, "idx": self.idx}
         if self.token is not None:
@@ -103,9 +133,10 @@ class Op:
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Op:
+        """Decode one op. A malformed field raises ``KeyError``/``TypeError``/``ValueError``; a
+        well-formed op of a kind not in :data:`OpKind` raises :class:`UnknownOpKind`."""
         delayed = obj.get("delayed")
         return cls(
-            kind=obj["op"],
             seq=int(obj.get("seq", 0)),
             idx=int(obj.get("idx", 0)),
             token=obj.get("token"),
@@ -119,18 +150,25 @@ class Op:
             delayed={int(i): float(t) for i, t in delayed.items()} if delayed else None,
             skip=[int(i) for i in obj["skip"]] if obj.get("skip") else None,
             corrupt=bool(obj.get("corrupt", False)),
+            kind=op_kind(obj["op"]),  # last: a malformed op is malformed whatever its kind
         )
 
 
 @dataclass(slots=True)
 class Delta:
-    """One entry of the cursor log: ``log/{n}``."""
+    """One entry of the cursor log: ``log/{n}``.
+
+    ``unknown_ops`` is set only on a decoded delta: the kinds of the ops it held that this
+    version does not know, dropped from ``ops`` (never written back: a delta is only written by
+    the member that built its ops).
+    """
 
     n: int
     member: str
     id: str
     at: float
     ops: list[Op]
+    unknown_ops: list[str] = field(default_factory=list, compare=False, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -144,12 +182,23 @@ class Delta:
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Delta:
+        """Decode a delta. Ops of an unknown kind are dropped and named in ``unknown_ops``
+        (forward compatibility, see the module docstring); any other malformed field raises
+        ``KeyError``/``TypeError``/``ValueError``."""
+        ops: list[Op] = []
+        unknown: list[str] = []
+        for o in obj.get("ops", []):
+            try:
+                ops.append(Op.from_json(o))
+            except UnknownOpKind as exc:
+                unknown.append(str(exc.kind))
         return cls(
             n=int(obj["n"]),
             member=str(obj.get("member", "")),
             id=str(obj.get("id", "")),
             at=float(obj["at"]),
-            ops=[Op.from_json(o) for o in obj.get("ops", [])],
+            ops=ops,
+            unknown_ops=unknown,
         )
 
 
@@ -302,8 +351,11 @@ MEMBER_ID_TTL_S = 24 * 3600.0
 def apply_delta(state: CursorState, delta: Delta) -> list[bool]:
     """Apply ``delta`` (which must be number ``state.n + 1``) in place; return each op's validity.
 
-    Callers never apply a delta twice: CursorLog resolves a write of unknown outcome through
-    ``state.ids`` instead of re-applying (a mismatched number is a bug, hence ValueError).
+    Invariant (I3): each delta is applied exactly once, in log order. Callers never apply a
+    delta twice: CursorLog resolves a write of unknown outcome through ``state.ids`` instead of
+    re-applying (a mismatched number is a bug, hence ValueError). After: ``state.n = delta.n``
+    and ``ids`` records the member's newest delta id, forgetting members silent for longer than
+    ``MEMBER_ID_TTL_S``.
     """
     if delta.n != state.n + 1:
         raise ValueError(f"delta {delta.n} applied to state at {state.n}")
@@ -318,14 +370,23 @@ def apply_delta(state: CursorState, delta: Delta) -> list[bool]:
 
 
 def apply_op(state: CursorState, op: Op, at: float) -> bool:
-    """Validate one op at the writer's clock ``at`` and apply it when valid."""
-    handler = _HANDLERS.get(op.kind)
-    if handler is None:
-        return False
-    return handler(state, op, at)
+    """Validate one op at the writer's clock ``at`` and apply it when valid.
+
+    Invariant: an invalid op leaves ``state`` untouched (validation is a pure function of the
+    state and ``at``, so every replica judges it the same way). Every :data:`OpKind` has a rule;
+    ops of unknown kinds never get here (:class:`Op` refuses to build one).
+    """
+    return _HANDLERS[op.kind](state, op, at)
 
 
 def _start(state: CursorState, op: Op, at: float) -> bool:
+    """``start``: where the subscription begins in this partition (I5).
+
+    Before: the cursor has not started (a second ``start`` is invalid: the first one in the log
+    wins, so members racing to start agree). After: ``started``, ``floor = seq`` with offset
+    ``base``, an empty window (``frontier = seq - 1``). Recording the start in the log makes it
+    part of the state every member reads, and lets GC see every subscription's floor.
+    """
     if state.started:
         return False
     state.started = True
@@ -336,8 +397,16 @@ def _start(state: CursorState, op: Op, at: float) -> bool:
 
 
 def _seen(state: CursorState, op: Op, at: float) -> bool:
-    """Invariant: the window grows one segment at a time, in order (``seq == frontier + 1``); a
-    corrupt segment enters as an empty one so that one bad object never stalls the partition."""
+    """``seen``: a discovered segment enters the window.
+
+    Before: started, and ``seq == frontier + 1`` (the window grows one segment at a time, in
+    order, so no segment is skipped or entered twice); ``count > 0``, or ``count == 0`` with
+    ``corrupt`` (a segment that cannot be decoded enters as an empty one, so one bad object never
+    stalls the partition, I8). After: ``frontier = seq``; the segment's delayed messages and the
+    ones it skips (redrives for another consumer, segments of another incarnation or hidden by a
+    transaction) come from the immutable segment, so every replica validates claims identically
+    without reading segments; the floor advances past complete segments.
+    """
     if not state.started or op.seq != state.frontier + 1:
         return False
     if op.corrupt:
@@ -361,9 +430,14 @@ def _seen(state: CursorState, op: Op, at: float) -> bool:
 
 
 def _expire(state: CursorState, op: Op, at: float) -> bool:
-    """GC collected segments below ``seq`` before this subscription read them (it started, or
-    fell, below the partition's floor fence). Invariant: only moves the floor forward; every
-    message skipped is counted in ``collected``."""
+    """``expire``: GC collected segments below ``seq`` before this subscription read them (it
+    started, or fell, below the partition's floor fence; I5).
+
+    Before: started, ``seq > floor`` and ``base >= floor_offset`` (the floor only moves
+    forward). After: ``floor = seq`` with offset ``base``; segments, leases, delivery counts and
+    delays below it are dropped, and every message skipped that was not done is counted in
+    ``collected`` (never lost silently). The frontier never moves back.
+    """
     if not state.started or op.seq <= state.floor or op.base < state.floor_offset:
         return False
     done = sum(len(seg.done) for seq, seg in state.segments.items() if seq < op.seq)
@@ -383,7 +457,47 @@ def _expire(state: CursorState, op: Op, at: float) -> bool:
     return True
 
 
+def _seek(state: CursorState, op: Op, at: float) -> bool:
+    """``seek`` (format 3): an operator moved the subscription to segment ``seq`` (offset
+    ``base``): back, to deliver messages again, or forward, to skip them.
+
+    Before: started, ``seq >= 0`` and ``base >= 0``. After: the window starts afresh at ``seq``
+    (``floor = seq``, ``frontier = seq - 1``, no segment known: ``seen`` ops rebuild it from the
+    immutable segments, so every replica agrees); delays and delivery counts go, except those of
+    live leases. **Leases are kept** until they are settled or run out: a member that has not read
+    the seek yet may still be working on its message, and a position it holds is not claimable
+    by anyone else meanwhile (I4: no lease is ever shared). Settling a kept lease whose segment
+    is not in the new window drops the lease without marking anything done (after a seek back,
+    that message is delivered again: at least once). Not-done messages a seek forward passes
+    over (offsets between the old window and ``base``) are counted in ``skipped``.
+    """
+    if not state.started or op.seq < 0 or op.base < 0:
+        return False
+    if op.base > state.floor_offset:
+        done = sum(len(seg.done) for seq, seg in state.segments.items() if seq < op.seq)
+        known_end = max(state.end_offset, state.floor_offset)
+        state.counters.skipped += max(0, min(op.base, known_end) - state.floor_offset - done) + max(
+            0, op.base - known_end
+        )
+    state.segments.clear()
+    state.deliveries = {pos: n for pos, n in state.deliveries.items() if pos in state.leases}
+    state.delayed.clear()
+    state.floor = op.seq
+    state.floor_offset = op.base
+    state.frontier = op.seq - 1
+    return True
+
+
 def _claim(state: CursorState, op: Op, at: float) -> bool:
+    """``claim``: a member takes the lease on one message (I4).
+
+    Before: the op has a token and an ``until``; the position is in the window, not done, not
+    delayed past ``at``, and holds no lease with ``until >= at`` (validators use only the
+    writer's clock; the clock-skew margin is applied by the member before it claims, so replicas
+    with different settings never disagree). After: the lease is ``(token, member, until)``, its
+    delivery count is one more than before (an expired lease taken over counts in ``expired``,
+    a delivery after the first in ``redelivered``), and the position is no longer delayed.
+    """
     pos = op.pos
     if op.token is None or op.until is None or not state.claimable(pos, at):
         return False
@@ -401,6 +515,8 @@ def _claim(state: CursorState, op: Op, at: float) -> bool:
 
 
 def _current(state: CursorState, op: Op) -> Lease | None:
+    """The lease ``op`` names by its token, if it is still the position's lease (even past its
+    ``until``: a lease nobody reclaimed is still its holder's)."""
     lease = state.leases.get(op.pos)
     if lease is None or op.token is None or lease.token != op.token:
         return None
@@ -408,6 +524,12 @@ def _current(state: CursorState, op: Op) -> Lease | None:
 
 
 def _extend(state: CursorState, op: Op, at: float) -> bool:
+    """``extend``: the lease holder moves its deadline.
+
+    Before: the op's token is the position's current lease and the op has an ``until``. After:
+    the lease's ``until`` is the op's (a member hands a message out only against a committed
+    deadline, I4).
+    """
     lease = _current(state, op)
     if lease is None or op.until is None:
         return False
@@ -416,6 +538,13 @@ def _extend(state: CursorState, op: Op, at: float) -> bool:
 
 
 def _ack(state: CursorState, op: Op, at: float) -> bool:
+    """``ack``: the lease holder marks the message done.
+
+    Before: the op's token is the position's current lease (valid even after ``until`` if nobody
+    reclaimed it; a stale token is invalid, so a message redelivered elsewhere is settled only by
+    its new holder). After: the position is done (lease, delivery count and delay dropped) and
+    the floor advances past complete segments.
+    """
     if _current(state, op) is None:
         return False
     _mark_done(state, op.pos)
@@ -424,23 +553,38 @@ def _ack(state: CursorState, op: Op, at: float) -> bool:
 
 
 def _release(state: CursorState, op: Op, at: float) -> bool:
+    """``release``: the lease holder gives the message back (a nack, or a drain).
+
+    Before: the op's token is the position's current lease. After: no lease; the delivery count
+    is kept for the next claim (``counted=False``, a prefetched message the app never saw, takes
+    its delivery back); a ``not_before`` after ``at`` delays the message until then.
+    """
     lease = _current(state, op)
     if lease is None:
         return False
     pos = op.pos
     del state.leases[pos]
+    state.counters.released += 1
+    if not op.counted:
+        state.counters.delivered -= 1
+    if pos[0] < state.floor:  # a lease kept across a seek forward: the message is done already
+        return True
     deliveries = lease.deliveries if op.counted else lease.deliveries - 1
     if deliveries > 0:
         state.deliveries[pos] = deliveries
-    if not op.counted:
-        state.counters.delivered -= 1
     if op.not_before is not None and op.not_before > at:
         state.delayed[pos] = float(op.not_before)
-    state.counters.released += 1
     return True
 
 
 def _dead(state: CursorState, op: Op, at: float) -> bool:
+    """``dead``: the message is dead-lettered and done.
+
+    Before: with a token, it is the position's current lease (the holder's nack without
+    requeue); without one (the janitor's max-deliveries), the position is in the window, not
+    done, and holds no live lease at ``at``. After: the position is done, counted in ``dead``,
+    and the floor advances past complete segments.
+    """
     pos = op.pos
     if op.token is not None:
         if _current(state, op) is None:
@@ -453,14 +597,24 @@ def _dead(state: CursorState, op: Op, at: float) -> bool:
 
 
 def _mark_done(state: CursorState, pos: Pos) -> None:
+    """The position is done: no lease, delivery count or delay remains for it, and the floor
+    advances past the segments that became complete. A position outside the window (a lease
+    kept across a ``seek``) only loses its lease: below the floor it is done already, above the
+    frontier it is delivered again once its segment is seen."""
     state.leases.pop(pos, None)
     state.deliveries.pop(pos, None)
     state.delayed.pop(pos, None)
-    state.segments[pos[0]].done.add(pos[1])
+    seg = state.segments.get(pos[0])
+    if seg is None:
+        return
+    seg.done.add(pos[1])
     _advance_floor(state)
 
 
 def _advance_floor(state: CursorState) -> None:
+    """Invariant after every rule: the segment at ``floor`` is not complete (or not seen yet).
+    Complete segments at the floor leave the window, and ``floor_offset`` follows them, so the
+    window holds only segments with work left and everything below the floor is done."""
     while True:
         seg = state.segments.get(state.floor)
         if seg is None or not seg.complete:
@@ -470,10 +624,11 @@ def _advance_floor(state: CursorState) -> None:
         state.floor += 1
 
 
-_HANDLERS = {
+_HANDLERS: dict[OpKind, Callable[[CursorState, Op, float], bool]] = {
     "start": _start,
     "seen": _seen,
     "expire": _expire,
+    "seek": _seek,
     "claim": _claim,
     "extend": _extend,
     "ack": _ack,

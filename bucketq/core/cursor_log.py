@@ -312,12 +312,24 @@ def _decode_delta(data: bytes, n: int) -> Delta:
     """The delta at number ``n``; an object that cannot be decoded (the 0-byte object some stores
     keep when a writer dies between ``100 Continue`` and its body) takes its number with no ops.
     Every replica decides the same way, so they still converge (I8); its writer never got a
-    success, so it resolves its write as lost (I3) and builds its ops again."""
+    success, so it resolves its write as lost (I3) and builds its ops again.
+
+    Ops of a kind this version does not know are dropped from the delta (they are invalid here,
+    every replica of this version skips them alike) and reported: their writer runs a newer
+    bucket format than this process supports (see ``bucketq.core.cursor``)."""
     try:
-        return Delta.from_json(json.loads(data))
+        delta = Delta.from_json(json.loads(data))
     except (ValueError, KeyError, TypeError) as exc:
         log.warning("cursor delta %d cannot be decoded (%s); it counts as an empty delta", n, exc)
         return Delta(n, "", "", 0.0, [])
+    if delta.unknown_ops:
+        log.warning(
+            "cursor delta %d holds ops of unknown kinds %s (written by a newer bucketq?); they are "
+            "skipped as invalid",
+            n,
+            ", ".join(sorted(set(delta.unknown_ops))),
+        )
+    return delta
 
 
 def _held(state: CursorState, op: Op) -> bool:

@@ -23,19 +23,32 @@ import json
 import time
 from dataclasses import dataclass, field
 
+from bucketq.core.cursor import CursorState
 from bucketq.core.cursor_log import CursorLog
 from bucketq.core.fences import DELTA_GRACE_S, SEGMENT_GRACE_S, FenceValue, raise_fence, read_fence
 from bucketq.core.ids import token
 from bucketq.core.keys import Keys, parse_seq
+from bucketq.core.models import TopicConfig
 from bucketq.core.segment import taken_header
 from bucketq.core.topics import TopicCatalog
 from bucketq.core.txn import collect_transactions
 from bucketq.errors import StorageError, TopicNotFound
-from bucketq.storage import CLAIM_SUFFIX, Storage
+from bucketq.storage import Storage
+from bucketq.storage.strategies import CLAIM_SUFFIX
 
 # Objects under a topic prefix without a marker (left by a writer fenced off by the topic's
 # deletion) are collected once this old; floor tombstones stay (they keep numbers unique).
 ORPHAN_AGE_S = 3600.0
+
+
+@dataclass(slots=True)
+class TopicStorage:
+    """A topic's stored segments at a collection. ``held_for_lagging``: segments past the topic's
+    retention that GC keeps only because a subscription has not consumed them yet."""
+
+    segments: int = 0
+    bytes: int = 0
+    held_for_lagging: int = 0
 
 
 @dataclass(slots=True)
@@ -53,6 +66,13 @@ class GcReport:
     transactions: int = 0  # job commit records and Spark staging objects (core/txn.py)
     fences_raised: int = 0
     kept_segments_unconsumed: int = 0
+    # segments freed past max retention, or for a passed subscription, before every subscription
+    # consumed them (their readers skip them with an ``expire`` op, counted)
+    expired_unconsumed: int = 0
+    abandoned_subscriptions: list[str] = field(default_factory=list)
+    # what each collected topic stores after this collection (counted from the LISTs GC makes
+    # anyway): the operator exports these as metrics
+    stored: dict[str, TopicStorage] = field(default_factory=dict)
     deleted_keys: list[str] = field(default_factory=list)
 
     @property
@@ -136,30 +156,45 @@ async def collect_garbage(
         except TopicNotFound:
             continue
         consumers = await catalog.consumers(topic)
+        states = {
+            (consumer, partition): await CursorLog(
+                storage, keys, topic, consumer, partition, member="gc"
+            ).load()
+            for consumer in consumers
+            for partition in range(config.partitions)
+        }
+        passed = await _abandoned(storage, keys, topic, consumers, states, config, now, member_ttl_s)
+        report.abandoned_subscriptions.extend(f"{topic}/{c}" for c in passed)
         for partition in range(config.partitions):
             floors: list[int] = []
+            lagging: list[int] = []  # every started subscription's floor, passed ones included
             unstarted = False
             for consumer in consumers:
-                cursor = CursorLog(storage, keys, topic, consumer, partition, member="gc")
-                state = await cursor.load()
-                if state.started:
-                    floors.append(state.floor)
-                else:
+                state = states[(consumer, partition)]
+                if not state.started:
                     unstarted = True
+                    continue
+                lagging.append(state.floor)
+                if consumer not in passed:
+                    floors.append(state.floor)
                 await _collect_log(storage, keys, topic, consumer, partition, clock, delta_grace_s, deleter)
-            if unstarted:
+            if unstarted and config.max_retention_seconds is None:
                 continue  # a subscription is choosing its start position here: free nothing
+            # ... except what is past the hard limit: a subscription that never starts (its first
+            # member died choosing) must not hold the topic's data forever either
             await _collect_segments(
                 storage,
                 keys,
                 topic,
                 partition,
-                min(floors) if floors else None,
+                0 if unstarted else min(floors) if floors else None,
                 config.retention_seconds,
                 now,
                 clock,
                 segment_grace_s,
                 deleter,
+                max_retention_s=config.max_retention_seconds,
+                lagging_floor=min(lagging) if lagging else None,
             )
         async for info in storage.list(keys.dedup_prefix(topic)):
             if now - info.last_modified > dedup_window_s:
@@ -182,6 +217,45 @@ async def collect_garbage(
     return report
 
 
+async def _abandoned(
+    storage: Storage,
+    keys: Keys,
+    topic: str,
+    consumers: list[str],
+    states: dict[tuple[str, int], CursorState],
+    config: TopicConfig,
+    now: float,
+    member_ttl_s: float,
+) -> set[str]:
+    """Subscriptions of ``topic`` GC no longer waits for: inactive longer than the topic's
+    ``subscription_timeout_seconds`` (no live member heartbeat and no cursor write that long).
+
+    A subscription that is passed keeps its cursors: when it is read again, its readers find the
+    collected segments below the floor fence and record an ``expire`` op that skips them, counted
+    in ``collected`` (invariant I5 names this as the only way a started subscription loses
+    messages). Members heartbeat while they run, idle or not, so a live group is never passed.
+    """
+    timeout = config.subscription_timeout_seconds
+    if timeout is None:
+        return set()
+    passed = set()
+    for consumer in consumers:
+        last = max(
+            (at for (c, _), st in states.items() if c == consumer for _, at in st.ids.values()),
+            default=None,
+        )
+        if last is not None and now - last <= timeout:
+            continue
+        live = [
+            info
+            async for info in storage.list(keys.members_prefix(topic, consumer))
+            if now - info.last_modified <= min(member_ttl_s, timeout)
+        ]
+        if not live:
+            passed.add(consumer)
+    return passed
+
+
 async def _collect_segments(
     storage: Storage,
     keys: Keys,
@@ -193,18 +267,38 @@ async def _collect_segments(
     clock: _StoreClock,
     grace_s: float,
     deleter: _Deleter,
+    *,
+    max_retention_s: float | None = None,
+    lagging_floor: int | None = None,
 ) -> None:
-    """Raise the partition's floor fence (phase 1), then free below an old enough fence (phase 2)."""
+    """Raise the partition's floor fence (phase 1), then free below an old enough fence (phase 2).
+
+    A segment is kept while it is younger than ``retention_s`` or some subscription still needs
+    it (``min_floor``), except that none is kept past ``max_retention_s`` (the topic's hard limit:
+    no subscription can hold the topic's data hostage). ``lagging_floor`` (every started
+    subscription's, passed ones included) only tells which freed segments were unconsumed.
+    """
     fence_key = keys.segment_floor(topic, partition)
     fence, _ = await read_fence(storage, fence_key)
     floor = fence.floor if fence is not None else 0
     new_floor, new_base = floor, fence.base if fence is not None else 0
     kept = 0
+    hard_floor = floor  # below it every segment is past max_retention_s (contiguous)
     start_after = keys.segment(topic, partition, floor - 1) if floor > 0 else None
+    stored = deleter.report.stored.setdefault(topic, TopicStorage())
     async for info in storage.list(keys.segments_prefix(topic, partition), start_after=start_after):
         seq = parse_seq(info.key)
-        if now - info.last_modified <= retention_s or (min_floor is not None and seq >= min_floor):
+        age = now - info.last_modified
+        expired_hard = max_retention_s is not None and age > max_retention_s
+        if expired_hard and seq == hard_floor:
+            hard_floor = seq + 1
+        needed = min_floor is not None and seq >= min_floor
+        if not expired_hard and (age <= retention_s or needed):
             kept += 1
+            stored.segments += 1
+            stored.bytes += info.size
+            if age > retention_s:
+                stored.held_for_lagging += 1
             continue
         if seq != new_floor:
             break  # keep the freed range contiguous
@@ -213,6 +307,8 @@ async def _collect_segments(
             break
         header = taken_header(blob.data, topic, partition, seq, new_base)
         new_floor, new_base = seq + 1, header.base + header.count
+        if lagging_floor is not None and seq >= lagging_floor:
+            deleter.report.expired_unconsumed += 1  # some subscription had not consumed it
     deleter.report.kept_segments_unconsumed += kept
     if new_floor > floor and await raise_fence(storage, fence_key, FenceValue(new_floor, new_base, now)):
         deleter.report.fences_raised += 1
@@ -220,7 +316,7 @@ async def _collect_segments(
     if fence is None or fence_modified is None:
         return
     freeable = fence.freeable_below(fence_modified, await clock.now(), grace_s)
-    bound = freeable if min_floor is None else min(freeable, min_floor)
+    bound = freeable if min_floor is None else min(freeable, max(min_floor, hard_floor))
     async for info in storage.list(keys.segments_prefix(topic, partition)):
         if parse_seq(info.key) >= bound:
             break

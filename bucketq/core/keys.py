@@ -172,3 +172,53 @@ class Keys:
 
     def spark_intent(self, kind: str, name: str) -> str:
         return self._k(f"_spark/{kind}/{name}.json")
+
+
+# What key_kind() looks for, most specific first; written next to Keys so the two change together.
+# Names are DNS-1123 (no "/" or "_"), so a topic or consumer name cannot fake a "_..." marker, and
+# the partition component (pNNNN) anchors the per-partition objects. A LIST prefix classifies like
+# the keys under it. Without the root, a few prefixes stay ambiguous (the prefix of a topic named
+# "subs" reads as a subscription): fine for counting requests, never used to route them.
+_P = rf"/p\d{{{PARTITION_WIDTH}}}/"
+_KINDS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern), kind)
+    for pattern, kind in (
+        (r"_bucketq/", "format"),
+        (r"_probe/", "probe"),
+        (r"_registry/members/", "member"),
+        (r"_registry/", "registry"),
+        (r"_spark/", "spark"),
+        (rf"/subs/[^/]+{_P}log/", "delta"),
+        (rf"/subs/[^/]+{_P}ckpt/", "checkpoint"),
+        (rf"/subs/[^/]+{_P}trim\.json$", "fence"),
+        (rf"{_P}seg/", "segment"),
+        (rf"{_P}head\.json$", "head"),
+        (rf"{_P}floor\.json$", "fence"),
+        (r"/dedup/", "dedup"),
+        (r"/txn/", "txn"),
+        (r"/\.topic$", "topic"),
+        (r"/subs/", "subscription"),  # last: a topic may be named "subs"
+    )
+)
+
+
+def key_kind(key: str) -> str:
+    """The kind of protocol object a key or LIST prefix of :class:`Keys` (any root) names.
+
+    One of ``format``, ``probe``, ``member``, ``registry``, ``spark``, ``delta``, ``checkpoint``,
+    ``fence``, ``subscription``, ``segment``, ``head``, ``dedup``, ``txn``, ``topic``; ``other``
+    for anything else (a topic or root prefix). For metering and diagnostics (``bucketq bench``
+    counts requests by kind); the engine itself only ever builds keys.
+    """
+    for pattern, kind in _KINDS:
+        if pattern.search(key):
+            return kind
+    return "other"
+
+
+def namespace_root(base: str, namespace: str) -> str:
+    """The root of a Kubernetes namespace's queues under the operator's root ``base``:
+    ``{base}/{namespace}`` (or the namespace alone). The operator and the CLI's ``--namespace``
+    both use it, so they always agree on where a namespace's topics live."""
+    base = base.strip("/")
+    return f"{base}/{namespace}" if base else namespace

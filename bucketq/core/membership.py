@@ -1,4 +1,4 @@
-"""Member heartbeats and rendezvous affinity of partitions to live members (DESIGN.md 2.3)."""
+"""Member heartbeats and rendezvous affinity of partitions to live members (docs/design.md 2.3)."""
 
 from __future__ import annotations
 

@@ -2,15 +2,25 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from bucketq.core.segment import Record
-from bucketq.errors import BucketqError
+from bucketq.errors import BucketqError, InvalidReceipt
 
 if TYPE_CHECKING:
     from bucketq.core.consumer import Consumer
+
+# The one text form of a receipt: a topic name, three decimal integers without sign, padding or
+# leading zeros (below 2**63), and a token. int() alone would accept "+0", " 0" or "0_0", so
+# different strings would name one lease, and a settlement keyed by the text could be repeated.
+_INT = r"(0|[1-9][0-9]{0,18})"
+_RECEIPT = re.compile(
+    rf"([a-z0-9](?:[a-z0-9.-]{{0,61}}[a-z0-9])?):{_INT}:{_INT}:{_INT}:([A-Za-z0-9_-]{{1,64}})"
+)
+MAX_POSITION = 2**63 - 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,20 +38,19 @@ class Receipt:
 
     @classmethod
     def decode(cls, text: str) -> Receipt:
-        try:
-            topic, partition, seq, idx, tok = text.split(":")
-            return cls(topic, int(partition), int(seq), int(idx), tok)
-        except (ValueError, AttributeError):
-            raise InvalidReceipt(text) from None
+        """The receipt ``text`` names; InvalidReceipt unless ``text`` is in the canonical form."""
+        match = _RECEIPT.fullmatch(text) if isinstance(text, str) else None
+        if match is None:
+            raise InvalidReceipt(text)
+        topic, partition, seq, idx, tok = match.groups()
+        receipt = cls(topic, int(partition), int(seq), int(idx), tok)
+        if max(receipt.partition, receipt.seq, receipt.idx) > MAX_POSITION:
+            raise InvalidReceipt(text)
+        return receipt
 
     @property
     def pos(self) -> tuple[int, int]:
         return (self.seq, self.idx)
-
-
-class InvalidReceipt(BucketqError, ValueError):
-    def __init__(self, text: object) -> None:
-        super().__init__(f"malformed receipt {text!r}: pass the receipt exactly as it was delivered")
 
 
 @dataclass(slots=True)
@@ -57,6 +66,9 @@ class Message:
     receipt: str
     deliveries: int
     lease_until: float
+    # when the lease began: the claim's time on this member's clock (an operator's seek that
+    # lands later replays the message even if it is acked after the seek, docs/protocol.md I11)
+    leased_at: float = 0.0
     _consumer: Consumer | None = None
 
     @property
@@ -112,6 +124,10 @@ class Message:
     async def nack(self, *, requeue: bool = True, delay: float = 0.0) -> None:
         """Give the message back (visible again after ``delay``), or dead-letter it with requeue=False."""
         await self._owner().nack(self.receipt, requeue=requeue, delay=delay)
+
+    async def release(self) -> None:
+        """Give the message back now, uncounted (it does not move towards dead-lettering)."""
+        await self._owner().release(self.receipt)
 
     async def extend(self, seconds: float) -> None:
         """Keep the lease for ``seconds`` from now."""

@@ -2,14 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from bucketq.core.keys import MAX_PARTITIONS, validate_name
 
 DEFAULT_RETENTION_S = 7 * 24 * 3600.0
 DEFAULT_MAX_MESSAGE_BYTES = 256 * 1024
+_OPTIONAL_LIMITS = ("max_retention_seconds", "subscription_timeout_seconds")
 
 
 class DeadLetterConfig(BaseModel):
@@ -36,6 +45,29 @@ class TopicConfig(BaseModel):
     retention_seconds: float = Field(DEFAULT_RETENTION_S, gt=0)
     max_message_bytes: int = Field(DEFAULT_MAX_MESSAGE_BYTES, ge=64, le=64 * 1024 * 1024)
     dead_letter: DeadLetterConfig = DeadLetterConfig()
+    # Retention that cannot be held hostage (format 3; absent from markers when unset, so those
+    # stay readable by format-2 processes). ``max_retention_seconds``: no segment is kept longer,
+    # consumed or not. ``subscription_timeout_seconds``: a subscription with no live member and
+    # no cursor write for this long no longer holds the topic's data (core/gc.py ``_abandoned``).
+    max_retention_seconds: float | None = Field(None, gt=0)
+    subscription_timeout_seconds: float | None = Field(None, gt=0)
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_limits(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for name in _OPTIONAL_LIMITS:
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
+
+    @model_validator(mode="after")
+    def _limits_agree(self) -> TopicConfig:
+        if self.max_retention_seconds is not None and self.max_retention_seconds < self.retention_seconds:
+            raise ValueError(
+                f"max_retention_seconds ({self.max_retention_seconds:g}) must be at least "
+                f"retention_seconds ({self.retention_seconds:g})"
+            )
+        return self
 
     def dead_letter_topic(self, topic: str) -> str | None:
         """The dead-letter topic's name, or None when dead-lettering is off."""

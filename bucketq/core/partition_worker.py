@@ -7,6 +7,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from bucketq.config import ConsumerSettings
 from bucketq.core.cursor import CursorState, Op, Pos, apply_op
@@ -26,6 +27,10 @@ log = logging.getLogger("bucketq.consumer")
 REDRIVE_FOR_HEADER = "bucketq-redrive-for"
 MAX_DISCOVER_PER_CYCLE = 32
 MAX_WINDOW_SEGMENTS = 64
+# An owner re-reads its cursor log at least this often even when it has nothing to write, so an
+# op another process wrote (an operator's ``seek``) reaches an idle group too. One GET (a 404 at
+# the log's tip) per owned partition and period, only while the partition writes nothing.
+LOG_REFRESH_S = 30.0
 
 DeadLetterFn = Callable[[str, int, Pos, Record, int, str], Awaitable[None]]
 
@@ -51,11 +56,15 @@ def seen_op(segment: Segment, consumer: str, incarnation: str = "") -> Op:
     return Op("seen", h.seq, count=h.count, base=h.base, delayed=delayed or None, skip=skip or None)
 
 
+IntentKind = Literal["ack", "extend", "release", "dead"]
+"""The cursor ops an app's request on a lease becomes (a subset of ``OpKind``)."""
+
+
 @dataclass(slots=True)
 class Intent:
     """An app's request on a lease, waiting for the next delta; its future gets the op's validity."""
 
-    kind: str  # ack | extend | release | dead
+    kind: IntentKind
     receipt: Receipt
     future: asyncio.Future[bool]
     until: float | None = None
@@ -82,7 +91,6 @@ class Intent:
 class CycleResult:
     messages: list[Message] = field(default_factory=list)
     discovered: int = 0
-    claimable_left: bool = False
     conflicts: int = 0
     ops: int = 0
     dead_lettered: int = 0  # by the janitor (max deliveries); an app's own dead-letters are its to count
@@ -144,6 +152,7 @@ class PartitionWorker:
         self.discovery_backoff = settings.poll_min_ms / 1000
         self.window_has_more = True
         self.last_found = time.monotonic()
+        self.log_read = time.monotonic()  # when the log was last read to its tip
         self._lock = asyncio.Lock()
 
     @property
@@ -195,12 +204,24 @@ class PartitionWorker:
         return found
 
     async def _ensure_window(self) -> None:
-        """Have the records of the first open segments cached (after a restart or a rebase)."""
+        """Have the records of the first open segments cached (after a restart or a rebase).
+
+        A window segment that is gone below the partition's floor fence was collected by GC
+        under a retention limit (this subscription was passed as abandoned, or the topic's
+        maximum retention ran out): the next commit records an ``expire`` op past the fence, so
+        the messages left in it are counted in ``collected`` and the partition moves on (never
+        a stall on records that no longer exist).
+        """
         wanted = [s for s in sorted(self.state.segments)[:MAX_WINDOW_SEGMENTS] if s not in self._segments]
         for seq in wanted:
             blob = await self.storage.get(self.keys.segment(self.topic, self.partition, seq))
             if blob is not None:
                 self._segments[seq] = _decode(blob.data, self.topic, self.partition, seq)
+                continue
+            fence = await self.floor_fence.fresh()
+            if seq < fence.floor and (self._expire_to is None or self._expire_to[0] < fence.floor):
+                self._expire_to = (fence.floor, fence.base)
+            break
 
     # -- the cycle -------------------------------------------------------------------------------
 
@@ -220,9 +241,13 @@ class PartitionWorker:
     async def _cycle(self, demand: int, foreign: bool) -> CycleResult:
         result = CycleResult()
         await self.ensure_loaded()
+        now = time.monotonic()
         if foreign:
             await self.log.catch_up(via_checkpoint=True)
-        now = time.monotonic()
+        elif now - self.log_read >= LOG_REFRESH_S:
+            await self.log.catch_up()
+            self.log_read = now
+            self._absorb_discovered()
         if demand > 0 and (foreign or self.discovery_due(now)):
             result.discovered = await self.discover()
             if result.discovered:  # track the arrival interval: quarter on a find, double on a miss
@@ -258,9 +283,9 @@ class PartitionWorker:
             outcome = await self.log.commit(build)
         finally:
             self.intents[:0] = [i for i in intents if not i.future.done()]
-        result.claimable_left = leftover[0]
         self.window_has_more = leftover[0]
         if outcome is not None:
+            self.log_read = time.monotonic()
             result.conflicts = outcome.conflicts
             result.ops = len(outcome.delta.ops)
             for op, ok in zip(outcome.delta.ops, outcome.results, strict=True):
@@ -373,7 +398,13 @@ class PartitionWorker:
                 record = self._record((seq, idx))
                 if record is None:
                     continue
-                consider((seq, idx), record, delayed.get(idx, 0.0) <= now)
+                available = delayed.get(idx, 0.0) <= now
+                # a segment seen again after a ``seek`` may hold leases kept across it (I11):
+                # the same margin as above, so a lease is never shared while it may be live
+                lease = state.leases.get((seq, idx))
+                if lease is not None and lease.until + skew >= now:
+                    available = False
+                consider((seq, idx), record, available)
         candidates.sort(key=lambda c: (c[0], c[1]))
         until = now + self.settings.visibility_timeout_s
         claims = [
@@ -438,6 +469,7 @@ class PartitionWorker:
                     receipt.encode(),
                     lease.deliveries,
                     op.until,
+                    leased_at=at,
                 )
             )
 
@@ -445,6 +477,9 @@ class PartitionWorker:
         """Move discovered segments the state now knows into the window cache; evict done ones."""
         if self._expire_to is not None and self._expire_to[0] <= self.state.floor:
             self._expire_to = None
+        if self._discovered and self._discovered[0].header.seq > self.state.frontier + 1:
+            # the window moved back (a ``seek``): discovery starts again at the new frontier
+            self._discovered = []
         keep = []
         for seg in self._discovered:
             if seg.header.seq <= self.state.frontier:

@@ -1,4 +1,4 @@
-"""The producer: group commit of concurrent publishes into one segment per partition (DESIGN.md 2.2)."""
+"""The producer: group commit of concurrent publishes into one segment per partition (docs/design.md 2.2)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from bucketq.core.waiting import wait_event
 from bucketq.errors import (
     AlreadyExists,
     BucketqError,
-    ClosedError,
+    Closed,
     Contended,
     PreconditionFailed,
     PublishTimeout,
@@ -52,6 +52,24 @@ class PublishResult:
     index: int
     offset: int
     duplicate: bool = False
+
+
+def _scan_ranges(marker: dict[str, Any]) -> dict[int, int]:
+    """partition -> earliest seq where the attempts a pending dedup marker records may have landed
+    (format 2 markers name one partition and seq; takeovers add ``scan`` with every attempt's)."""
+    out: dict[int, int] = {}
+    for p, seq in marker.get("scan") or ():
+        out[int(p)] = min(out.get(int(p), int(seq)), int(seq))
+    partition = int(marker.get("partition", -1))
+    if partition >= 0 and "from_seq" in marker:
+        out[partition] = min(out.get(partition, int(marker["from_seq"])), int(marker["from_seq"]))
+    return out
+
+
+def _merge_scan(ranges: dict[int, int], partition: int, from_seq: int) -> list[list[int]]:
+    ranges = dict(ranges)
+    ranges[partition] = min(ranges.get(partition, from_seq), from_seq)
+    return [[p, seq] for p, seq in sorted(ranges.items())]
 
 
 def _duplicate(topic: str, marker: dict[str, Any]) -> PublishResult:
@@ -108,7 +126,6 @@ class PartitionAppender:
             max_attempts=settings.max_attempts,
             catalog=catalog,
         )
-        self.segments_written = 0
         self._buffer: list[_Pending] = []
         self._writing: list[_Pending] = []
         self._buffer_bytes = 0
@@ -143,7 +160,7 @@ class PartitionAppender:
 
     def add(self, pending: _Pending) -> None:
         if self._closing:
-            raise ClosedError("producer is closing")
+            raise Closed("producer is closing")
         self._buffer.append(pending)
         self._buffer_bytes += len(pending.line) + 1
         if self._task is None:
@@ -206,7 +223,6 @@ class PartitionAppender:
 
     async def _write(self, batch: list[_Pending]) -> None:
         landed = await self.writer.append([p.line for p in batch], token())
-        self.segments_written += 1
         for index, p in enumerate(batch):
             if not p.future.done():
                 p.future.set_result(
@@ -324,7 +340,7 @@ class Producer:
     ) -> PublishResult:
         """Publish one message; returns once it is durable in the bucket."""
         if self._closed:
-            raise ClosedError("producer is closed")
+            raise Closed("producer is closed")
         config = await self.catalog.config(topic)
         record = build_record(
             payload,
@@ -360,7 +376,7 @@ class Producer:
         changing the record.
         """
         if self._closed:
-            raise ClosedError("producer is closed")
+            raise Closed("producer is closed")
         config = await self.catalog.config(topic)
         if headers is not None:
             record = replace(record, headers=dict(headers))
@@ -423,6 +439,21 @@ class Producer:
                 age > window if marker.get("state") == "committed" else age > self.settings.publish_timeout_s
             )
             if stale:  # take over an expired or abandoned marker
+                if marker.get("state") == "pending":
+                    # keep where every abandoned attempt may have landed: a taker that dies after
+                    # taking over must not hide an older write from the next taker's scan (the
+                    # simulation found a second copy stored when a takeover recorded only the
+                    # tail of its own time and then failed)
+                    pending = json.dumps(
+                        {
+                            "state": "pending",
+                            "id": record.id,
+                            "at": time.time(),
+                            "partition": partition,
+                            "from_seq": from_seq,
+                            "scan": _merge_scan(_scan_ranges(marker), partition, from_seq),
+                        }
+                    ).encode()
                 try:
                     etag = await self.storage.store.put(marker_key, pending, if_match=blob.etag)
                 except PreconditionFailed:
@@ -442,11 +473,14 @@ class Producer:
 
     async def _find_landed(self, topic: str, marker: dict[str, Any], dedup_id: str) -> PublishResult | None:
         """Where an abandoned pending publish of ``dedup_id`` landed, if it did (scans forward from
-        the seq its marker recorded to the partition's tail)."""
-        partition = int(marker.get("partition", -1))
-        if partition < 0 or "from_seq" not in marker:
-            return None
-        seq = int(marker["from_seq"])
+        each seq its marker recorded, for every attempt, to the partition's tail)."""
+        for partition, from_seq in sorted(_scan_ranges(marker).items()):
+            found = await self._scan_for(topic, partition, from_seq, dedup_id)
+            if found is not None:
+                return found
+        return None
+
+    async def _scan_for(self, topic: str, partition: int, seq: int, dedup_id: str) -> PublishResult | None:
         while True:
             blob = await self.storage.get(self.keys.segment(topic, partition, seq))
             if blob is None:

@@ -1,4 +1,4 @@
-"""Segment format (JSON Lines): one header line, then one line per message (DESIGN.md 2.2)."""
+"""Segment format (JSON Lines): one header line, then one line per message (docs/design.md 2.2)."""
 
 from __future__ import annotations
 

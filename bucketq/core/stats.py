@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from bucketq.config import ConsumerSettings
 from bucketq.core.cursor import CursorState
 from bucketq.core.cursor_log import CursorLog
 from bucketq.core.keys import Keys
 from bucketq.core.segment import decode_segment
 from bucketq.core.topics import TopicCatalog, find_tail
 from bucketq.storage import Storage
+
+# a member is live while its heartbeat is younger than the group's default member TTL
+MEMBER_TTL_S = float(ConsumerSettings.model_fields["member_ttl_s"].default)
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,6 +29,8 @@ class PartitionStats:
     dead_lettered: int
     redelivered: int
     oldest_age_s: float | None  # age of the oldest message not yet done
+    last_activity: float | None = None  # Unix time of the newest delta of the cursor log it knows
+    collected: int = 0  # messages skipped because GC collected them first (retention limits)
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +48,11 @@ class SubscriptionStats:
     redelivered: int
     oldest_age_s: float | None
     partitions: list[PartitionStats]
+    # live members of the group (heartbeats younger than ``member_ttl_s``) and the newest cursor
+    # write of any of them: a subscription without either for long has been abandoned
+    members: list[str] = field(default_factory=list)
+    last_activity: float | None = None
+    collected: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,6 +83,8 @@ async def partition_stats(
         dead_lettered=state.counters.dead,
         redelivered=state.counters.redelivered,
         oldest_age_s=oldest,
+        last_activity=max((at for _, at in state.ids.values()), default=None),
+        collected=state.counters.collected,
     )
 
 
@@ -89,12 +102,27 @@ async def _oldest_age(
     return None
 
 
+async def live_members(
+    storage: Storage, keys: Keys, topic: str, consumer: str, member_ttl_s: float = MEMBER_TTL_S
+) -> list[str]:
+    """Members of the group whose heartbeat is younger than ``member_ttl_s`` (by LIST times)."""
+    prefix = keys.members_prefix(topic, consumer)
+    now = time.time()
+    live = [
+        info.key[len(prefix) :].removesuffix(".json")
+        async for info in storage.list(prefix)
+        if now - info.last_modified <= member_ttl_s
+    ]
+    return sorted(live)
+
+
 async def subscription_stats(
     storage: Storage, keys: Keys, catalog: TopicCatalog, topic: str, consumer: str
 ) -> SubscriptionStats:
     config = await catalog.config(topic)
     parts = [await partition_stats(storage, keys, topic, consumer, p) for p in range(config.partitions)]
     ages = [p.oldest_age_s for p in parts if p.oldest_age_s is not None]
+    active = [p.last_activity for p in parts if p.last_activity is not None]
     return SubscriptionStats(
         topic=topic,
         consumer=consumer,
@@ -107,4 +135,7 @@ async def subscription_stats(
         redelivered=sum(p.redelivered for p in parts),
         oldest_age_s=max(ages) if ages else None,
         partitions=parts,
+        members=await live_members(storage, keys, topic, consumer),
+        last_activity=max(active) if active else None,
+        collected=sum(p.collected for p in parts),
     )

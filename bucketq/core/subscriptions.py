@@ -4,12 +4,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from bucketq.core.cursor import Op
+from bucketq.core.cursor import CursorState, Op
 from bucketq.core.cursor_log import CursorLog
 from bucketq.core.keys import Keys, validate_name
+from bucketq.core.peek import segment_at
 from bucketq.core.segment import taken_header
 from bucketq.core.topics import TopicCatalog, find_tail, first_segment
 from bucketq.core.txn import stable_limits
+from bucketq.errors import BucketqError
 from bucketq.storage import Storage
 
 StartPosition = Literal["earliest", "latest"]
@@ -95,3 +97,58 @@ async def delete_subscription(storage: Storage, keys: Keys, topic: str, consumer
     for start in range(0, len(doomed), 1000):
         await storage.delete(doomed[start : start + 1000])
     return len(doomed)
+
+
+SeekTarget = Literal["earliest", "latest"] | int | float
+"""Where ``seek`` moves a subscription: ``"earliest"`` (the oldest message kept), ``"latest"``
+(after the newest), a partition offset (an ``int``), or a Unix time (a ``float``)."""
+
+
+async def seek_subscription(
+    storage: Storage,
+    keys: Keys,
+    topic: str,
+    consumer: str,
+    to: SeekTarget,
+    *,
+    partitions: list[int] | None = None,
+) -> dict[int, tuple[int, int]]:
+    """Move ``consumer``'s cursors on ``topic`` to ``to``; returns partition -> (seq, offset).
+
+    Each partition gets one ``seek`` op in its log (a ``start`` if it never started), so every
+    member agrees on the new position as soon as it reads its log (docs/protocol.md, ``seek``).
+    The position is a segment: an offset or a time inside a segment starts at that segment, so up
+    to one segment's earlier messages are delivered (again) too. Leases live at the seek stay the
+    holders' until they end or are settled, so a seek never hands a message to a second member
+    while its holder may still work on it.
+    """
+    validate_name(topic)
+    validate_name(consumer, "consumer")
+    config = await TopicCatalog(storage, keys).config(topic)
+    chosen = sorted(set(partitions)) if partitions else list(range(config.partitions))
+    moved: dict[int, tuple[int, int]] = {}
+    for p in chosen:
+        if not 0 <= p < config.partitions:
+            raise BucketqError(f"topic {topic!r} has partitions 0..{config.partitions - 1}, not {p}")
+        if to == "latest":
+            target: tuple[int, int] | None = await find_tail(storage, keys, topic, p)
+        elif to == "earliest":
+            target = await first_segment(storage, keys, topic, p)
+        elif isinstance(to, int) and not isinstance(to, bool):
+            if to < 0:
+                raise BucketqError(f"offset must be 0 or more, got {to}")
+            target = await segment_at(storage, keys, topic, p, offset=to)
+        elif isinstance(to, float):
+            target = await segment_at(storage, keys, topic, p, since=to)
+        else:
+            raise BucketqError(f"seek to 'earliest', 'latest', an offset or a time, not {to!r}")
+        seq, base = target if target is not None else await find_tail(storage, keys, topic, p)
+        cursor = CursorLog(storage, keys, topic, consumer, p, member="seek")
+        await cursor.load()
+
+        def build(state: CursorState, seq: int = seq, base: int = base) -> list[Op]:
+            return [Op("seek" if state.started else "start", seq, base=base)]
+
+        await cursor.commit(build)
+        moved[p] = (seq, base)
+    return moved

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pydantic import ValidationError
@@ -232,7 +233,12 @@ class TopicCatalog:
         return TopicInfo(topic, marker.config, marker.created_at, parts, await self.consumers(topic))
 
     async def delete(
-        self, topic: str, *, purge: bool = True, fence_wait_s: float = TOPIC_DELETE_WAIT_S
+        self,
+        topic: str,
+        *,
+        purge: bool = True,
+        fence_wait_s: float = TOPIC_DELETE_WAIT_S,
+        progress: Callable[[int], None] | None = None,
     ) -> int:
         """Delete the topic; with purge, every object under it. Returns the number of objects deleted.
 
@@ -247,6 +253,7 @@ class TopicCatalog:
 
         A deletion interrupted anywhere is completed by deleting again (the marker stays
         ``deleting`` until the end). Without purge, only the marker goes (data stays for tools).
+        ``progress`` is called with the number of objects of each batch deleted.
         """
         validate_name(topic)
         marker_key = self.keys.topic_marker(topic)
@@ -283,9 +290,13 @@ class TopicCatalog:
                     if len(batch) >= 1000:
                         await self.storage.delete(batch)
                         deleted += len(batch)
+                        if progress is not None:
+                            progress(len(batch))
                         batch = []
                 if batch:
                     await self.storage.delete(batch)
                     deleted += len(batch)
+                    if progress is not None:
+                        progress(len(batch))
         await self.storage.delete([marker_key])
         return deleted + 1

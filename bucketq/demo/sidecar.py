@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from bucketq.client import AsyncClient, BusyError, SidecarError, message
+from bucketq.client import AsyncClient, Busy, SidecarError, message
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -300,7 +300,7 @@ async def _publish(
         while True:
             try:
                 result = await client.publish_batch(TOPIC, msgs)
-            except BusyError as exc:
+            except Busy as exc:
                 await asyncio.sleep(exc.retry_after or 0.2)
                 continue
             except SidecarError:

@@ -7,15 +7,10 @@ import logging
 
 from bucketq.config import Settings
 from bucketq.core.app import Bucketq
+from bucketq.core.keys import namespace_root
 from bucketq.errors import BucketqError
 
 log = logging.getLogger("bucketq.operator")
-
-
-def namespace_root(base: str, namespace: str) -> str:
-    """The storage root of a namespace: ``{base}/{namespace}`` (or the namespace alone)."""
-    base = base.strip("/")
-    return f"{base}/{namespace}" if base else namespace
 
 
 class Buckets:

@@ -76,7 +76,11 @@ class OperatorSettings(BaseSettings):
     )
     sidecar_api_port: int = Field(3500, ge=1, le=65535)
     sidecar_metrics_port: int = Field(9090, ge=1, le=65535)
-    sidecar_secret: str = Field("bucketq-s3", description="Default Secret with the pods' S3 credentials.")
+    sidecar_secret: str = Field(
+        "bucketq-sidecar-s3",
+        description="Default Secret with the pods' S3 credentials, in each pod's namespace: a key limited "
+        "to that namespace's prefix (docs/security.md), never a copy of the operator's (whence its own name).",
+    )
     sidecar_secret_access_key_id_key: str = "accessKeyId"
     sidecar_secret_secret_access_key_key: str = "secretAccessKey"
     sidecar_s3_endpoint_url: str | None = Field(

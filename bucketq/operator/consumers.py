@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -10,6 +11,7 @@ from bucketq.core.registry import Registration
 from bucketq.core.stats import SubscriptionStats
 from bucketq.errors import TopicNotFound
 from bucketq.operator.models import ConsumerSpec
+from bucketq.operator.status import STALLED, Cond
 
 
 class MissingTopics(Exception):
@@ -68,9 +70,32 @@ async def delete_consumer(bq: Bucketq, name: str, topics: list[str]) -> int:
     return deleted
 
 
+# A subscription with waiting messages and no cursor write for this long is stalled even while
+# members heartbeat (they may be stuck, paused or all failing).
+STALL_AFTER_S = 300.0
+
+
 @dataclass(frozen=True, slots=True)
 class ConsumerFigures:
     subscriptions: list[SubscriptionStats]
+
+    def stalled(self, now: float | None = None) -> Cond:
+        """``Stalled``: True when a subscription has messages waiting and no member, or no cursor
+        write for ``STALL_AFTER_S``; the message names each one and why."""
+        now = time.time() if now is None else now
+        why = []
+        for s in self.subscriptions:
+            if s.backlog <= 0:
+                continue
+            if not s.members:
+                why.append(f"{s.topic}: {s.backlog} waiting and no member running")
+            elif s.last_activity is None or now - s.last_activity > STALL_AFTER_S:
+                why.append(f"{s.topic}: {s.backlog} waiting and no progress for over {STALL_AFTER_S:.0f}s")
+        if why:
+            return Cond(STALLED, True, "NoProgress", "; ".join(why))
+        return Cond(
+            STALLED, False, "Progressing", "every subscription with work has a member making progress"
+        )
 
     def status(self) -> dict[str, Any]:
         ages = [s.oldest_age_s for s in self.subscriptions if s.oldest_age_s is not None]

@@ -248,7 +248,7 @@ class Operator:
     async def collect_garbage(
         self, name: str, namespace: str, patch: kopf.Patch, logger: Any, stopped: Any, **_: Any
     ) -> None:
-        """Retention and garbage collection of one topic and its default dead-letter topic (DESIGN 2.5)."""
+        """Retention and garbage collection of one topic and its default dead-letter topic (docs/design.md 2.5)."""
         await _until_stopped(stopped, self._collect_garbage(name, namespace, patch, logger))
 
     async def _collect_garbage(self, name: str, namespace: str, patch: kopf.Patch, logger: Any) -> None:
@@ -275,6 +275,13 @@ class Operator:
             count = getattr(report, kind)
             if count:
                 self.metrics.gc_deleted.labels(namespace, name, kind).inc(count)
+        for topic, stored in report.stored.items():
+            self.metrics.set_storage(namespace, topic, stored)
+        for passed in report.abandoned_subscriptions:
+            logger.warning(
+                f"garbage collection of {name!r}: subscription {passed} is inactive past the topic's "
+                "subscriptionTimeoutSeconds and no longer holds its data"
+            )
         patch.status["lastGarbageCollection"] = now_iso()
         patch.status["garbageCollectedObjects"] = report.total
         if report.total:
@@ -302,7 +309,9 @@ class Operator:
         out_conditions.append(self._policy_match(consumer, namespace, indexes["topic_index"]))
         fields: dict[str, Any] = {"consumerId": reg.id}
         if with_figures:
-            fields.update((await consumer_figures(bq, name, list(consumer.topics))).status())
+            figures = await consumer_figures(bq, name, list(consumer.topics))
+            fields.update(figures.status())
+            out_conditions.append(figures.stalled())
         return fields
 
     @staticmethod

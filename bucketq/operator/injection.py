@@ -12,6 +12,18 @@ Annotations on the pod (all optional except ``bucketq.io/inject``)::
     bucketq.io/native-sidecar: "false"   a regular container instead of a native sidecar
     bucketq.io/sidecar-cpu-request, -cpu-limit, -memory-request, -memory-limit: resource overrides
     bucketq.io/log-level: DEBUG|INFO|... the sidecar's log level
+    bucketq.io/api-token-secret: name    Secret (key ``token``): the bearer token of the sidecar's API,
+                                         mounted into the sidecar and given to app containers as
+                                         ``BUCKETQ_API_TOKEN``
+    bucketq.io/push-token-secret: name   Secret (key ``token``): the bearer token the sidecar sends on
+                                         push requests (``BUCKETQ_SIDECAR_APP_TOKEN``), given to app
+                                         containers as ``BUCKETQ_PUSH_TOKEN`` to check
+    bucketq.io/allow-host-network: "true"  inject into a hostNetwork pod (needs api-token-secret)
+
+The webhook owns the sidecar (docs/security.md): a pod that brings its own ``bucketq-sidecar``
+container (one that differs from what the webhook would inject), or whose containers set a
+``BUCKETQ_ROOT`` other than the namespace's, is rejected rather than silently overridden, so that
+the pod's author learns at once that their container is not what runs.
 """
 
 from __future__ import annotations
@@ -36,6 +48,9 @@ APP_PATH = PREFIX + "app-path"
 SECRET = PREFIX + "s3-secret"
 NATIVE = PREFIX + "native-sidecar"
 LOG_LEVEL = PREFIX + "log-level"
+API_TOKEN_SECRET = PREFIX + "api-token-secret"
+PUSH_TOKEN_SECRET = PREFIX + "push-token-secret"
+ALLOW_HOST_NETWORK = PREFIX + "allow-host-network"
 INJECTED = PREFIX + "injected"
 RESOURCES = {
     PREFIX + "sidecar-cpu-request": ("requests", "cpu"),
@@ -48,6 +63,20 @@ CONTAINER = "bucketq-sidecar"
 TMP_VOLUME = "bucketq-sidecar-tmp"
 URL_ENV = "BUCKETQ_SIDECAR_URL"
 NAMESPACE_ENV = "BUCKETQ_POD_NAMESPACE"
+ROOT_ENV = "BUCKETQ_ROOT"
+TOKEN_KEY = "token"  # the key of both token Secrets
+API_TOKEN_ENV = "BUCKETQ_API_TOKEN"  # app containers: the bearer token to send to the sidecar
+PUSH_TOKEN_ENV = "BUCKETQ_PUSH_TOKEN"  # app containers: the token push requests carry
+# The sidecar's setting for that token (SidecarSettings.app_token): it sends it on every push.
+SIDECAR_PUSH_TOKEN_ENV = "BUCKETQ_SIDECAR_APP_TOKEN"
+TOKEN_FILE_ENV = "BUCKETQ_SIDECAR_TOKEN_FILE"
+TOKEN_VOLUME = "bucketq-api-token"
+# The sidecar reads its API token from a file (not env): it stays out of /proc/<pid>/environ and
+# out of crash dumps of the sidecar's environment.
+TOKEN_DIR = "/var/run/secrets/bucketq.io/api-token"
+# Fields the apiserver fills in when it defaults a pod: an injected sidecar seen again (a pod
+# re-created from `kubectl get -o yaml`) carries them, and they change nothing the webhook sets.
+_DEFAULTED = frozenset({"terminationMessagePath", "successThreshold", "scheme", "apiVersion", "defaultMode"})
 
 _TRUE = {"true", "yes", "1", "on", "enabled"}
 _FALSE = {"false", "no", "0", "off", "disabled"}
@@ -125,6 +154,32 @@ class Wiring:
     consumer_spec: ConsumerSpec | None
 
 
+@dataclass(frozen=True, slots=True)
+class Tokens:
+    """The Secrets (key ``token``) holding the API token and the push token, if the pod names them."""
+
+    api: str | None = None
+    push: str | None = None
+
+
+def tokens_of(annotations: Mapping[str, str], wiring: Wiring) -> Tokens:
+    """The token Secrets named by annotations. Raises InjectionError."""
+    names: dict[str, str | None] = {}
+    for key in (API_TOKEN_SECRET, PUSH_TOKEN_SECRET):
+        value = annotations.get(key, "").strip()
+        if value:
+            _check_name(value, f"annotation {key}")
+        names[key] = value or None
+    if names[PUSH_TOKEN_SECRET] and wiring.delivery != "push":
+        # A push token on a pull pod would be silently unused: the author expects pushes signed.
+        raise InjectionError(f"annotation {PUSH_TOKEN_SECRET} needs push delivery (the pod pulls)")
+    return Tokens(names[API_TOKEN_SECRET], names[PUSH_TOKEN_SECRET])
+
+
+def _secret_env(name: str, secret: str) -> dict[str, Any]:
+    return {"name": name, "valueFrom": {"secretKeyRef": {"name": secret, "key": TOKEN_KEY}}}
+
+
 def resolve(annotations: Mapping[str, str], name: str | None, spec: ConsumerSpec | None) -> Wiring:
     """Annotations win over the Consumer, which wins over defaults. Raises InjectionError."""
     topics: list[str] = []
@@ -168,10 +223,20 @@ def resolve(annotations: Mapping[str, str], name: str | None, spec: ConsumerSpec
     return Wiring(name if topics else None, topics, delivery, port, path, spec)
 
 
+def sidecar_root(engine: Settings) -> str:
+    """The sidecar's ``BUCKETQ_ROOT``: the namespace under the operator's root (``$(...)``: kubelet expands it)."""
+    return f"{engine.root}/$({NAMESPACE_ENV})" if engine.root else f"$({NAMESPACE_ENV})"
+
+
 def sidecar_env(
-    wiring: Wiring, annotations: Mapping[str, str], engine: Settings, settings: OperatorSettings
+    wiring: Wiring,
+    annotations: Mapping[str, str],
+    engine: Settings,
+    settings: OperatorSettings,
+    tokens: Tokens | None = None,
 ) -> list[dict[str, Any]]:
     """Environment of the sidecar: engine settings (no secrets in clear), then its own settings."""
+    tokens = tokens or Tokens()
     env: list[dict[str, Any]] = [
         {"name": NAMESPACE_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": "BUCKETQ_BACKEND", "value": "s3"},
@@ -179,10 +244,7 @@ def sidecar_env(
         {"name": "BUCKETQ_S3_REGION", "value": engine.s3_region},
         {"name": "BUCKETQ_S3_PATH_STYLE", "value": str(engine.s3_path_style).lower()},
         {"name": "BUCKETQ_STRATEGY", "value": engine.strategy},
-        {
-            "name": "BUCKETQ_ROOT",
-            "value": f"{engine.root}/$({NAMESPACE_ENV})" if engine.root else f"$({NAMESPACE_ENV})",
-        },
+        {"name": ROOT_ENV, "value": sidecar_root(engine)},
     ]
     endpoint = settings.sidecar_s3_endpoint_url or engine.s3_endpoint_url
     if endpoint:
@@ -205,6 +267,7 @@ def sidecar_env(
         "TOPICS": ",".join(wiring.topics) if wiring.topics else None,
         "APP_PORT": wiring.app_port,
         "APP_PATH": wiring.app_path,
+        "TOKEN_FILE": f"{TOKEN_DIR}/{TOKEN_KEY}" if tokens.api else None,
     }
     spec = wiring.consumer_spec
     if spec is not None and wiring.consumer is not None:
@@ -228,6 +291,8 @@ def sidecar_env(
     env += [{"name": f"BUCKETQ_SIDECAR_{k}", "value": str(v)} for k, v in own.items() if v is not None]
     if spec is not None and spec.ordered and wiring.consumer is not None:
         env.append({"name": "BUCKETQ_CONSUMER__ORDERED", "value": "true"})
+    if tokens.push:
+        env.append(_secret_env(SIDECAR_PUSH_TOKEN_ENV, tokens.push))
     return env
 
 
@@ -252,8 +317,14 @@ def sidecar_resources(annotations: Mapping[str, str], settings: OperatorSettings
 
 
 def sidecar_container(
-    wiring: Wiring, annotations: Mapping[str, str], engine: Settings, settings: OperatorSettings, native: bool
+    wiring: Wiring,
+    annotations: Mapping[str, str],
+    engine: Settings,
+    settings: OperatorSettings,
+    native: bool,
+    tokens: Tokens | None = None,
 ) -> dict[str, Any]:
+    tokens = tokens or Tokens()
     port = settings.sidecar_metrics_port
 
     def probe(path: str, period: int, failures: int) -> dict[str, Any]:
@@ -269,7 +340,7 @@ def sidecar_container(
         "image": settings.sidecar_image,
         "imagePullPolicy": settings.sidecar_image_pull_policy,
         "command": ["bucketq", "sidecar"],
-        "env": sidecar_env(wiring, annotations, engine, settings),
+        "env": sidecar_env(wiring, annotations, engine, settings, tokens),
         "ports": [{"name": "bq-metrics", "containerPort": port, "protocol": "TCP"}],
         "startupProbe": probe("/healthz", 1, 60),
         "readinessProbe": probe("/readyz", 5, 3),
@@ -288,9 +359,29 @@ def sidecar_container(
         "volumeMounts": [{"name": TMP_VOLUME, "mountPath": "/tmp"}],
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+    if tokens.api:
+        container["volumeMounts"].append({"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True})
     if native:
         container["restartPolicy"] = "Always"
     return container
+
+
+def sidecar_volumes(tokens: Tokens) -> list[dict[str, Any]]:
+    """The pod volumes the sidecar mounts."""
+    volumes: list[dict[str, Any]] = [{"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}}]
+    if tokens.api:
+        volumes.append(
+            {
+                "name": TOKEN_VOLUME,
+                # 0444: the sidecar runs as a non-root uid that does not own the files.
+                "secret": {
+                    "secretName": tokens.api,
+                    "items": [{"key": TOKEN_KEY, "path": TOKEN_KEY}],
+                    "defaultMode": 0o444,
+                },
+            }
+        )
+    return volumes
 
 
 def plan(
@@ -300,20 +391,40 @@ def plan(
     engine: Settings,
     settings: OperatorSettings,
 ) -> Injection:
-    """The mutation for ``pod`` (which wants injection and has no sidecar yet). Raises InjectionError."""
+    """The mutation for ``pod`` (which wants injection). Raises InjectionError.
+
+    A pod that already carries exactly the sidecar this would inject (the webhook's own work, seen
+    again) gets an empty Injection; one carrying any other ``bucketq-sidecar`` is rejected.
+    """
     annotations = annotations_of(pod)
+    spec = pod.get("spec") or {}
     name = consumer_name(pod)
     wiring = resolve(annotations, name, consumer_spec)
-    native = _flag(annotations, NATIVE, settings.sidecar_native)
-    sidecar = sidecar_container(wiring, annotations, engine, settings, native)
-    spec = pod.get("spec") or {}
+    tokens = tokens_of(annotations, wiring)
     out = Injection()
+    _check_host_network(spec, annotations, tokens, settings, out.warnings)
+    native = _flag(annotations, NATIVE, settings.sidecar_native)
+    sidecar = sidecar_container(wiring, annotations, engine, settings, native, tokens)
+    volumes = sidecar_volumes(tokens)
+    namespace = (pod.get("metadata") or {}).get("namespace")
+    for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
+        if container.get("name") != CONTAINER:
+            _check_root(container, engine, namespace)
+    if already_injected(pod):
+        _check_own_sidecar(spec, sidecar, native, volumes, tokens)
+        return out
+    if not tokens.api:
+        out.warnings.append(
+            f"bucketq: no {API_TOKEN_SECRET}: the sidecar's API takes requests from every container of "
+            f"this pod without a token; name a Secret with key '{TOKEN_KEY}' to require one"
+        )
     if native:
         out.spec["initContainers"] = [sidecar, *copy.deepcopy(spec.get("initContainers") or [])]
-    containers = [_with_url(c, settings) for c in spec.get("containers") or []]
+    containers = [_with_env(c, settings, tokens) for c in spec.get("containers") or []]
     out.spec["containers"] = containers if native else [*containers, sidecar]
-    volumes = [v for v in spec.get("volumes") or [] if v.get("name") != TMP_VOLUME]
-    out.spec["volumes"] = [*copy.deepcopy(volumes), {"name": TMP_VOLUME, "emptyDir": {"sizeLimit": "64Mi"}}]
+    ours = {v["name"] for v in volumes} | {TMP_VOLUME, TOKEN_VOLUME}
+    kept = [v for v in spec.get("volumes") or [] if v.get("name") not in ours]
+    out.spec["volumes"] = [*copy.deepcopy(kept), *volumes]
     out.annotations[INJECTED] = "true"
     if "prometheus.io/scrape" not in annotations:
         out.annotations.update(
@@ -326,10 +437,128 @@ def plan(
     return out
 
 
-def _with_url(container: Mapping[str, Any], settings: OperatorSettings) -> dict[str, Any]:
-    """An app container with ``BUCKETQ_SIDECAR_URL`` set (unless it sets it itself)."""
+def _check_host_network(
+    spec: Mapping[str, Any],
+    annotations: Mapping[str, str],
+    tokens: Tokens,
+    settings: OperatorSettings,
+    warnings: list[str],
+) -> None:
+    """hostNetwork pods share the node's loopback: the sidecar's API would serve every such pod."""
+    if not spec.get("hostNetwork"):
+        return
+    if not _flag(annotations, ALLOW_HOST_NETWORK, False):
+        raise InjectionError(
+            f"the pod uses hostNetwork: the sidecar would listen on the node's loopback "
+            f"(127.0.0.1:{settings.sidecar_api_port}, reachable by every hostNetwork pod of the node); "
+            f'annotate {ALLOW_HOST_NETWORK}: "true" and name {API_TOKEN_SECRET} to accept that'
+        )
+    if not tokens.api:
+        raise InjectionError(
+            f"{ALLOW_HOST_NETWORK} needs {API_TOKEN_SECRET}: on the node's network the sidecar's API "
+            "must require a token"
+        )
+    warnings.append(
+        f"bucketq: hostNetwork pod: the sidecar's API port {settings.sidecar_api_port} and metrics port "
+        f"{settings.sidecar_metrics_port} are on the node (one such pod per node)"
+    )
+
+
+def _check_root(container: Mapping[str, Any], engine: Settings, namespace: str | None) -> None:
+    """No container of the pod may name another root: the namespace's prefix is the webhook's to set."""
+    allowed = {sidecar_root(engine)}
+    if namespace:
+        allowed.add(sidecar_root(engine).replace(f"$({NAMESPACE_ENV})", namespace))
+    for item in container.get("env") or ():
+        if item.get("name") != ROOT_ENV:
+            continue
+        if "valueFrom" in item or item.get("value") not in allowed:
+            raise InjectionError(
+                f"container {container.get('name')!r} sets {ROOT_ENV} to {item.get('value', item.get('valueFrom'))!r}: "
+                f"pods of this namespace use {' or '.join(sorted(allowed))!s} only (remove the variable)"
+            )
+
+
+def _check_own_sidecar(
+    spec: Mapping[str, Any],
+    sidecar: Mapping[str, Any],
+    native: bool,
+    volumes: list[dict[str, Any]],
+    tokens: Tokens,
+) -> None:
+    """The pod's ``bucketq-sidecar`` is exactly the webhook's (else: rejected, never run as is)."""
+    where = "initContainers" if native else "containers"
+    found = [c for c in spec.get(where) or [] if c.get("name") == CONTAINER]
+    fix = (
+        f"remove container {CONTAINER!r} from the pod: the bucketq webhook injects it (its root, bucket and "
+        "credentials are the namespace's, not the pod's)"
+    )
+    if not found:
+        raise InjectionError(f"the pod declares its own {CONTAINER!r} outside spec.{where}: {fix}")
+    problem = _difference(sidecar, found[0], CONTAINER)
+    by_name = {v.get("name"): v for v in spec.get("volumes") or []}
+    for volume in volumes:
+        problem = problem or _difference(volume, by_name.get(volume["name"]), f"volume {volume['name']}")
+    if problem is None:
+        for container in spec.get("containers") or []:
+            wanted = _with_env(container, None, tokens)
+            problem = problem or _difference(wanted, container, f"container {container.get('name')}")
+    if problem is not None:
+        raise InjectionError(f"the pod declares its own {CONTAINER!r} ({problem}): {fix}")
+
+
+def _difference(expected: Any, actual: Any, path: str) -> str | None:
+    """Where ``actual`` differs from ``expected`` (None: the same, up to apiserver defaults)."""
+    if isinstance(expected, dict):
+        if not isinstance(actual, dict):
+            return f"{path} is missing or not an object"
+        for key, value in expected.items():
+            found = _difference(value, actual.get(key), f"{path}.{key}")
+            if found is not None:
+                return found
+        extra = sorted(set(actual) - set(expected) - _DEFAULTED)
+        return f"{path} has {', '.join(extra)}" if extra else None
+    if isinstance(expected, list):
+        if not isinstance(actual, list) or len(actual) != len(expected):
+            return f"{path} differs"
+        names = [item.get("name") if isinstance(item, dict) else None for item in actual]
+        wanted = [item.get("name") if isinstance(item, dict) else None for item in expected]
+        if names != wanted:  # env, mounts, ports: say which entries, not the first mismatch inside one
+            return f"{path} lists {names}, not {wanted}"
+        for index, (want, have) in enumerate(zip(expected, actual, strict=True)):
+            name = want.get("name", index) if isinstance(want, dict) else index
+            found = _difference(want, have, f"{path}[{name}]")
+            if found is not None:
+                return found
+        return None
+    return None if expected == actual else f"{path} is {actual!r}, not {expected!r}"
+
+
+def _with_env(
+    container: Mapping[str, Any], settings: OperatorSettings | None, tokens: Tokens
+) -> dict[str, Any]:
+    """An app container with the sidecar's URL (unless it sets it itself) and the tokens.
+
+    ``settings`` None: only the tokens (to check a pod injected before). A container that sets a
+    token variable itself is rejected: its value would not be the one the sidecar has.
+    """
     out = copy.deepcopy(dict(container))
     env = out.setdefault("env", [])
-    if not any(e.get("name") == URL_ENV for e in env):
+    if settings is not None and not any(e.get("name") == URL_ENV for e in env):
         env.append({"name": URL_ENV, "value": f"http://127.0.0.1:{settings.sidecar_api_port}"})
+    for var, secret, key in (
+        (API_TOKEN_ENV, tokens.api, API_TOKEN_SECRET),
+        (PUSH_TOKEN_ENV, tokens.push, PUSH_TOKEN_SECRET),
+    ):
+        if secret is None:
+            continue
+        wanted = _secret_env(var, secret)
+        own = [e for e in env if e.get("name") == var]
+        if not own:
+            env.append(wanted)
+        elif _difference(wanted, own[0], var) is not None:
+            raise InjectionError(
+                f"container {out.get('name')!r} sets {var} itself: the webhook gives it the token of "
+                f"Secret {secret!r} ({key}); remove the variable"
+            )
     return out

@@ -13,6 +13,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from bucketq.core.gc import TopicStorage
 from bucketq.core.stats import SubscriptionStats
 from bucketq.operator.topics import TopicFigures
 
@@ -50,7 +51,31 @@ class QueueMetrics(Collector):
             ["namespace"],
             registry=r,
         )
+        self.stored_bytes = Gauge(
+            "bucketq_topic_stored_bytes",
+            "Bytes of the topic's stored segments, at its last garbage collection.",
+            _TOPIC,
+            registry=r,
+        )
+        self.stored_segments = Gauge(
+            "bucketq_topic_stored_segments",
+            "The topic's stored segments, at its last garbage collection.",
+            _TOPIC,
+            registry=r,
+        )
+        self.held_for_lagging = Gauge(
+            "bucketq_topic_segments_held_for_lagging",
+            "Segments past the topic's retention kept only because a subscription has not consumed them.",
+            _TOPIC,
+            registry=r,
+        )
         r.register(self)
+
+    def set_storage(self, namespace: str, topic: str, stored: TopicStorage) -> None:
+        """What a topic stores, as its last garbage collection counted it."""
+        self.stored_bytes.labels(namespace, topic).set(stored.bytes)
+        self.stored_segments.labels(namespace, topic).set(stored.segments)
+        self.held_for_lagging.labels(namespace, topic).set(stored.held_for_lagging)
 
     # -- snapshots -------------------------------------------------------------------------------
 

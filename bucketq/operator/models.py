@@ -83,6 +83,19 @@ class TopicSpec(CrdModel):
         le=64 * 1024 * 1024,
         description="Largest accepted message (encoded), in bytes.",
     )
+    max_retention_seconds: int | None = Field(
+        None,
+        ge=1,
+        le=10 * 365 * 24 * 3600,
+        description="No segment is kept longer, consumed or not (default: no limit). At least retentionSeconds.",
+    )
+    subscription_timeout_seconds: int | None = Field(
+        None,
+        ge=1,
+        le=10 * 365 * 24 * 3600,
+        description="A subscription with no running member and no activity for this long stops holding "
+        "the topic's data; its readers later skip what was collected, counted (default: never).",
+    )
     deletion_policy: DeletionPolicy = Field(
         DeletionPolicy.RETAIN,
         description="Retain keeps the topic's objects in the bucket when the Topic is deleted; Delete purges them.",

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -80,17 +78,3 @@ async def serve(
 async def run(engine: Settings, settings: OperatorSettings, **kwargs: Any) -> None:
     """Run a new :class:`Operator` (see :func:`serve` for the keyword arguments)."""
     await serve(Operator(engine, settings), **kwargs)
-
-
-def in_thread(
-    operator: Operator, *, login: LoginFn | None = None
-) -> tuple[threading.Thread, threading.Event, threading.Event]:
-    """Start ``operator`` in a daemon thread with its own event loop; returns (thread, stop, ready)."""
-    stop, ready = threading.Event(), threading.Event()
-
-    def main() -> None:
-        asyncio.run(serve(operator, login=login, stop_flag=stop, ready_flag=ready))
-
-    thread = threading.Thread(target=main, name="bucketq-operator", daemon=True)
-    thread.start()
-    return thread, stop, ready

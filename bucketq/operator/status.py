@@ -11,6 +11,8 @@ READY = "Ready"
 STORAGE_REACHABLE = "StorageReachable"
 DEAD_LETTER_POLICY = "DeadLetterPolicyResolved"
 TOPICS_READY = "TopicsReady"
+# True when a subscription of the consumer has work waiting but nobody is doing it (docs/operations.md)
+STALLED = "Stalled"
 
 MAX_MESSAGE = 1024
 

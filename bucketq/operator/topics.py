@@ -30,6 +30,12 @@ def topic_config(spec: TopicSpec, policy: DeadLetterPolicySpec | None) -> TopicC
         retention_seconds=float(spec.retention_seconds),
         max_message_bytes=spec.max_message_bytes,
         dead_letter=dead_letter_config(policy),
+        max_retention_seconds=None
+        if spec.max_retention_seconds is None
+        else float(spec.max_retention_seconds),
+        subscription_timeout_seconds=(
+            None if spec.subscription_timeout_seconds is None else float(spec.subscription_timeout_seconds)
+        ),
     )
 
 

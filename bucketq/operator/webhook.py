@@ -15,7 +15,6 @@ from bucketq.operator.config import OperatorSettings
 from bucketq.operator.injection import (
     TOPICS,
     InjectionError,
-    already_injected,
     annotations_of,
     consumer_name,
     plan,
@@ -78,8 +77,13 @@ class SidecarInjector:
         consumer_index: Mapping[Any, Any],
         **_: Any,
     ) -> None:
-        """Inject the sidecar into a pod annotated ``bucketq.io/inject: "true"`` (once)."""
-        if not wants_injection(body) or already_injected(body):
+        """Inject the sidecar into a pod annotated ``bucketq.io/inject: "true"`` (once).
+
+        A pod that already has a ``bucketq-sidecar`` is planned too: ``plan`` admits it unchanged
+        only if that container is exactly the one the webhook injects, so that nobody can bring a
+        sidecar of their own (another namespace's root, other credentials) past the webhook.
+        """
+        if not wants_injection(body):
             return
         namespace = (body.get("metadata") or {}).get("namespace") or "default"
         try:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from bucketq.config import Settings
@@ -58,6 +58,11 @@ class SidecarSettings(BaseSettings):
     push_batch_size: int = Field(1, ge=1, le=1000)
     push_timeout_s: float = Field(600.0, gt=0)
     push_retry_delay_s: float = Field(1.0, ge=0)
+    # A bearer token the sidecar sends to the app on every push (``Authorization: Bearer ...``), so
+    # that the app can refuse pushes from anything else in the pod's network namespace. The file
+    # wins over the inline value (a mounted Secret rotates without a restart of the operator).
+    app_token: SecretStr | None = None
+    app_token_file: Path | None = None
 
     # the localhost API
     listen_host: str = "127.0.0.1"
@@ -66,6 +71,15 @@ class SidecarSettings(BaseSettings):
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     max_batch: int = Field(1000, ge=1, le=100_000)
     max_wait_s: float = Field(60.0, ge=0)
+    # JSON values (objects, arrays, scalars) in one request body, counted before it is parsed: the
+    # parsed form of a small body can be 50x its size, so the body limit alone does not bound memory.
+    max_json_values: int = Field(100_000, ge=1000)
+    max_json_depth: int = Field(64, ge=4, le=500)
+    # A connection must send a complete request head within idle_timeout_s of opening or of its
+    # previous response (covers idle keep-alive and headers trickled slowly); a body must arrive
+    # within body_timeout_s once the head is in.
+    idle_timeout_s: float = Field(30.0, gt=0)
+    body_timeout_s: float = Field(30.0, gt=0)
 
     # metrics and probes for Prometheus and the kubelet (0: only on the API port)
     metrics_host: str = "0.0.0.0"
@@ -74,6 +88,9 @@ class SidecarSettings(BaseSettings):
     # publishing
     producer_name: str = "sidecar"
     publish_buffer_size: int = Field(10_000, ge=1)
+    # bytes of accepted, not yet durable messages (their encoded records): a count alone lets large
+    # messages pile up gigabytes while the bucket is down
+    publish_buffer_bytes: int = Field(32 * 1024 * 1024, ge=1024)
     publish_timeout_s: float = Field(10.0, gt=0)
     settle_timeout_s: float = Field(10.0, gt=0)
     s3_stall_s: float = Field(10.0, gt=0)  # not ready while an S3 request waits longer than this
@@ -120,6 +137,9 @@ class SidecarSettings(BaseSettings):
             raise ValueError("push delivery needs a consumer and topics")
         if self.delivery == "push" and self.app_port is None:
             raise ValueError("push delivery needs the app's port (BUCKETQ_SIDECAR_APP_PORT)")
+        if self.publish_buffer_bytes < self.max_body_bytes:
+            # else one request within the body limit could never fit the buffer
+            raise ValueError("publish_buffer_bytes must be at least max_body_bytes")
         return self
 
     @property
@@ -137,6 +157,22 @@ class SidecarSettings(BaseSettings):
         if not text:
             raise ConfigError(f"token file {self.token_file} is empty")
         return text
+
+    def push_token(self) -> str | None:
+        """The bearer token sent to the app on push (``app_token_file`` or ``app_token``), or None."""
+        if self.app_token_file is not None:
+            try:
+                text = self.app_token_file.read_text().strip()
+            except OSError as exc:
+                raise ConfigError(
+                    f"cannot read app token file {self.app_token_file}: {exc.strerror}"
+                ) from None
+            if not text:
+                raise ConfigError(f"app token file {self.app_token_file} is empty")
+            return text
+        if self.app_token is not None and self.app_token.get_secret_value().strip():
+            return self.app_token.get_secret_value().strip()
+        return None
 
 
 @dataclass(frozen=True, slots=True)

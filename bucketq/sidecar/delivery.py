@@ -10,12 +10,12 @@ import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
+from bucketq.api_models import DeliveredMessage, Outcome, SettleEntryResult, SettleResponse
 from bucketq.core.consumer import Consumer
 from bucketq.core.message import Message, Receipt
 from bucketq.errors import BucketqError, LeaseLost
 from bucketq.sidecar.errors import ApiError, from_exception, unavailable
 from bucketq.sidecar.metrics import Metrics
-from bucketq.sidecar.models import DeliveredMessage, Outcome, SettleEntryResult, SettleResponse
 from bucketq.sidecar.runtime import Runtime
 
 log = logging.getLogger("bucketq.sidecar")
@@ -89,8 +89,15 @@ class Deliveries:
 
     # -- pull ------------------------------------------------------------------------------------
 
-    async def pull(self, max_messages: int, wait: float) -> list[DeliveredMessage]:
-        """Up to ``max_messages`` leased messages, waiting up to ``wait`` seconds for the first."""
+    async def pull(
+        self, max_messages: int, wait: float, gone: Callable[[], bool] = lambda: False
+    ) -> list[DeliveredMessage]:
+        """Up to ``max_messages`` leased messages, waiting up to ``wait`` seconds for the first.
+
+        ``gone()`` tells whether the asking request was abandoned (the client hung up during the
+        long poll): its messages then go back at once, uncounted, instead of waiting out a lease
+        nobody will settle and coming back with one delivery more.
+        """
         if self.cfg.delivery == "push":
             raise ApiError(400, "pull_disabled", "this sidecar delivers by push (delivery mode 'push')")
         if max_messages > self.cfg.max_batch:
@@ -104,10 +111,23 @@ class Deliveries:
             messages = await consumer.poll(max_messages=max_messages, wait=wait)
         except BucketqError as exc:
             raise from_exception(exc) from None
+        if messages and gone():
+            await self._release_uncounted(consumer, messages)
+            log.info("pull request abandoned: gave back %d messages uncounted", len(messages))
+            raise ApiError(499, "client_gone", "the client closed the connection before the answer")
         self.delivered(messages)
         for m in messages:
             self.ledger.add(m)
         return [to_wire(m, with_receipt=True) for m in messages]
+
+    async def _release_uncounted(self, consumer: Consumer, messages: Sequence[Message]) -> None:
+        """Give back messages the app never saw; one that cannot be released now expires instead."""
+
+        async def one(receipt: str) -> None:
+            with contextlib.suppress(BucketqError, ApiError):
+                await self._once("release", receipt, lambda: consumer.release(receipt))
+
+        await asyncio.gather(*(one(m.receipt) for m in messages))
 
     def delivered(self, messages: Sequence[Message]) -> None:
         name = self.runtime.consumer_name
@@ -162,7 +182,18 @@ class Deliveries:
 
     async def _settle(self, kind: str, receipt: str, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
         topic = self._topic_of(receipt)
-        self.runtime.consumer()
+        consumer = self.runtime.consumer()
+        if not consumer.knows(receipt):
+            # Not a lease this member holds nor one it settled lately: refused here, before any
+            # bucket request or cursor delta, so forged or stale receipts cost nothing.
+            self.ledger.forget(receipt)
+            self.metrics.lease_lost.labels(topic, self.runtime.consumer_name).inc()
+            raise ApiError(
+                409,
+                "lease_lost",
+                "this sidecar holds no lease for the receipt: it expired, was settled, or was "
+                "delivered by another sidecar; the message may be redelivered",
+            )
         try:
             result = await self._once(kind, receipt, make)
         except LeaseLost as exc:

@@ -9,12 +9,12 @@ from typing import Any
 from aiohttp import web
 from pydantic import ValidationError
 
-from bucketq.core.message import InvalidReceipt
 from bucketq.errors import (
     BucketqError,
-    ClosedError,
+    Closed,
     InvalidMessage,
     InvalidName,
+    InvalidReceipt,
     LeaseLost,
     MessageTooLarge,
     PublishTimeout,
@@ -96,7 +96,7 @@ def from_exception(exc: BaseException) -> ApiError:
         return ApiError(400, "invalid_message", str(exc))
     if isinstance(exc, PublishTimeout):
         return unavailable("publish_timeout", str(exc))
-    if isinstance(exc, ClosedError):
+    if isinstance(exc, Closed):
         return unavailable("draining", f"the sidecar is shutting down: {exc}")
     if isinstance(exc, StorageError):
         return unavailable("storage_unavailable", f"the bucket is not reachable: {exc}")

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
@@ -22,14 +25,81 @@ OPEN_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 MAX_BODY = web.AppKey("max_body", int)
 
 
+@dataclass(frozen=True, slots=True)
+class BodyLimits:
+    """What one request body may hold; checked before and while it is parsed."""
+
+    max_bytes: int
+    max_values: int
+    max_depth: int
+    max_items: int  # entries of a batch list (messages, receipts, entries)
+    read_timeout_s: float
+
+
+LIMITS = web.AppKey("body_limits", BodyLimits)
+
+# A JSON string token (with escapes); DOTALL so that a stray control byte cannot split one in two.
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+
+
+def count_json_values(raw: bytes, limit: int) -> int:
+    """An upper bound of the JSON values ``json.loads(raw)`` would build, or any number above
+    ``limit`` once it is sure to exceed it, without building them.
+
+    Every value but the first of an array or object follows a ',' and every container opens with
+    '[' or '{', so counting those outside strings bounds the values (and object keys) parsed. For
+    malformed input it bounds what the parser builds before it stops at the error, because up to
+    that point it tokenizes strings exactly as this does. Only bodies with many ',' '[' '{' pay for
+    the exact count, and only when they hold few enough strings for it to be cheap (the regex
+    costs about a microsecond per string, and it runs on the event loop).
+    """
+    quick = raw.count(b",") + raw.count(b"[") + raw.count(b"{") + 1
+    if quick <= limit or b'"' not in raw:
+        return quick
+    # each string is a value or a key (and a key comes with a value): at most 2 strings per value.
+    # An escaped quote shows as \" (as does an escaped backslash before a closing quote, hence
+    # this is a lower bound of the real delimiters).
+    strings_at_least = (raw.count(b'"') - raw.count(b'\\"')) // 2
+    if strings_at_least > 2 * limit:
+        return quick
+    stripped = _STRING.sub(b"", raw)
+    return stripped.count(b",") + stripped.count(b"[") + stripped.count(b"{") + 1
+
+
+def _reject_constant(name: str) -> Any:
+    # NaN and Infinity are not JSON; Python's parser accepts them unless told otherwise
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def json_depth(data: Any, limit: int) -> bool:
+    """True when ``data`` nests no deeper than ``limit`` (iterative: no recursion to exhaust)."""
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > limit:
+            return False
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
+    return True
+
+
 def json_response(model: BaseModel, status: int = 200) -> web.Response:
     return web.Response(
         status=status, text=model.model_dump_json(exclude_none=True), content_type="application/json"
     )
 
 
-async def read_model(request: web.Request, model: type[M], *, empty_ok: bool = False) -> M:
-    """The body as ``model``: 415 unless JSON, 413 over the size limit, 400 malformed or invalid."""
+async def read_model(
+    request: web.Request, model: type[M], *, empty_ok: bool = False, items: str | None = None
+) -> M:
+    """The body as ``model``: 415 unless JSON, 413 over a size limit, 400 malformed or invalid.
+
+    ``items`` names the batch list field of ``model``: more entries than the batch limit are
+    refused with 413 before any entry is validated.
+    """
+    limits = request.app[LIMITS]
     if not request.can_read_body and empty_ok:
         return model()
     if request.content_type != "application/json":
@@ -39,27 +109,73 @@ async def read_model(request: web.Request, model: type[M], *, empty_ok: bool = F
             f"send the body as JSON with 'Content-Type: application/json' (got {request.content_type!r})",
         )
     try:
-        raw = await request.read()
+        # a client that sends the head and then trickles the body must not hold a handler forever
+        raw = await asyncio.wait_for(request.read(), limits.read_timeout_s)
     except web.HTTPRequestEntityTooLarge as exc:
         raise ApiError(
             413,
             "body_too_large",
-            f"request body is larger than the limit of {request.app[MAX_BODY]} bytes",
+            f"request body is larger than the limit of {limits.max_bytes} bytes",
         ) from exc
+    except TimeoutError:
+        err = ApiError(
+            408, "request_timeout", f"the request body did not arrive within {limits.read_timeout_s:g}s"
+        )
+        _answer_and_close(request, err)
+        raise err from None
     if not raw.strip() and empty_ok:
         return model()
+    values = count_json_values(raw, limits.max_values)
+    if values > limits.max_values:
+        raise ApiError(
+            413,
+            "too_many_values",
+            f"request body holds more than {limits.max_values} JSON values (the limit)",
+        )
     try:
-        data = json.loads(raw)
+        data = json.loads(raw, parse_constant=_reject_constant)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ApiError(400, "malformed_json", f"request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ApiError(
+            400, "too_deep", f"request body nests deeper than the limit of {limits.max_depth}"
+        ) from None
+    except ValueError as exc:  # an integer of more than 4300 digits, NaN or Infinity
+        raise ApiError(400, "malformed_json", f"request body is not acceptable JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ApiError(
             400, "invalid_request", f"request body must be a JSON object, got {type(data).__name__}"
+        )
+    if not json_depth(data, limits.max_depth):
+        # deeper values could exhaust the stack when the message is encoded for the bucket
+        raise ApiError(400, "too_deep", f"request body nests deeper than the limit of {limits.max_depth}")
+    entries = data.get(items) if items is not None else None
+    if isinstance(entries, list) and len(entries) > limits.max_items:
+        raise ApiError(
+            413,
+            "batch_too_large",
+            f"{len(entries)} entries in one batch; the limit is {limits.max_items}",
         )
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         raise invalid_body(exc, "request body") from None
+    except (ValueError, RecursionError) as exc:  # a validator choking on odd input: still the client's
+        raise ApiError(400, "invalid_request", f"invalid request body: {exc}") from None
+
+
+def _answer_and_close(request: web.Request, err: ApiError) -> None:
+    """Send ``err`` and close the connection now. An ordinary answer would make aiohttp read (and
+    wait for) the rest of the unread body first, which is what a slow client wants."""
+    transport = request.transport
+    if transport is None:
+        return
+    body = json.dumps(err.body()).encode()
+    transport.write(
+        b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n"
+        b"Connection: close\r\n\r\n%s" % (err.status, b"Request Timeout", len(body), body)
+    )
+    request.protocol.force_close()  # closing the transport flushes what was written first
 
 
 @web.middleware

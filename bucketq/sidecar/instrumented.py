@@ -137,16 +137,7 @@ class InstrumentedStore:
         self._end(n, "LIST", started, "200")
 
     async def list_prefixes(self, prefix: str, delimiter: str = "/") -> builtins.list[str]:
-        native: Any = getattr(self.inner, "list_prefixes", None)
-        if native is not None:
-            result: builtins.list[str] = await self._call("LIST", lambda: native(prefix, delimiter))
-            return result
-        found: set[str] = set()
-        async for info in self.list(prefix):
-            rest = info.key[len(prefix) :]
-            if delimiter in rest:
-                found.add(prefix + rest.split(delimiter, 1)[0] + delimiter)
-        return sorted(found)
+        return await self._call("LIST", lambda: self.inner.list_prefixes(prefix, delimiter))
 
     async def close(self) -> None:
         await self.inner.close()

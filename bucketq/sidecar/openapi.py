@@ -12,7 +12,7 @@ import yaml
 from pydantic import BaseModel
 from pydantic.json_schema import models_json_schema
 
-from bucketq.sidecar import models as m
+from bucketq import api_models as m
 
 SCHEMAS: list[type[BaseModel]] = [
     m.ErrorBody,
@@ -38,11 +38,16 @@ SCHEMAS: list[type[BaseModel]] = [
 ]
 
 ERRORS = {
-    "400": "Malformed JSON, a missing or wrong field, an invalid receipt or name; nothing was applied.",
+    "400": "Malformed JSON (also NaN, Infinity, integers over 4300 digits, nesting deeper than 64), a "
+    "missing or wrong field (types are strict: no string-to-number coercion), an invalid receipt or "
+    "name; nothing was applied.",
     "401": "Missing or wrong bearer token (only when a token file is configured).",
     "404": "Unknown topic.",
-    "409": "Stale receipt: the lease expired or the message was settled otherwise.",
-    "413": "A message, a batch or the body is over its limit; nothing was published.",
+    "408": "The request body did not arrive within the body timeout; the connection is closed.",
+    "409": "Stale receipt: not a lease this sidecar holds (expired, settled otherwise, or forged); "
+    "refused without a bucket request.",
+    "413": "A message, a batch, the body, its count of JSON values or the publish buffer's bytes is "
+    "over its limit; nothing was published.",
     "415": "The body is not `application/json`.",
     "429": "The publish buffer is full; retry after `Retry-After` seconds.",
     "503": "Starting, draining, or the bucket did not answer in time; retry after `Retry-After`.",
@@ -66,6 +71,8 @@ def _op(
     if request is not None:
         op["requestBody"] = {"required": request != "PullRequest", "content": _json(request)}
     op["responses"] = {"200": {"description": "OK", "content": _json(response)}}
+    if request is not None:  # every body is bounded in time, bytes, values and depth
+        errors = sorted({*errors, "400", "408", "413", "415"})
     for code in errors:
         op["responses"][code] = {"$ref": f"#/components/responses/E{code}"}
     return {"post": op}
@@ -148,6 +155,9 @@ def build() -> dict[str, Any]:
         "/readyz": {
             "get": {
                 "summary": "Readiness: connected, strategy chosen, bucket answering, not draining",
+                "description": "Unauthenticated: answers `ready`, `state` and a generic `reason` "
+                "only (connecting, shutting down, bucket not answering, a subscribed topic was "
+                "deleted). The details are on the authenticated `/v1/status`.",
                 "responses": {"200": {"description": "ready"}, "503": {"description": "not ready"}},
             }
         },

@@ -67,8 +67,15 @@ class Sidecar:
             self._dispatcher = loop.create_task(self.pusher.run())
 
     async def _listen(self, app: web.Application, host: str, port: int) -> int:
+        # aiohttp's keep-alive timer runs from the connection's start and from each response, and
+        # trickled bytes do not reset it: so it bounds both an idle connection and one sending its
+        # request head slowly (its default is an hour). Bodies are bounded in read_model.
         runner = web.AppRunner(
-            app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_TIMEOUT_S
+            app,
+            access_log=None,
+            handle_signals=False,
+            shutdown_timeout=SHUTDOWN_TIMEOUT_S,
+            keepalive_timeout=self.cfg.idle_timeout_s,
         )
         await runner.setup()
         self._runners.append(runner)

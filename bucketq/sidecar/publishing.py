@@ -5,17 +5,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from bucketq.api_models import OutgoingMessage, PublishEntryResult, PublishResponse
 from bucketq.core.producer import PublishResult
 from bucketq.core.segment import build_record, encode_record
 from bucketq.errors import BucketqError, MessageTooLarge
-from bucketq.sidecar.errors import RETRY_AFTER_S, ApiError, from_exception
+from bucketq.sidecar.errors import RETRY_AFTER_S, ApiError, from_exception, unavailable
 from bucketq.sidecar.metrics import Metrics
-from bucketq.sidecar.models import OutgoingMessage, PublishEntryResult, PublishResponse
 from bucketq.sidecar.runtime import Runtime
 
 
 class Publisher:
-    """Publishes through the runtime's producer; at most ``publish_buffer_size`` messages pending."""
+    """Publishes through the runtime's producer.
+
+    At most ``publish_buffer_size`` messages and ``publish_buffer_bytes`` bytes (their encoded
+    records) are pending. A publish whose request timed out stays pending, and so counted, until
+    the engine gives up on it (within its own publish timeout): the record is in memory until then.
+    """
 
     def __init__(self, runtime: Runtime, metrics: Metrics) -> None:
         self.runtime = runtime
@@ -23,6 +28,9 @@ class Publisher:
         self.capacity = runtime.cfg.publish_buffer_size
         self.timeout = runtime.cfg.publish_timeout_s
         self.pending = 0  # accepted, not yet durable or failed
+        self.capacity_bytes = runtime.cfg.publish_buffer_bytes
+        self.pending_bytes = 0
+        self._sizes: dict[asyncio.Task[PublishResult], int] = {}
         self._idle = asyncio.Event()
         self._idle.set()
         self._tasks: set[asyncio.Task[PublishResult]] = set()
@@ -34,24 +42,43 @@ class Publisher:
         (unknown topic, an invalid or oversize message, buffer full, draining).
         """
         self.runtime.producer()  # 503 while starting or draining
+        loop = asyncio.get_running_loop()
+        # one deadline for the whole request, the topic lookup (S3, with retries) included
+        deadline = loop.time() + self.timeout
         if len(messages) > self.capacity:
             raise ApiError(
                 413,
                 "batch_too_large",
                 f"{len(messages)} messages exceed the publish buffer of {self.capacity}: split the batch",
             )
-        await self._validate(topic, messages)
-        if self.pending + len(messages) > self.capacity:
+        try:
+            async with asyncio.timeout_at(deadline):
+                sizes = await self._validate(topic, messages)
+        except TimeoutError:
+            self.metrics.publish_errors.labels(topic, "publish_timeout").inc(len(messages))
+            raise unavailable(
+                "publish_timeout",
+                f"the bucket did not answer within {self.timeout:g}s; nothing was published",
+            ) from None
+        size = sum(sizes)
+        if size > self.capacity_bytes:
+            raise ApiError(
+                413,
+                "batch_too_large",
+                f"{size} bytes exceed the publish buffer of {self.capacity_bytes} bytes: split the batch",
+            )
+        if self.pending + len(messages) > self.capacity or self.pending_bytes + size > self.capacity_bytes:
             self.metrics.publish_errors.labels(topic, "buffer_full").inc(len(messages))
             raise ApiError(
                 429,
                 "buffer_full",
-                f"the publish buffer is full ({self.pending} of {self.capacity} messages pending); "
+                f"the publish buffer is full ({self.pending} of {self.capacity} messages, "
+                f"{self.pending_bytes} of {self.capacity_bytes} bytes pending); "
                 f"retry after {RETRY_AFTER_S}s",
                 headers={"Retry-After": str(RETRY_AFTER_S)},
             )
-        tasks = [self._start(topic, m) for m in messages]
-        outcomes = await asyncio.gather(*(self._bounded(t) for t in tasks), return_exceptions=True)
+        tasks = [self._start(topic, m, n) for m, n in zip(messages, sizes, strict=True)]
+        outcomes = await asyncio.gather(*(self._bounded(t, deadline) for t in tasks), return_exceptions=True)
         results: list[PublishEntryResult] = []
         for outcome in outcomes:
             if isinstance(outcome, PublishResult):
@@ -63,7 +90,8 @@ class Publisher:
                 results.append(PublishEntryResult(status=err.status, error=err.code, message=err.message))
         return results
 
-    async def _validate(self, topic: str, messages: list[OutgoingMessage]) -> None:
+    async def _validate(self, topic: str, messages: list[OutgoingMessage]) -> list[int]:
+        """The encoded size of each message; ApiError when the topic or a message is bad."""
         bq = self.runtime.bq
         assert bq is not None
         try:
@@ -71,6 +99,7 @@ class Publisher:
         except BucketqError as exc:
             raise from_exception(exc) from None
         problems: list[dict[str, object]] = []
+        sizes: list[int] = []
         too_large = False
         for i, m in enumerate(messages):
             try:
@@ -85,12 +114,12 @@ class Publisher:
                     delay=m.delay_seconds,
                     dedup_id=m.dedup_id,
                 )
-                encode_record(record, config.max_message_bytes)
+                sizes.append(len(encode_record(record, config.max_message_bytes)))
             except BucketqError as exc:
                 too_large = too_large or isinstance(exc, MessageTooLarge)
                 problems.append({"index": i, "problem": str(exc)})
         if not problems:
-            return
+            return sizes
         what = "message" if len(messages) == 1 else f"{len(problems)} of {len(messages)} messages"
         summary = (
             problems[0]["problem"]
@@ -104,7 +133,7 @@ class Publisher:
             details=problems,
         )
 
-    def _start(self, topic: str, m: OutgoingMessage) -> asyncio.Task[PublishResult]:
+    def _start(self, topic: str, m: OutgoingMessage, size: int) -> asyncio.Task[PublishResult]:
         producer = self.runtime.producer()
         task = asyncio.get_running_loop().create_task(
             producer.publish(
@@ -121,6 +150,8 @@ class Publisher:
             )
         )
         self.pending += 1
+        self.pending_bytes += size
+        self._sizes[task] = size
         self._idle.clear()
         self._tasks.add(task)
         task.add_done_callback(self._finished)
@@ -130,15 +161,18 @@ class Publisher:
     def _finished(self, task: asyncio.Task[PublishResult]) -> None:
         self._tasks.discard(task)
         self.pending -= 1
+        self.pending_bytes -= self._sizes.pop(task, 0)
         self.metrics.buffer_depth.set(self.pending)
         if self.pending == 0:
             self._idle.set()
         if not task.cancelled():
             task.exception()  # retrieved: a caller that timed out no longer awaits it
 
-    async def _bounded(self, task: asyncio.Task[PublishResult]) -> PublishResult:
-        """The task's result, or a timeout; the publish itself goes on (it may still land)."""
-        return await asyncio.wait_for(asyncio.shield(task), self.timeout)
+    async def _bounded(self, task: asyncio.Task[PublishResult], deadline: float) -> PublishResult:
+        """The task's result, or a timeout at the request's deadline; the publish itself goes on
+        (it may still land, so the answer is 503 'publish_timeout', never a denial)."""
+        remaining = deadline - asyncio.get_running_loop().time()
+        return await asyncio.wait_for(asyncio.shield(task), max(0.0, remaining))
 
     async def wait_idle(self, timeout: float) -> bool:
         """Wait until every accepted publish is durable or failed; False on timeout."""

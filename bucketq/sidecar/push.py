@@ -18,15 +18,14 @@ from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
-from pydantic import ValidationError
 
+from bucketq.api_models import PushBatch, PushStatus
 from bucketq.core.consumer import Consumer
 from bucketq.core.message import Message
-from bucketq.errors import BucketqError, ClosedError, LeaseLost
+from bucketq.errors import BucketqError, Closed, LeaseLost
 from bucketq.sidecar.delivery import Deliveries, to_wire
 from bucketq.sidecar.errors import ApiError
 from bucketq.sidecar.metrics import Metrics
-from bucketq.sidecar.models import PushBatch, PushReply, PushStatus
 from bucketq.sidecar.runtime import Runtime
 
 log = logging.getLogger("bucketq.sidecar.push")
@@ -35,21 +34,57 @@ STATUSES: frozenset[str] = frozenset({"SUCCESS", "RETRY", "DROP"})
 
 
 def interpret(http_status: int, body: bytes, ids: Sequence[str]) -> dict[str, PushStatus]:
-    """Each message's fate from the app's answer."""
+    """Each message's fate from the app's answer.
+
+    A 2xx whose body is empty, not JSON, or a JSON object without ``status``/``statuses`` is a
+    success (the HTTP status speaks). A reply that does try to say something and cannot be
+    understood (``{"status": 42}``, a statuses entry without a string id and status, JSON that is
+    not an object) is a RETRY, per message: acking on a misread answer would lose the message.
+    """
     if http_status == 404:
         return dict.fromkeys(ids, "DROP")
     if not 200 <= http_status < 300:
         return dict.fromkeys(ids, "RETRY")
+    if not body.strip():
+        return dict.fromkeys(ids, "SUCCESS")
     try:
-        reply = PushReply.model_validate(json.loads(body)) if body.strip() else PushReply()
-    except (ValueError, ValidationError):
-        return dict.fromkeys(ids, "SUCCESS")  # a 2xx without a JSON status is a success
-    if reply.statuses is not None:
-        given = {s.id: _status(s.status) for s in reply.statuses}
-        return {i: given.get(i, "RETRY") for i in ids}
-    if reply.status is not None:
-        return dict.fromkeys(ids, _status(reply.status))
+        reply = json.loads(body)
+    except (ValueError, RecursionError):
+        return dict.fromkeys(ids, "SUCCESS")  # a 2xx with a body that is no JSON reply at all
+    if not isinstance(reply, dict):
+        log.warning("app answered JSON that is not an object: retrying")
+        return dict.fromkeys(ids, "RETRY")
+    if "statuses" in reply:
+        return _per_message(reply["statuses"], ids)
+    if "status" in reply:
+        status = reply["status"]
+        if not isinstance(status, str):
+            log.warning("app answered a status that is not a string (%.100r): retrying", status)
+            return dict.fromkeys(ids, "RETRY")
+        return dict.fromkeys(ids, _status(status))
     return dict.fromkeys(ids, "SUCCESS")
+
+
+def _per_message(entries: Any, ids: Sequence[str]) -> dict[str, PushStatus]:
+    """Batch replies: each message by its own entry; a missing, malformed or contradicting entry
+    is a RETRY for that message only."""
+    if not isinstance(entries, list):
+        log.warning("app answered 'statuses' that is not a list: retrying the batch")
+        return dict.fromkeys(ids, "RETRY")
+    given: dict[str, PushStatus] = {}
+    contradicted: set[str] = set()
+    for entry in entries:
+        if not isinstance(entry, dict):
+            continue
+        mid, status = entry.get("id"), entry.get("status")
+        if not isinstance(mid, str) or not isinstance(status, str):
+            if isinstance(mid, str):
+                contradicted.add(mid)  # the entry names the message but says nothing usable
+            continue
+        fate = _status(status)
+        if given.setdefault(mid, fate) != fate:
+            contradicted.add(mid)
+    return {i: "RETRY" if i in contradicted else given.get(i, "RETRY") for i in ids}
 
 
 def _status(text: str) -> PushStatus:
@@ -75,6 +110,8 @@ class Pusher:
         self._tasks: dict[asyncio.Task[None], list[Message]] = {}
         self._session: aiohttp.ClientSession | None = None
         self._stopping = False
+        # read once at startup like the API token: the app can require it on every push
+        self._token = self.cfg.push_token()
 
     @property
     def in_flight(self) -> int:
@@ -96,7 +133,7 @@ class Pusher:
             await self._sem.acquire()
             try:
                 messages = await consumer.poll(max_messages=self.cfg.push_batch_size, wait=1.0)
-            except ClosedError:
+            except Closed:
                 self._sem.release()
                 return
             except BucketqError as exc:
@@ -167,6 +204,8 @@ class Pusher:
         else:
             body = to_wire(messages[0], with_receipt=False).model_dump(mode="json", exclude_none=True)
         headers = {"bucketq-topic": messages[0].topic, "bucketq-consumer": self.runtime.consumer_name}
+        if self._token is not None:
+            headers["Authorization"] = f"Bearer {self._token}"
         if len(messages) == 1:
             headers.update({"bucketq-id": messages[0].id, "bucketq-deliveries": str(messages[0].deliveries)})
         backoff = 0.1

@@ -17,7 +17,7 @@ from bucketq.sidecar.config import SidecarConfig
 from bucketq.sidecar.errors import ApiError, unavailable
 from bucketq.sidecar.instrumented import InstrumentedStore
 from bucketq.sidecar.metrics import Metrics
-from bucketq.storage import build_store
+from bucketq.storage.strategies import build_store
 
 log = logging.getLogger("bucketq.sidecar")
 
@@ -52,21 +52,35 @@ class Runtime:
     def draining(self) -> bool:
         return self.state in ("draining", "stopped")
 
-    def readiness(self) -> tuple[bool, dict[str, Any]]:
-        """Ready when connected, the strategy is chosen, the bucket answers and we are not draining."""
-        info: dict[str, Any] = {"state": self.state, "strategy": self.strategy}
+    def readiness(self, *, detailed: bool = False) -> tuple[bool, dict[str, Any]]:
+        """Ready when connected, the strategy is chosen, the bucket answers and we are not draining.
+
+        Without ``detailed`` (the unauthenticated /readyz) the reason is one of a few fixed phrases:
+        the detailed reason can name the bucket, its endpoint and S3 error texts.
+        """
         problem = self.store.problem if self.store is not None else None
         healthy = self.store is not None and problem is None
         deleted = self._consumer.deleted_topics if self._consumer is not None else []
+        reason: str | None = None
+        generic: str | None = None
         if problem is not None:
-            info["reason"] = f"the bucket is not answering: {problem}"
+            reason, generic = f"the bucket is not answering: {problem}", "bucket not answering"
         elif self.state != "ready":
-            info["reason"] = self.reason
+            reason = self.reason
+            generic = "connecting" if self.state == "starting" else "shutting down"
         elif deleted:
-            info["reason"] = f"subscribed topic {deleted[0]!r} was deleted"
+            reason, generic = f"subscribed topic {deleted[0]!r} was deleted", "a subscribed topic was deleted"
         ready = self.state == "ready" and healthy and not deleted
-        info["ready"] = ready
         self.metrics.ready.set(1 if ready else 0)
+        if not detailed:
+            info: dict[str, Any] = {"ready": ready, "state": self.state}
+            if generic is not None:
+                info["reason"] = generic
+            return ready, info
+        info = {"state": self.state, "strategy": self.strategy}
+        if reason is not None:
+            info["reason"] = reason
+        info["ready"] = ready
         return ready, info
 
     def producer(self) -> Producer:
@@ -88,10 +102,6 @@ class Runtime:
     @property
     def current_consumer(self) -> Consumer | None:
         return self._consumer
-
-    @property
-    def current_producer(self) -> Producer | None:
-        return self._producer
 
     # -- connect ---------------------------------------------------------------------------------
 

@@ -8,11 +8,7 @@ from typing import Any
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
-from bucketq.sidecar.delivery import Deliveries
-from bucketq.sidecar.errors import ApiError, unavailable
-from bucketq.sidecar.httputil import MAX_BODY, auth_middleware, error_middleware, json_response, read_model
-from bucketq.sidecar.metrics import CONTENT_TYPE, Metrics
-from bucketq.sidecar.models import (
+from bucketq.api_models import (
     AckBatchRequest,
     AckRequest,
     ExtendBatchRequest,
@@ -26,6 +22,18 @@ from bucketq.sidecar.models import (
     PullResponse,
     SettleBatchResponse,
 )
+from bucketq.sidecar.delivery import Deliveries
+from bucketq.sidecar.errors import ApiError, unavailable
+from bucketq.sidecar.httputil import (
+    LIMITS,
+    MAX_BODY,
+    BodyLimits,
+    auth_middleware,
+    error_middleware,
+    json_response,
+    read_model,
+)
+from bucketq.sidecar.metrics import CONTENT_TYPE, Metrics
 from bucketq.sidecar.publishing import Publisher
 from bucketq.sidecar.runtime import Runtime
 
@@ -54,7 +62,7 @@ class Api:
         return json_response(entry.result)
 
     async def publish_batch(self, request: web.Request) -> web.Response:
-        body = await read_model(request, PublishBatchRequest)
+        body = await read_model(request, PublishBatchRequest, items="messages")
         if len(body.messages) > self.cfg.max_batch:
             raise ApiError(
                 413,
@@ -75,7 +83,12 @@ class Api:
 
     async def pull(self, request: web.Request) -> web.Response:
         body = await read_model(request, PullRequest, empty_ok=True)
-        messages = await self.deliveries.pull(body.max_messages, body.wait_seconds)
+
+        def gone() -> bool:
+            transport = request.transport
+            return transport is None or transport.is_closing()
+
+        messages = await self.deliveries.pull(body.max_messages, body.wait_seconds, gone)
         return json_response(PullResponse(messages=messages))
 
     async def ack(self, request: web.Request) -> web.Response:
@@ -101,7 +114,7 @@ class Api:
             )
 
     async def ack_batch(self, request: web.Request) -> web.Response:
-        body = await read_model(request, AckBatchRequest)
+        body = await read_model(request, AckBatchRequest, items="receipts")
         self._check_batch(len(body.receipts))
         results = await self.deliveries.batch([(r, self.deliveries.ack(r)) for r in body.receipts])
         return json_response(
@@ -109,7 +122,7 @@ class Api:
         )
 
     async def nack_batch(self, request: web.Request) -> web.Response:
-        body = await read_model(request, NackBatchRequest)
+        body = await read_model(request, NackBatchRequest, items="entries")
         self._check_batch(len(body.entries))
         calls = [
             (
@@ -124,7 +137,7 @@ class Api:
         )
 
     async def extend_batch(self, request: web.Request) -> web.Response:
-        body = await read_model(request, ExtendBatchRequest)
+        body = await read_model(request, ExtendBatchRequest, items="entries")
         self._check_batch(len(body.entries))
         calls = [(e.receipt, self.deliveries.extend(e.receipt, e.seconds)) for e in body.entries]
         results = await self.deliveries.batch(calls)
@@ -135,7 +148,7 @@ class Api:
     # -- operations ------------------------------------------------------------------------------
 
     async def status(self, request: web.Request) -> web.Response:
-        _, info = self.runtime.readiness()
+        _, info = self.runtime.readiness(detailed=True)
         consumer = self.runtime.current_consumer
         body: dict[str, Any] = {
             **info,
@@ -170,6 +183,8 @@ class Api:
         return web.json_response({"status": "ok", "state": self.runtime.state})
 
     async def readyz(self, request: web.Request) -> web.Response:
+        # Unauthenticated and served on the pod IP: only ready or not with a generic reason. The
+        # details (bucket, endpoint, error text, topic names) are on the authenticated /v1/status.
         ready, info = self.runtime.readiness()
         return web.json_response(info, status=200 if ready else 503)
 
@@ -188,6 +203,13 @@ def build_api_app(api: Api, *, token: str | None) -> web.Application:
         middlewares.append(auth_middleware(token))
     app = web.Application(client_max_size=api.cfg.max_body_bytes, middlewares=middlewares)
     app[MAX_BODY] = api.cfg.max_body_bytes
+    app[LIMITS] = BodyLimits(
+        max_bytes=api.cfg.max_body_bytes,
+        max_values=api.cfg.max_json_values,
+        max_depth=api.cfg.max_json_depth,
+        max_items=api.cfg.max_batch,
+        read_timeout_s=api.cfg.body_timeout_s,
+    )
     app.add_routes(
         [
             web.post("/v1/publish/{topic}", api.publish),

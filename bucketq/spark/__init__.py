@@ -13,6 +13,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from bucketq._extras import require
+
+# pyspark is imported only where it is used (``bucketq spark --help`` stays fast), but every module
+# of this package needs it: say so at the door, with the install hint.
+require("bucketq.spark", "spark")
+
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 

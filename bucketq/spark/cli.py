@@ -48,10 +48,8 @@ _ERROR = re.compile(r"bucketq\.errors\.(\w+): (.+)")
 
 
 def _session(ctx: typer.Context, master: str) -> SparkSession:
-    try:
-        from bucketq.spark.session import local_session
-    except ImportError as exc:
-        raise CliError(f"Spark support is not installed ({exc.name}): pip install 'bucketq[spark]'") from None
+    from bucketq.spark.session import local_session
+
     return local_session("bucketq-spark", master=master, log_level="warn" if connection(ctx).debug else "off")
 
 

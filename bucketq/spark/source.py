@@ -30,7 +30,7 @@ from bucketq.spark.rows import RowMapper
 from bucketq.spark.runtime import READ_STRATEGY, keys_of, settings_of, storage_for
 from bucketq.spark.schema import message_schema
 from bucketq.spark.staging import TaskCommit, stage_task
-from bucketq.storage import probe_strategy
+from bucketq.storage.strategies import probe_strategy
 
 PRODUCER_NAME = "spark"
 

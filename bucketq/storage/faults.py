@@ -167,16 +167,7 @@ class FaultyStore:
 
     async def list_prefixes(self, prefix: str, delimiter: str = "/") -> builtins.list[str]:
         await self._before("LIST", [prefix])
-        native = getattr(self.inner, "list_prefixes", None)
-        if native is not None:
-            result: builtins.list[str] = await native(prefix, delimiter)
-            return result
-        found: set[str] = set()
-        async for info in self.inner.list(prefix):
-            rest = info.key[len(prefix) :]
-            if delimiter in rest:
-                found.add(prefix + rest.split(delimiter, 1)[0] + delimiter)
-        return sorted(found)
+        return await self.inner.list_prefixes(prefix, delimiter)
 
     async def close(self) -> None:
         await self.inner.close()

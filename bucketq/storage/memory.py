@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from bucketq.errors import AlreadyExists, PreconditionFailed
-from bucketq.storage.port import Blob, ObjectInfo, RequestStats
+from bucketq.storage.port import Blob, ObjectInfo, RequestStats, prefixes_from_list
 
 
 @dataclass(slots=True)
@@ -87,6 +87,10 @@ class MemoryStore:
                 entry = self._objects.get(key)
                 if entry is not None:
                     yield ObjectInfo(key, len(entry.data), entry.etag, entry.last_modified)
+
+    async def list_prefixes(self, prefix: str, delimiter: str = "/") -> builtins.list[str]:
+        """The common prefixes one level below ``prefix``, derived from :meth:`list`."""
+        return await prefixes_from_list(self, prefix, delimiter)
 
     async def close(self) -> None:
         return None

@@ -1,13 +1,27 @@
 """The storage port: the few object-store operations the protocol needs.
 
-Adapters (memory, filesystem, S3) implement :class:`ObjectStore`. They raise
-:class:`~bucketq.errors.AlreadyExists` when a ``put(..., if_none_match=True)`` finds the key,
-:class:`~bucketq.errors.PreconditionFailed` when ``if_match`` does not match, and
-:class:`~bucketq.errors.StorageError` for everything else that fails after retries.
+Adapters (memory, filesystem, S3) implement :class:`ObjectStore`; wrappers (fault injection,
+instrumentation, the simulator's store) implement it over another store. Errors are the
+:mod:`bucketq.errors` storage classes, all subclasses of
+:class:`~bucketq.errors.StorageError`:
+
+* :class:`~bucketq.errors.AlreadyExists` — a ``put(..., if_none_match=True)`` found the key;
+* :class:`~bucketq.errors.PreconditionFailed` — a ``put(..., if_match=...)`` found another
+  ETag, or no object;
+* :class:`~bucketq.errors.Contended` — S3 answered 409 ``ConditionalRequestConflict``: another
+  conditional write of the key is in flight (retry later);
+* :class:`~bucketq.errors.NotSupported` — the store rejects conditional writes (501
+  ``NotImplemented``); :func:`~bucketq.storage.probe_strategy` then picks ``csprng_verify``;
+* :class:`~bucketq.errors.StorageTimeout` — no answer in time: a write's outcome is unknown;
+* :class:`~bucketq.errors.StorageError` — anything else that fails after the adapter's retries
+  (unreachable endpoint, missing bucket, access denied, a key the backend cannot store).
+
+A missing object is never an error for reads: ``get`` and ``head`` return ``None``.
 """
 
 from __future__ import annotations
 
+import builtins
 from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -56,16 +70,33 @@ class RequestStats:
 
 @runtime_checkable
 class ObjectStore(Protocol):
-    """An S3-like key/value store with conditional writes."""
+    """An S3-like key/value store with conditional writes.
+
+    Keys are ``/``-separated strings; every read reflects every write that completed before it
+    (S3's strong read-after-write consistency). ``stats`` counts the requests sent.
+    """
 
     stats: RequestStats
 
     async def get(self, key: str) -> Blob | None:
-        """The object's bytes, or ``None`` when it does not exist."""
+        """The object's bytes, ETag and last-modified time, or ``None`` when it does not exist.
+
+        Raises:
+            StorageTimeout: the store did not answer in time.
+            StorageError: the store failed or cannot be reached (after retries), the bucket is
+                missing or access is denied, or the backend cannot store such a key.
+        """
         ...
 
     async def head(self, key: str) -> ObjectInfo | None:
-        """The object's metadata, or ``None`` when it does not exist."""
+        """The object's metadata, or ``None`` when it does not exist (on S3, a HEAD cannot tell a
+        missing bucket from a missing key: both are ``None``).
+
+        Raises:
+            StorageTimeout: the store did not answer in time.
+            StorageError: the store failed or cannot be reached (after retries), access is
+                denied, or the backend cannot store such a key.
+        """
         ...
 
     async def put(
@@ -76,17 +107,73 @@ class ObjectStore(Protocol):
         if_none_match: bool = False,
         if_match: str | None = None,
     ) -> str:
-        """Write the object and return its ETag (conditional when asked)."""
+        """Write the object and return its new ETag.
+
+        ``if_none_match`` writes only if the key does not exist (``If-None-Match: *``);
+        ``if_match`` only if the object's ETag is that one. Without either, the write
+        overwrites. A store that ignores the conditions (``MemoryStore(honour_conditions=False)``,
+        some S3 servers) writes unconditionally: see the ``csprng_verify`` strategy.
+
+        Raises:
+            AlreadyExists: ``if_none_match`` and the key exists (on S3, also a retried PUT whose
+                first attempt landed: the engine reads such an object back).
+            PreconditionFailed: ``if_match`` and the object's ETag differs or it does not exist.
+            Contended: S3 only: another conditional write of the key is in flight (409).
+            NotSupported: S3 only: the store rejects conditional writes.
+            StorageTimeout: the store did not answer in time; the write may have landed.
+            StorageError: the store failed or cannot be reached (after retries; the write may
+                have landed), or the backend cannot store such a key.
+        """
         ...
 
-    async def delete(self, keys: list[str]) -> None:
-        """Delete the keys (missing keys are not an error); batched by the adapter."""
+    async def delete(self, keys: builtins.list[str]) -> None:
+        """Delete the keys; missing keys are not an error. Batched by the adapter (1,000 a request).
+
+        Raises:
+            StorageTimeout: the store did not answer in time; some keys may be deleted.
+            StorageError: the store failed or cannot be reached, the backend cannot store such
+                a key, or (S3) some keys of a batch were not deleted; earlier batches are deleted.
+        """
         ...
 
     def list(self, prefix: str, *, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
-        """Objects under ``prefix`` in lexicographic key order, after ``start_after``."""
+        """Objects whose key starts with ``prefix`` and sorts after ``start_after``, in
+        lexicographic key order (an async iterator, read page by page).
+
+        Raises (while iterating, possibly after earlier pages were yielded):
+            StorageTimeout: the store did not answer in time.
+            StorageError: the store failed or cannot be reached (after retries), the bucket is
+                missing or access is denied.
+        """
+        ...
+
+    async def list_prefixes(self, prefix: str, delimiter: str = "/") -> builtins.list[str]:
+        """The distinct common prefixes one level below ``prefix``, sorted, each ending with
+        ``delimiter``, each holding at least one object (S3's ``CommonPrefixes``:
+        ``list_prefixes("t/subs/")`` gives ``["t/subs/a/", "t/subs/b/"]``). Objects directly
+        under ``prefix`` are not reported. An adapter without a cheaper way derives them from
+        :meth:`list` with :func:`prefixes_from_list`.
+
+        Raises:
+            StorageTimeout: the store did not answer in time.
+            StorageError: the store failed or cannot be reached (after retries), the bucket is
+                missing or access is denied.
+        """
         ...
 
     async def close(self) -> None:
-        """Release connections."""
+        """Release connections. The store is not used again afterwards; raises nothing the
+        engine handles (a failure here is a bug or an already-closed loop)."""
         ...
+
+
+async def prefixes_from_list(store: ObjectStore, prefix: str, delimiter: str = "/") -> builtins.list[str]:
+    """:meth:`ObjectStore.list_prefixes` derived from one full :meth:`ObjectStore.list` of ``prefix``:
+    the shared fallback of stores without a native delimiter listing (it reads every key below).
+    Raises what ``store.list`` raises."""
+    found: set[str] = set()
+    async for info in store.list(prefix):
+        rest = info.key[len(prefix) :]
+        if delimiter in rest:
+            found.add(prefix + rest.split(delimiter, 1)[0] + delimiter)
+    return sorted(found)

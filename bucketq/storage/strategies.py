@@ -1,4 +1,4 @@
-"""Put-if-absent strategies (DESIGN.md 2.4) and the :class:`Storage` facade the engine uses.
+"""Put-if-absent strategies (docs/design.md 2.4) and the :class:`Storage` facade the engine uses.
 
 * ``conditional_write``: the store honours ``If-None-Match: *`` (AWS S3, R2, MinIO, recent
   Ceph, SeaweedFS, moto); put-if-absent is one conditional PUT, exact.
@@ -149,17 +149,9 @@ class Storage:
 
     async def list_prefixes(self, prefix: str, delimiter: str = "/") -> builtins.list[str]:
         """The sorted common prefixes one level below ``prefix``, each ending with ``delimiter``
-        (S3's ``CommonPrefixes``: ``list_prefixes("t/subs/")`` gives ``["t/subs/a/", "t/subs/b/"]``)."""
-        native = getattr(self.store, "list_prefixes", None)
-        if native is not None:
-            result: builtins.list[str] = await native(prefix, delimiter)
-            return result
-        found: set[str] = set()
-        async for info in self.store.list(prefix):
-            rest = info.key[len(prefix) :]
-            if delimiter in rest:
-                found.add(prefix + rest.split(delimiter, 1)[0] + delimiter)
-        return sorted(found)
+        (S3's ``CommonPrefixes``: ``list_prefixes("t/subs/")`` gives ``["t/subs/a/", "t/subs/b/"]``);
+        see :meth:`ObjectStore.list_prefixes`."""
+        return await self.store.list_prefixes(prefix, delimiter)
 
     async def delete(self, keys: builtins.list[str]) -> None:
         if keys:

@@ -35,6 +35,7 @@ REQUIRED = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["memory", "file"])
 def test_bench_runs_every_scenario_without_loss(tmp_path: Path, backend: str) -> None:
     out = tmp_path / "bench.json"
@@ -134,6 +135,13 @@ def test_percentile_nearest_rank() -> None:
         ("t/.topic", "topic"),
         ("_probe/abc.probe", "probe"),
         ("t/p0000/seg/0000000000000001.jsonl.claim", "claim"),
+        ("root/t/p0000/floor.json", "fence"),
+        ("t/subs/c/p0000/trim.json", "fence"),
+        ("t/txn/abc.json", "txn"),
+        ("_spark/jobs/j.json", "spark"),
+        ("subs/p0000/seg/", "segment"),  # a topic named like a path component
+        ("t/subs/seg/p0000/log/", "delta"),  # a consumer named like one
+        ("t/", "other"),
     ],
 )
 def test_key_kinds(key: str, kind: str) -> None:

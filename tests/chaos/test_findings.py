@@ -68,6 +68,7 @@ async def test_an_empty_segment_at_the_tail_does_not_stop_publishing() -> None:
         await bq.stats("t")  # the statistics read the same headers: they must not raise either
 
 
+@pytest.mark.slow  # waits on wall-clock time: not in make test-fast
 async def test_an_empty_segment_does_not_stop_gc() -> None:
     async with Bucketq(_settings()) as bq:
         await bq.create_topic("t", retention_seconds=0.01)

@@ -88,6 +88,7 @@ def test_module_entry_point_runs() -> None:
 # -- topics ------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_topic_create_list_describe_delete(cli: FileCli) -> None:
     created = ok(
         cli(
@@ -129,6 +130,7 @@ def test_topic_create_list_describe_delete(cli: FileCli) -> None:
     assert_error(cli("topic", "describe", "orders"), EXIT_USAGE, "unknown topic 'orders'")
 
 
+@pytest.mark.slow
 def test_topic_delete_no_purge_keeps_messages(cli: FileCli, tmp_path: Path) -> None:
     ok(cli("topic", "create", "keep"))
     ok(cli("publish", "keep", "1"))
@@ -172,7 +174,9 @@ def test_publish_consume_no_ack_then_ack_and_stats(cli: FileCli) -> None:
         ok(cli("consume", "jobs", "--consumer", "workers", "--max", "5", "--wait", "10", "--json")).stdout
     )
     assert {m["id"] for m in consumed} == {m["id"] for m in peeked}
-    assert all(m["acked"] and m["deliveries"] == 2 for m in consumed)
+    # --no-ack gives messages back uncounted: looking is not a failed delivery (it used to count,
+    # and five looks dead-lettered a message)
+    assert all(m["acked"] and m["deliveries"] == 1 for m in consumed)
     assert sorted(json.dumps(m["payload"]) for m in consumed) == sorted(
         json.dumps(v) for v in ({"a": 1}, [1, 2], {"n": 1}, "two", 3)
     )

@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -25,13 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from bucketq import Bucketq
 from bucketq.client import Client, message
 from bucketq.config import Settings
 from tests.operator.harness import wait_for
+from tests.support import tools
 from tests.support.servers import _clean_env as servers_clean_env
 from tests.support.servers import free_ports
 
@@ -245,9 +244,7 @@ class Prometheus:
 @contextlib.contextmanager
 def prometheus(processes: Processes, targets: Sequence[Target]) -> Iterator[Prometheus]:
     """Start Prometheus (Debian's package) with a generated scrape config; wait until every target is up."""
-    binary, promtool = shutil.which("prometheus"), shutil.which("promtool")
-    if binary is None or promtool is None:
-        pytest.skip("Prometheus is not installed: run `make tools` (Debian package prometheus)")
+    binary, promtool = tools.prometheus(), tools.promtool()
     workdir = processes.workdir / "prometheus"
     workdir.mkdir()
     jobs: dict[str, dict[str, Any]] = {}

@@ -388,6 +388,23 @@ async def test_clock_skew_is_reported_only_beyond_the_margin(caplog: pytest.LogC
     assert caplog.text.count("ahead of ours") == 1
 
 
+async def test_a_delta_with_an_op_of_unknown_kind_is_reported_and_its_other_ops_apply(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    storage = Storage(MemoryStore())
+    keys = Keys()
+    writer = CursorLog(storage, keys, TOPIC, "c", 0, "W", clock=lambda: 1000.0)
+    await writer.commit(lambda s: [Op("start", seq=0, base=0)])
+    newer = {"v": 1, "n": 2, "member": "N", "id": "x", "at": 1000.0}
+    ops = [{"op": "teleport", "seq": 0}, Op("seen", 0, count=1, base=0).to_json()]
+    await storage.create(keys.delta(TOPIC, "c", 0, 2), json.dumps({**newer, "ops": ops}).encode())
+    reader = CursorLog(storage, keys, TOPIC, "c", 0, "R", clock=lambda: 1000.0)
+    with caplog.at_level("WARNING", logger="bucketq.cursor"):
+        state = await reader.load()
+    assert "unknown kinds teleport" in caplog.text
+    assert (state.n, state.frontier) == (2, 0), "the seen op beside it applied"
+
+
 async def test_own_clock_ahead_is_measured_but_not_reported(caplog: pytest.LogCaptureFixture) -> None:
     storage = Storage(MemoryStore())
     keys = Keys()

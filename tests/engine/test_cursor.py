@@ -1,4 +1,4 @@
-"""The cursor rules (DESIGN.md 2.3) as pure functions: each op's validity and effect."""
+"""The cursor rules (docs/design.md 2.3) as pure functions: each op's validity and effect."""
 
 from __future__ import annotations
 
@@ -7,7 +7,15 @@ import math
 
 import pytest
 
-from bucketq.core.cursor import MEMBER_ID_TTL_S, Counters, CursorState, Delta, Op, apply_delta
+from bucketq.core.cursor import (
+    MEMBER_ID_TTL_S,
+    Counters,
+    CursorState,
+    Delta,
+    Op,
+    UnknownOpKind,
+    apply_delta,
+)
 
 T0 = 1_000_000.0
 
@@ -158,9 +166,30 @@ def test_seen_with_skip_and_delay() -> None:
     assert state.counters.skipped == 1
 
 
-def test_unknown_op_is_invalid_not_fatal() -> None:
+def test_an_op_of_unknown_kind_is_never_built() -> None:
+    with pytest.raises(UnknownOpKind, match="frobnicate"):
+        Op("frobnicate", 0, 0)  # type: ignore[arg-type]
+    with pytest.raises(UnknownOpKind):
+        Op.from_json({"op": "frobnicate", "seq": 0, "idx": 0})
+
+
+def test_unknown_op_read_from_the_log_is_flagged_and_skipped_not_fatal() -> None:
+    """Forward compatibility: a delta holding an op this version does not know keeps its other
+    ops; the unknown one is dropped (invalid for every replica of this version alike) and named."""
     state = started(1)
-    assert apply(state, [Op("frobnicate", 0, 0)]) == [False]
+    raw = {
+        "v": 1,
+        "n": state.n + 1,
+        "member": "m",
+        "id": "id",
+        "at": T0,
+        "ops": [{"op": "frobnicate", "seq": 0, "idx": 0}, claim(0, 0, "t").to_json()],
+    }
+    delta = Delta.from_json(json.loads(json.dumps(raw)))
+    assert delta.unknown_ops == ["frobnicate"]
+    assert [op.kind for op in delta.ops] == ["claim"]
+    assert apply_delta(state, delta) == [True]
+    assert state.leases[(0, 0)].token == "t"
 
 
 def test_delta_out_of_order_is_an_error() -> None:

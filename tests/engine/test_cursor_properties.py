@@ -1,4 +1,4 @@
-"""Property tests: several members interleave commits on one cursor log (DESIGN.md section 3).
+"""Property tests: several members interleave commits on one cursor log (docs/design.md section 3).
 
 A hypothesis state machine drives members with deliberately stale replicas, so commits race
 (412 → rebase). After every step it replays the whole log through an independent reference

@@ -106,6 +106,7 @@ async def test_nack_with_delay_hides_message(backend: Backend) -> None:
     await again.ack()
 
 
+@pytest.mark.slow  # waits on wall-clock time: not in make test-fast
 async def test_delayed_publish_is_not_delivered_early(backend: Backend) -> None:
     bq = await backend.connect()
     await bq.create_topic("delayed")
@@ -181,6 +182,7 @@ async def test_start_position_latest_skips_history(backend: Backend) -> None:
     assert await c.poll(10, 0.3) == []
 
 
+@pytest.mark.slow  # waits on wall-clock time: not in make test-fast
 async def test_stale_lease_token_is_rejected(backend: Backend) -> None:
     bq = await backend.connect()
     await bq.create_topic("leases")
@@ -273,6 +275,7 @@ async def test_registry_ids_are_stable(backend: Backend) -> None:
     assert reg is not None and reg.last_seen >= reg.created_at
 
 
+@pytest.mark.slow
 async def test_topics_create_list_describe_delete(backend: Backend) -> None:
     bq = await backend.connect()
     first = await bq.create_topic("alpha", partitions=2)
@@ -357,6 +360,7 @@ async def test_segments_are_json_lines_as_specified(backend: Backend) -> None:
     } <= set(line)
 
 
+@pytest.mark.slow
 async def test_listen_auto_extends_acks_on_return_and_nacks_on_error(backend: Backend) -> None:
     bq = await backend.connect()
     await bq.create_topic("listen")

@@ -9,8 +9,9 @@ import pytest
 from bucketq import Bucketq, PublishTimeout
 from bucketq.core.keys import Keys
 from bucketq.core.segment import decode_segment
-from bucketq.storage import MemoryStore, build_store
+from bucketq.storage import MemoryStore
 from bucketq.storage.faults import FaultyStore
+from bucketq.storage.strategies import build_store
 from tests.support.engine_helpers import Backend, drain
 
 

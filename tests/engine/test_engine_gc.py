@@ -32,6 +32,7 @@ async def all_keys(bq) -> set[str]:  # type: ignore[no-untyped-def]
     return {i.key async for i in bq.storage.list("")}
 
 
+@pytest.mark.slow  # waits on wall-clock time: not in make test-fast
 async def test_segments_deleted_only_below_every_floor_and_past_retention(gc_backend: Backend) -> None:
     bq = await gc_backend.connect(consumer={"checkpoint_every": 1000})
     await bq.create_topic("t", retention_seconds=60)
@@ -63,6 +64,7 @@ async def test_segments_deleted_only_below_every_floor_and_past_retention(gc_bac
     assert len(rest) >= 6 - slow_floor - 1
 
 
+@pytest.mark.slow  # waits on wall-clock time: not in make test-fast
 async def test_cursor_logs_are_compacted_behind_the_second_newest_checkpoint(gc_backend: Backend) -> None:
     bq = await gc_backend.connect(consumer={"checkpoint_every": 4})
     await bq.create_topic("t")

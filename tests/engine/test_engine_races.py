@@ -13,6 +13,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from bucketq.core.keys import Keys
 from bucketq.core.segment import decode_segment
 from tests.support.engine_helpers import Backend, drain
@@ -78,6 +80,7 @@ async def test_members_of_one_consumer_share_work_without_duplicates(race_backen
     assert sum(1 for n in per_member if n > 0) >= 2, f"work was not shared: {per_member}"
 
 
+@pytest.mark.slow  # waits on wall-clock time: not in make test-fast
 async def test_idle_members_steal_aged_work_from_a_busy_partition(race_backend: Backend) -> None:
     setup = await race_backend.connect()
     await setup.create_topic("hot", partitions=1)
@@ -174,6 +177,7 @@ def _spawn(code: str, bucket: Path) -> subprocess.Popen[str]:
     )
 
 
+@pytest.mark.e2e  # real processes, SIGKILLed
 async def test_sigkilled_processes_lose_no_acknowledged_publish_and_leases_come_back(tmp_path: Path) -> None:
     bucket = tmp_path / "bucket"
     backend = Backend("file", {"backend": "file", "file_path": str(bucket)})

@@ -60,6 +60,7 @@ async def collect_twice(bq: Bucketq, topic: str) -> None:
 # -- I1: a number once taken is never taken again ------------------------------------------------
 
 
+@pytest.mark.slow  # waits on wall-clock time: not in make test-fast
 async def test_stale_cached_tail_after_gc_still_delivers(backend: Backend, short_fences: None) -> None:
     """r1: a producer whose cached tail points into numbers GC freed must not lose its publish."""
     bq = await backend.connect()
@@ -80,6 +81,7 @@ async def test_stale_cached_tail_after_gc_still_delivers(backend: Backend, short
     assert got.payload == "after-gc"
 
 
+@pytest.mark.slow  # waits on wall-clock time: not in make test-fast
 async def test_stale_head_hint_after_gc_still_delivers(backend: Backend, short_fences: None) -> None:
     """r1b: a fresh producer trusting a stale head.json (left by a killed producer) must not write
     into freed numbers."""
@@ -100,6 +102,7 @@ async def test_stale_head_hint_after_gc_still_delivers(backend: Backend, short_f
     assert (await poll_one(consumer)).payload == "new"
 
 
+@pytest.mark.slow  # waits on wall-clock time: not in make test-fast
 async def test_delta_put_into_a_freed_number_is_rejected_and_reloaded(short_fences: None) -> None:
     """r2: a member whose delta write stalls past GC's grace lands in a freed number: the write is
     an orphan, the member reloads, and its replica equals a fresh load (no fork)."""
@@ -194,6 +197,7 @@ async def test_deleting_a_topic_fences_publishes_and_tells_consumers(
             await consumer.poll(1, 0.2)
 
 
+@pytest.mark.slow  # waits on wall-clock time: not in make test-fast
 async def test_write_paused_across_deletion_and_recreation_is_not_acknowledged(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -294,6 +298,7 @@ async def test_newest_checkpoint_vanishing_during_load_is_looked_for_again() -> 
 # -- I4: a message reaches the app only while its lease is durably held ----------------------------
 
 
+@pytest.mark.slow  # waits on wall-clock time: not in make test-fast
 async def test_prefetched_lease_not_extended_durably_is_never_handed_out(backend: Backend) -> None:
     """r3: a member whose extends cannot commit (paused, cut off) must not hand out prefetched
     messages once their durable lease ran out — another member may hold them."""
@@ -372,6 +377,7 @@ async def test_join_fails_when_the_store_does_not_recover(backend: Backend) -> N
     assert members == [], "the failed join left the group"
 
 
+@pytest.mark.slow  # waits on wall-clock time: not in make test-fast
 async def test_new_earliest_subscription_racing_gc_moves_on(backend: Backend, short_fences: None) -> None:
     """r4: a subscription whose start landed after GC freed its first segments skips them,
     counted, instead of stalling."""
@@ -397,6 +403,7 @@ async def test_new_earliest_subscription_racing_gc_moves_on(backend: Backend, sh
 # -- I7: an idempotent publish is stored once ------------------------------------------------------
 
 
+@pytest.mark.slow  # waits on wall-clock time: not in make test-fast
 async def test_dedup_publish_of_unknown_outcome_is_stored_once(backend: Backend) -> None:
     """r7: the segment landed but the publish timed out; the retry with the same dedup id finds it."""
     if backend.name != "memory":
@@ -421,9 +428,47 @@ async def test_dedup_publish_of_unknown_outcome_is_stored_once(backend: Backend)
     assert sum(1 for n in stored if n) == 1
 
 
+@pytest.mark.slow  # waits on wall-clock time: not in make test-fast
+async def test_a_takeover_that_fails_keeps_where_the_first_attempt_may_have_landed(backend: Backend) -> None:
+    """Found by the simulation (seed 1194): the first publish landed but its marker stayed pending;
+    a second attempt took the marker over, recording only the tail of its own time, and failed
+    while scanning; a third attempt scanned from that tail, missed the first copy and stored a
+    second one. A takeover now keeps every attempt's scan position."""
+    if backend.name != "memory":
+        pytest.skip("fault injection wraps the in-memory store")
+    faulty = FaultyStore(MemoryStore())
+    bq = await backend.connect(store=faulty, producer={"publish_timeout_s": 1.0})
+    await bq.create_topic("t")
+    p = await bq.register_producer("p")
+    await p.publish("t", "warm-up")
+    first = await p.publish("t", "order-7", dedup_id="order-7")
+    # as if the first writer's marker commit never landed: the marker stays pending, abandoned
+    marker = {"state": "pending", "id": first.id, "at": time.time() - 10, "partition": 0}
+    marker["from_seq"] = first.seq
+    await bq.storage.overwrite(bq.keys.dedup("t", "order-7"), json.dumps(marker).encode())
+    for i in range(3):
+        await p.publish("t", f"later-{i}")  # the tail moves on
+    await asyncio.sleep(1.1)
+    await p.publish("t", "later-3")  # and the head hint follows it (written at most once a second)
+    # the takeover's scan fails on the first copy's segment (finding the tail still works)
+    faulty.add(op="GET", match=bq.keys.segment("t", 0, first.seq), kind="error", times=None)
+    with pytest.raises(StorageError):
+        await (await bq.register_producer("p2")).publish("t", "order-7", dedup_id="order-7")
+    faulty.clear()
+    await asyncio.sleep(1.1)  # and the second writer gives up too
+    third = await (await bq.register_producer("p3")).publish("t", "order-7", dedup_id="order-7")
+    assert third.duplicate and (third.seq, third.index) == (first.seq, first.index)
+    stored = 0  # segments holding the message (its payload and dedup id are both "order-7")
+    async for info in bq.storage.list(bq.keys.segments_prefix("t", 0)):
+        blob = await bq.storage.get(info.key)
+        stored += b'"dedup_id":"order-7"' in blob.data  # type: ignore[union-attr]
+    assert stored == 1
+
+
 # -- ordering, bounded loops, bad segments, clocks ----------------------------------------------------
 
 
+@pytest.mark.slow  # waits on wall-clock time: not in make test-fast
 async def test_ordered_delivery_with_more_open_segments_than_the_window(backend: Backend) -> None:
     """r8: a member restarting with > 64 open segments never delivers a later record of a key
     before earlier ones."""
@@ -487,6 +532,7 @@ async def test_clock_far_ahead_is_reported(caplog: pytest.LogCaptureFixture) -> 
     assert "ahead of ours" in caplog.text
 
 
+@pytest.mark.slow  # waits on wall-clock time: not in make test-fast
 async def test_lease_lost_after_outage_is_reported_not_forked(short_fences: None) -> None:
     """r2b: a member cut off past its lease gets LeaseLost for its ack, and never a fork."""
     faulty = FaultyStore(MemoryStore())
@@ -526,16 +572,17 @@ def test_segment_header_round_trips_incarnation() -> None:
     assert decode_header(encode_segment(header, [b"{}"])).incarnation == "abc"
 
 
-async def test_format_1_bucket_is_upgraded_and_newer_formats_are_refused() -> None:
+@pytest.mark.parametrize("older", [1, 2])
+async def test_older_buckets_are_upgraded_and_newer_formats_are_refused(older: int) -> None:
     from bucketq.errors import BucketqError
 
     store = MemoryStore()
     keys = Keys()
-    await store.put(keys.format_marker(), b'{"format": 1}')
+    await store.put(keys.format_marker(), b'{"format": %d}' % older)
     bq = Bucketq.builder().memory().build(store=store)
     await bq.open()
-    assert json.loads((await store.get(keys.format_marker())).data) == {"format": 2}  # type: ignore[union-attr]
+    assert json.loads((await store.get(keys.format_marker())).data) == {"format": 3}  # type: ignore[union-attr]
     await bq.close()
-    await store.put(keys.format_marker(), b'{"format": 3}')
-    with pytest.raises(BucketqError, match="format 3; this version speaks 2: upgrade bucketq"):
+    await store.put(keys.format_marker(), b'{"format": 4}')
+    with pytest.raises(BucketqError, match="format 4; this version speaks 3: upgrade bucketq"):
         await Bucketq.builder().memory().build(store=store).open()

@@ -86,6 +86,7 @@ def _numbers(messages: list[Any]) -> list[int]:
     return [m.payload["n"] for m in messages]
 
 
+@pytest.mark.slow  # waits on wall-clock time: not in make test-fast
 async def test_consumer_stops_at_pending_and_sees_each_committed_chunk_once(tmp_path: Path) -> None:
     async with Bucketq(_settings(tmp_path)) as bq:
         await bq.create_topic("jobs", partitions=1)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -17,7 +19,7 @@ import kopf
 from bucketq.config import Settings
 from bucketq.operator.config import OperatorSettings
 from bucketq.operator.handlers import Operator
-from bucketq.operator.runner import in_thread
+from bucketq.operator.runner import LoginFn, serve
 
 T = TypeVar("T")
 
@@ -152,6 +154,20 @@ def fast_settings(namespaces: list[str], **overrides: Any) -> OperatorSettings:
     }
     values.update(overrides)
     return OperatorSettings(**values)
+
+
+def in_thread(
+    operator: Operator, *, login: LoginFn | None = None
+) -> tuple[threading.Thread, threading.Event, threading.Event]:
+    """Start ``operator`` in a daemon thread with its own event loop; returns (thread, stop, ready)."""
+    stop, ready = threading.Event(), threading.Event()
+
+    def main() -> None:
+        asyncio.run(serve(operator, login=login, stop_flag=stop, ready_flag=ready))
+
+    thread = threading.Thread(target=main, name="bucketq-operator", daemon=True)
+    thread.start()
+    return thread, stop, ready
 
 
 @dataclass

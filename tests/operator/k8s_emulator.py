@@ -36,10 +36,17 @@ import attrs
 import celpy
 import jsonpatch
 import jsonschema
-import kmock
-from kmock._internal import rendering
 
-Key = tuple[kmock.resource, str | None, str]
+from tests.operator.kmock_adapter import (
+    EmulatorBase,
+    Request,
+    Resource,
+    ResourceInfo,
+    Server,
+    aiohttp_request,
+)
+
+Key = tuple[Resource, str | None, str]
 VERBS = {"create", "delete", "get", "list", "patch", "update", "watch"}
 BUILTINS: dict[str, dict[str, Any]] = {
     "v1/namespaces": {"kind": "Namespace", "singular": "namespace", "namespaced": False},
@@ -66,7 +73,7 @@ BUILTINS: dict[str, dict[str, Any]] = {
     },
 }
 NAMESPACES_PATH = re.compile(r"^/api/v1/namespaces(?:/(?P<name>[^/]+)(?:/(?P<sub>status|finalize))?)?/?$")
-CRDS = kmock.resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
+CRDS = Resource("apiextensions.k8s.io", "v1", "customresourcedefinitions")
 
 
 class ApiError(Exception):
@@ -201,20 +208,20 @@ def json_path(obj: Any, path: str) -> Any:
 
 
 @attrs.define(kw_only=True)
-class ClusterEmulator(kmock.KubernetesEmulator):
+class ClusterEmulator(EmulatorBase):
     """kmock's Kubernetes emulator with the API semantics kopf and kubectl rely on."""
 
     _store: dict[Key, dict[str, Any]] = attrs.field(factory=dict, init=False)
-    _log: list[tuple[int, kmock.resource, str | None, dict[str, Any]]] = attrs.field(factory=list, init=False)
+    _log: list[tuple[int, Resource, str | None, dict[str, Any]]] = attrs.field(factory=list, init=False)
     _rv: int = attrs.field(default=1, init=False)
     _cond: asyncio.Condition | None = attrs.field(default=None, init=False)
-    _custom: dict[kmock.resource, CustomKind] = attrs.field(factory=dict, init=False)
+    _custom: dict[Resource, CustomKind] = attrs.field(factory=dict, init=False)
     _cel: CelRules = attrs.field(factory=CelRules, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
         for key, info in BUILTINS.items():
-            self.resources[key] = kmock.ResourceInfo(verbs=VERBS, **info)
+            self.resources[key] = ResourceInfo(verbs=VERBS, **info)
 
     # -- plumbing --------------------------------------------------------------------------------
 
@@ -224,13 +231,13 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             self._cond = asyncio.Condition()
         return self._cond
 
-    def _info(self, res: kmock.resource) -> kmock.ResourceInfo:
+    def _info(self, res: Resource) -> ResourceInfo:
         for known in self.resources:
             if known == res:
                 return self.resources[known]  # type: ignore[return-value]
         raise ApiError(404, "NotFound", f"the server could not find the requested resource ({res.plural})")
 
-    async def _event(self, res: kmock.resource, kind: str, obj: dict[str, Any]) -> None:
+    async def _event(self, res: Resource, kind: str, obj: dict[str, Any]) -> None:
         self._log.append((self._rv, res, kind, copy.deepcopy(obj)))
         async with self.changed:
             self.changed.notify_all()
@@ -244,33 +251,25 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         match = NAMESPACES_PATH.match(raw_request.path)
         if match is None:
             return await super().__call__(raw_request)
-        body = await raw_request.read()
-        request = rendering.Request(
-            id=len(self._requests),
-            raw_request=raw_request,
-            url=raw_request.url,
-            method=raw_request.method,
-            params=dict(raw_request.query),
-            headers=dict(raw_request.headers),
-            body=body,
-            text=body.decode(),
-            resource=kmock.resource("", "v1", "namespaces"),
+        request = self.record_request(
+            raw_request,
+            await raw_request.read(),
+            resource=Resource("", "v1", "namespaces"),
             name=match["name"],
             subresource=match["sub"],
         )
-        self._requests.append(request)
-        return await self._handle(request)
+        return await self.handle(request)
 
-    async def _handle(self, request: rendering.Request) -> aiohttp.web.StreamResponse:
+    async def handle(self, request: Request) -> aiohttp.web.StreamResponse:
         if request.resource is None or request.resource.plural is None:
-            return await super()._handle(request)  # discovery: kmock's own
+            return await super().handle(request)  # discovery: kmock's own
         try:
             return await self._serve(request)
         except ApiError as exc:
             return aiohttp.web.json_response(exc.status(), status=exc.code)
 
-    async def _serve(self, req: rendering.Request) -> aiohttp.web.StreamResponse:
-        res = kmock.resource(req.resource.group, req.resource.version, req.resource.plural)  # type: ignore[union-attr]
+    async def _serve(self, req: Request) -> aiohttp.web.StreamResponse:
+        res = Resource(req.resource.group, req.resource.version, req.resource.plural)  # type: ignore[union-attr]
         info = self._info(res)
         namespace = req.namespace if info.namespaced else None
         method = req.method.value if hasattr(req.method, "value") else str(req.method)
@@ -295,9 +294,9 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             return aiohttp.web.json_response(await self._delete(res, namespace, req.name))
         raise ApiError(405, "MethodNotAllowed", f"{method} is not supported on {req.url.path}")
 
-    async def _serve_version(self, request: rendering.Request) -> Any:
+    async def resource_list(self, request: Request) -> Any:
         """kmock's APIResourceList, with subresources as the apiserver lists them (no names, no categories)."""
-        listing = await super()._serve_version(request)
+        listing = await super().resource_list(request)
         for entry in listing.get("resources", []):
             if "/" in entry["name"]:
                 entry.update(shortNames=[], categories=[], verbs=["get", "patch", "update"])
@@ -307,14 +306,14 @@ class ClusterEmulator(kmock.KubernetesEmulator):
 
     # -- reading ---------------------------------------------------------------------------------
 
-    def _get(self, res: kmock.resource, namespace: str | None, name: str) -> dict[str, Any]:
+    def _get(self, res: Resource, namespace: str | None, name: str) -> dict[str, Any]:
         obj = self._store.get((res, namespace, name))
         if obj is None:
             group = f".{res.group}" if res.group else ""
             raise ApiError(404, "NotFound", f'{res.plural}{group} "{name}" not found')
         return copy.deepcopy(obj)
 
-    def _list(self, res: kmock.resource, namespace: str | None) -> dict[str, Any]:
+    def _list(self, res: Resource, namespace: str | None) -> dict[str, Any]:
         items = [
             copy.deepcopy(o)
             for (r, ns, _), o in sorted(self._store.items(), key=lambda kv: (kv[0][1] or "", kv[0][2]))
@@ -329,18 +328,16 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         }
 
     @staticmethod
-    def _api_version(res: kmock.resource) -> str:
+    def _api_version(res: Resource) -> str:
         return f"{res.group}/{res.version}" if res.group else str(res.version)
 
-    def _respond(
-        self, req: rendering.Request, res: kmock.resource, payload: dict[str, Any]
-    ) -> aiohttp.web.Response:
+    def _respond(self, req: Request, res: Resource, payload: dict[str, Any]) -> aiohttp.web.Response:
         if "as=Table" in req.headers.get("Accept", ""):
             items = payload.get("items", [payload])
             return aiohttp.web.json_response(self._table(res, items))
         return aiohttp.web.json_response(payload)
 
-    def _table(self, res: kmock.resource, items: list[dict[str, Any]]) -> dict[str, Any]:
+    def _table(self, res: Resource, items: list[dict[str, Any]]) -> dict[str, Any]:
         custom = self._custom.get(res)
         columns = [
             c for c in (custom.columns if custom else []) if c["jsonPath"] != ".metadata.creationTimestamp"
@@ -389,13 +386,9 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             "rows": rows,
         }
 
-    async def _watch(
-        self, req: rendering.Request, res: kmock.resource, namespace: str | None
-    ) -> aiohttp.web.StreamResponse:
-        raw = req._raw_request
-        assert raw is not None
+    async def _watch(self, req: Request, res: Resource, namespace: str | None) -> aiohttp.web.StreamResponse:
         response = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
-        await response.prepare(raw)
+        await response.prepare(aiohttp_request(req))
         since = req.params.get("resourceVersion") or ""
         deadline = time.monotonic() + float(req.params.get("timeoutSeconds") or 3600)
 
@@ -449,8 +442,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
 
     def _validate(
         self,
-        req: rendering.Request | None,
-        res: kmock.resource,
+        req: Request | None,
+        res: Resource,
         obj: dict[str, Any],
         old: dict[str, Any] | None,
     ) -> None:
@@ -485,9 +478,9 @@ class ClusterEmulator(kmock.KubernetesEmulator):
 
     async def _create(
         self,
-        req: rendering.Request,
-        res: kmock.resource,
-        info: kmock.ResourceInfo,
+        req: Request,
+        res: Resource,
+        info: ResourceInfo,
         namespace: str | None,
         body: Any,
     ) -> dict[str, Any]:
@@ -524,8 +517,8 @@ class ClusterEmulator(kmock.KubernetesEmulator):
 
     async def _update(
         self,
-        req: rendering.Request,
-        res: kmock.resource,
+        req: Request,
+        res: Resource,
         namespace: str | None,
         name: str,
         subresource: str | None,
@@ -600,7 +593,7 @@ class ClusterEmulator(kmock.KubernetesEmulator):
             await self._event(res, "MODIFIED", result)
         return copy.deepcopy(result)
 
-    async def _delete(self, res: kmock.resource, namespace: str | None, name: str) -> dict[str, Any]:
+    async def _delete(self, res: Resource, namespace: str | None, name: str) -> dict[str, Any]:
         obj = self._get(res, namespace, name)
         key = (res, namespace, name)
         if obj["metadata"].get("finalizers"):
@@ -623,9 +616,9 @@ class ClusterEmulator(kmock.KubernetesEmulator):
         for version in spec["versions"]:
             if not version.get("served", True):
                 continue
-            res = kmock.resource(spec["group"], version["name"], names["plural"])
+            res = Resource(spec["group"], version["name"], names["plural"])
             subresources = set(version.get("subresources") or {})
-            self.resources[res] = kmock.ResourceInfo(
+            self.resources[res] = ResourceInfo(
                 kind=names["kind"],
                 singular=names.get("singular") or names["kind"].lower(),
                 namespaced=spec.get("scope", "Namespaced") == "Namespaced",
@@ -672,7 +665,7 @@ class EmulatorThread:
         try:
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
-            async with ClusterEmulator() as emulator, kmock.Server(emulator) as server:
+            async with ClusterEmulator() as emulator, Server(emulator) as server:
                 self.emulator = emulator
                 self.url = str(server.url).rstrip("/")
                 self._started.set()

@@ -6,11 +6,15 @@ import asyncio
 import urllib.request
 from typing import Any
 
+import pytest
+
 from bucketq.config import Settings
 from bucketq.core.app import Bucketq
-from bucketq.operator.buckets import namespace_root
+from bucketq.core.keys import namespace_root
 from tests.operator.harness import Kube, RunningOperator, condition, wait_for
 from tests.operator.test_topics import ready, topic
+
+pytestmark = pytest.mark.s3  # the operator reconciles against the moto server
 
 
 def consumer(ns: str, name: str, **spec: Any) -> dict[str, Any]:

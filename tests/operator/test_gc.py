@@ -6,14 +6,18 @@ import asyncio
 import time
 from typing import Any
 
+import pytest
+
 from bucketq.config import Settings
 from bucketq.core.app import Bucketq
-from bucketq.operator.buckets import namespace_root
+from bucketq.core.keys import namespace_root
 from tests.operator.harness import Kube, fast_settings, start_operator, wait_for
 from tests.operator.test_consumers import consumer
 from tests.operator.test_resilience import objects
 from tests.operator.test_topics import ready, topic
 from tests.support.servers import S3Server
+
+pytestmark = pytest.mark.s3  # the operator reconciles against the moto server
 
 
 async def produce_and_consume(engine: Settings, ns: str, publish: int, ack: int) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -11,11 +10,11 @@ import pytest
 
 from tests.operator.harness import Kube, RunningOperator, wait_for
 from tests.operator.test_topics import ready
+from tests.support import tools
+
+pytestmark = pytest.mark.s3  # the operator reconciles against the moto server
 
 ROOT = Path(__file__).resolve().parents[2]
-KUBECTL = shutil.which("kubectl")
-
-pytestmark = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not installed")
 
 
 @pytest.fixture
@@ -29,9 +28,10 @@ def kubectl(tmp_path: Path, kube: Kube, shared_ns: str):  # type: ignore[no-unty
         "current-context: emulator\n"
     )
     env = {**os.environ, "KUBECONFIG": str(config)}
+    binary = tools.kubectl()
 
     def run(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([KUBECTL, *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)  # type: ignore[list-item]
+        done = subprocess.run([binary, *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=60)
         if check and done.returncode != 0:
             raise AssertionError(f"kubectl {' '.join(args)} failed: {done.stderr}")
         return done

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import urllib.parse
 from collections.abc import Iterator
 from typing import Any
 
@@ -10,10 +9,12 @@ import pytest
 
 from bucketq.config import Settings
 from tests.operator.harness import Kube, RunningOperator, condition, fast_settings, start_operator, wait_for
-from tests.operator.s3_switch import S3Switch
 from tests.operator.test_consumers import consumer
 from tests.operator.test_topics import ready, topic
 from tests.support.servers import S3Server
+from tests.support.tcp_proxy import TcpProxy
+
+pytestmark = pytest.mark.s3  # the operator reconciles against the moto server
 
 
 def objects(moto_server: S3Server, settings: Settings, prefix: str) -> dict[str, tuple[str, Any]]:
@@ -90,8 +91,8 @@ def test_restart_converges_and_reconciling_again_changes_nothing(
 
 
 @pytest.fixture
-def switch(moto_server: S3Server) -> Iterator[S3Switch]:
-    proxy = S3Switch(urllib.parse.urlsplit(moto_server.endpoint_url).port or 80)
+def switch(moto_server: S3Server) -> Iterator[TcpProxy]:
+    proxy = TcpProxy.to(moto_server.endpoint_url).start()
     try:
         yield proxy
     finally:
@@ -99,7 +100,7 @@ def switch(moto_server: S3Server) -> Iterator[S3Switch]:
 
 
 def test_s3_outage_sets_conditions_and_recovers(
-    emulator: Any, kube: Kube, moto_server: S3Server, switch: S3Switch
+    emulator: Any, kube: Kube, moto_server: S3Server, switch: TcpProxy
 ) -> None:
     ns = kube.namespace("outage")
     engine = moto_server.settings(

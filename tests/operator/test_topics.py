@@ -11,6 +11,8 @@ from bucketq.config import Settings
 from tests.operator.harness import ApiFailure, Kube, RunningOperator, condition, wait_for
 from tests.support.servers import S3Server
 
+pytestmark = pytest.mark.s3  # the operator reconciles against the moto server
+
 
 def topic(ns: str, name: str, **spec: Any) -> dict[str, Any]:
     return {

@@ -111,6 +111,7 @@ def billing(kube: Kube, shared_ns: str, shared_operator: RunningOperator) -> str
     return shared_ns
 
 
+@pytest.mark.s3  # the shared operator, on the moto server
 def test_pods_without_the_annotation_pass_untouched(shared_ports: dict[str, int], shared_ns: str) -> None:
     plain = pod({"other": "x"})
     response = review(shared_ports["webhook"], plain, shared_ns)
@@ -120,6 +121,7 @@ def test_pods_without_the_annotation_pass_untouched(shared_ports: dict[str, int]
     assert response["allowed"] is True and "patch" not in response
 
 
+@pytest.mark.s3  # the shared operator, on the moto server
 def test_native_sidecar_injection_from_the_consumer(
     shared_ports: dict[str, int], billing: str, shared_engine: Settings
 ) -> None:
@@ -146,9 +148,11 @@ def test_native_sidecar_injection_from_the_consumer(
     assert env["BUCKETQ_ROOT"] == "bq/$(BUCKETQ_POD_NAMESPACE)"
     assert env["BUCKETQ_POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     assert env["BUCKETQ_S3_BUCKET"] == shared_engine.s3_bucket
-    assert env["BUCKETQ_S3_ACCESS_KEY_ID"] == {"secretKeyRef": {"name": "bucketq-s3", "key": "accessKeyId"}}
+    assert env["BUCKETQ_S3_ACCESS_KEY_ID"] == {
+        "secretKeyRef": {"name": "bucketq-sidecar-s3", "key": "accessKeyId"}
+    }
     assert env["BUCKETQ_S3_SECRET_ACCESS_KEY"] == {
-        "secretKeyRef": {"name": "bucketq-s3", "key": "secretAccessKey"}
+        "secretKeyRef": {"name": "bucketq-sidecar-s3", "key": "secretAccessKey"}
     }
     assert sidecar["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert sidecar["livenessProbe"]["httpGet"]["path"] == "/healthz"
@@ -169,6 +173,7 @@ def test_native_sidecar_injection_from_the_consumer(
     assert again["allowed"] is True and "patch" not in again, "injecting twice is a no-op"
 
 
+@pytest.mark.s3  # the shared operator, on the moto server
 def test_regular_container_fallback_and_overrides(shared_ports: dict[str, int], billing: str) -> None:
     original = pod(
         {
@@ -200,6 +205,7 @@ def test_regular_container_fallback_and_overrides(shared_ports: dict[str, int], 
     )
 
 
+@pytest.mark.s3  # the shared operator, on the moto server
 @pytest.mark.parametrize(
     ("annotations", "message"),
     [
@@ -222,6 +228,7 @@ def test_bad_pods_are_rejected_with_a_clear_message(
     assert message in response["status"]["message"], response["status"]["message"]
 
 
+@pytest.mark.s3  # the shared operator, on the moto server
 def test_warn_mode_admits_a_pod_naming_a_missing_consumer(shared_engine: Settings) -> None:
     injector = SidecarInjector(shared_engine, OperatorSettings(missing_consumer="warn"))
     body = pod({"bucketq.io/inject": "true", "bucketq.io/consumer": "ghost", "bucketq.io/topics": "orders"})
@@ -234,6 +241,7 @@ def test_warn_mode_admits_a_pod_naming_a_missing_consumer(shared_engine: Setting
     assert env_of(sidecar)["BUCKETQ_SIDECAR_TOPICS"] == "orders"
 
 
+@pytest.mark.s3  # the shared operator, on the moto server
 def test_the_example_deployment_gets_its_sidecar(
     shared_ports: dict[str, int], kube: Kube, shared_ns: str
 ) -> None:
@@ -293,3 +301,83 @@ def test_tls_webhook_server_with_a_generated_certificate() -> None:
     client_config, reply = asyncio.run(main())
     assert client_config["url"] == f"https://bucketq-operator.bucketq.svc:{port}"
     assert reply == {"seen": "team-a"}
+
+
+# -- hardening: the webhook owns the sidecar, tokens, hostNetwork (docs/security.md) -------------
+
+
+@pytest.mark.s3  # the shared operator, on the moto server
+def test_a_pod_with_its_own_sidecar_naming_another_namespace_is_rejected(
+    shared_ports: dict[str, int], billing: str
+) -> None:
+    own = pod({"bucketq.io/inject": "true"})
+    own["spec"]["containers"].append(
+        {
+            "name": "bucketq-sidecar",
+            "image": "bucketq:test",
+            "command": ["bucketq", "sidecar"],
+            "env": [{"name": "BUCKETQ_ROOT", "value": "bq/team-b"}],
+        }
+    )
+    response = review(shared_ports["webhook"], own, billing)
+    assert response["allowed"] is False and response["status"]["code"] == 400
+    message = response["status"]["message"]
+    assert "declares its own 'bucketq-sidecar'" in message and "the bucketq webhook injects it" in message
+
+    conflicting = pod({"bucketq.io/inject": "true"})
+    conflicting["spec"]["containers"][0]["env"] = [{"name": "BUCKETQ_ROOT", "value": "bq/team-b"}]
+    response = review(shared_ports["webhook"], conflicting, billing)
+    assert response["allowed"] is False
+    assert "container 'app' sets BUCKETQ_ROOT to 'bq/team-b'" in response["status"]["message"]
+
+
+@pytest.mark.s3  # the shared operator, on the moto server
+def test_host_network_pods_need_the_allow_annotation_and_a_token(
+    shared_ports: dict[str, int], billing: str
+) -> None:
+    refused = review(shared_ports["webhook"], pod({"bucketq.io/inject": "true"}, hostNetwork=True), billing)
+    assert refused["allowed"] is False and "hostNetwork" in refused["status"]["message"]
+    allowed = pod(
+        {
+            "bucketq.io/inject": "true",
+            "bucketq.io/allow-host-network": "true",
+            "bucketq.io/api-token-secret": "api-token",
+        },
+        hostNetwork=True,
+    )
+    response = review(shared_ports["webhook"], copy.deepcopy(allowed), billing)
+    result = admitted(response, copy.deepcopy(allowed))
+    assert result["spec"]["initContainers"][0]["name"] == "bucketq-sidecar"
+    assert any("hostNetwork pod" in w for w in response.get("warnings", []))
+
+
+@pytest.mark.s3  # the shared operator, on the moto server
+def test_token_secrets_are_wired_into_sidecar_and_app(shared_ports: dict[str, int], billing: str) -> None:
+    original = pod(
+        {
+            "bucketq.io/inject": "true",
+            "bucketq.io/consumer": "billing",
+            "bucketq.io/api-token-secret": "billing-api-token",
+            "bucketq.io/push-token-secret": "billing-push-token",
+        }
+    )
+    response = review(shared_ports["webhook"], copy.deepcopy(original), billing)
+    result = admitted(response, copy.deepcopy(original))
+    sidecar, app = result["spec"]["initContainers"][0], result["spec"]["containers"][0]
+    api = {"secretKeyRef": {"name": "billing-api-token", "key": "token"}}
+    push = {"secretKeyRef": {"name": "billing-push-token", "key": "token"}}
+    assert env_of(app)["BUCKETQ_API_TOKEN"] == api and env_of(app)["BUCKETQ_PUSH_TOKEN"] == push
+    assert env_of(sidecar)["BUCKETQ_SIDECAR_APP_TOKEN"] == push
+    token_file = env_of(sidecar)["BUCKETQ_SIDECAR_TOKEN_FILE"]
+    mount = next(m for m in sidecar["volumeMounts"] if m["name"] == "bucketq-api-token")
+    assert token_file == mount["mountPath"] + "/token" and mount["readOnly"] is True
+    volume = next(v for v in result["spec"]["volumes"] if v["name"] == "bucketq-api-token")
+    assert volume["secret"]["secretName"] == "billing-api-token"
+    assert not any("api-token-secret" in w for w in response.get("warnings", []))
+    again = review(shared_ports["webhook"], copy.deepcopy(result), billing)
+    assert again["allowed"] is True and "patch" not in again, "the webhook's own sidecar passes unchanged"
+
+    unsigned = pod({"bucketq.io/inject": "true", "bucketq.io/consumer": "billing"})
+    response = review(shared_ports["webhook"], unsigned, billing)
+    assert response["allowed"] is True
+    assert any("no bucketq.io/api-token-secret" in w for w in response.get("warnings", []))

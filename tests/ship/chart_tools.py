@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import base64
 import os
-import shutil
 import subprocess
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
+
+from tests.support import tools
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "bucketq"
-TOOLS_BIN = REPO / ".tools" / "bin"
 RELEASE, NAMESPACE = "bq", "bucketq-system"
 # Kubernetes versions the chart supports (Chart.yaml kubeVersion): oldest and newest validated.
 OLDEST_KUBE, NEWEST_KUBE = "1.29.0", "1.37.0"
@@ -23,16 +22,11 @@ Doc = dict[str, Any]
 
 
 def tool(name: str) -> str:
-    """A binary from ``make tools`` (.tools/bin), else from PATH; skips the test when neither exists."""
-    local = TOOLS_BIN / name
-    if local.exists():
-        return str(local)
-    found = shutil.which(name)
-    if found is None:
-        pytest.skip(
-            f"{name} is not installed: run `make tools` (it installs helm and kubectl into .tools/bin)"
-        )
-    return found
+    """``helm`` or ``kubectl`` from ``make tools`` (.tools/bin), else from PATH; fails the test when
+    neither exists (``BUCKETQ_TEST_SKIP=helm`` or ``=kubectl`` skips it: ``tests.support.tools``)."""
+    return tools.binary(
+        name, area=name, install="run `make tools` (it installs helm and kubectl into .tools/bin)"
+    )
 
 
 def helm(

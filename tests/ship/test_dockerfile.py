@@ -1,9 +1,11 @@
 """The container image, without Docker: the Dockerfile and .dockerignore checked statically, and
-the image's build steps replayed in clean virtualenvs (wheel built with the pinned backend, installed
-with the pinned lock and ``--no-deps``, ``pip check``, then the entrypoint commands run)."""
+the image's build steps replayed in clean virtualenvs (wheel built with the pinned backend, the pinned
+lock installed with ``--no-deps``, the wheel with its image extras against that lock alone, ``pip
+check``, then the entrypoint commands run)."""
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shlex
@@ -23,7 +25,22 @@ DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
 IMAGE_LOCK = REPO / "requirements" / "image.txt"
 BUILD_LOCK = REPO / "requirements" / "build.txt"
-NOT_IN_IMAGE = {"dev", "spark"}  # the extras requirements/lock.py leaves out
+
+
+def _image_extras() -> tuple[str, ...]:
+    """requirements/lock.py's IMAGE_EXTRAS (read, not imported: requirements/ is not a package)."""
+    tree = ast.parse((REPO / "requirements" / "lock.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "IMAGE_EXTRAS" for t in node.targets
+        ):
+            value = ast.literal_eval(node.value)
+            assert isinstance(value, tuple)
+            return value
+    raise AssertionError("requirements/lock.py defines no IMAGE_EXTRAS")
+
+
+IMAGE_EXTRAS = _image_extras()  # the extras the image carries (operator, sidecar)
 BUILD_TOOLS = re.compile(
     r"\b(apt-get|apt|apk|dnf|yum|gcc|g\+\+|cc|make|build-essential|git|curl|wget|hatchling|setuptools)\b"
 )
@@ -109,6 +126,19 @@ def test_every_base_image_is_pinned_to_a_full_version(stages: list[Stage]) -> No
     assert ":latest" not in DOCKERFILE.read_text(), "no image may be referenced by its latest tag"
 
 
+def test_base_image_is_pinned_by_digest_and_keeps_its_tag(stages: list[Stage]) -> None:
+    """A tag can be re-pushed: the base is pinned by digest; the tag stays, for people and updates."""
+    names = {s.name for s in stages if s.name}
+    for stage in stages:
+        if stage.base in names:
+            continue
+        image, _, digest = stage.base.partition("@")
+        assert re.fullmatch(r"sha256:[0-9a-f]{64}", digest), f"base image {stage.base!r} has no sha256 digest"
+        assert re.fullmatch(r"python:3\.11\.\d+-slim-\w+", image), (
+            f"base image {stage.base!r}: keep the full tag next to the digest"
+        )
+
+
 def test_final_stage_runs_bucketq_as_an_unprivileged_numeric_user(stages: list[Stage]) -> None:
     final = stages[-1]
     users = final.all("USER")
@@ -139,6 +169,11 @@ def test_final_stage_has_no_build_tools_and_only_the_built_virtualenv(stages: li
             f"line {ins.line}: the final stage may only copy the virtualenv from the build stage: {ins.args}"
         )
     build_runs = " ".join(i.args for s in build for i in s.all("RUN"))
+    for lock in ("requirements/image.txt", "requirements/build.txt"):
+        (install,) = [i.args for s in build for i in s.all("RUN") if f"-r {lock}" in i.args]
+        assert re.search(rf"--require-hashes[^&]*-r {lock}", install), (
+            f"{lock} must be installed with --require-hashes (a file not matching the lock fails the build)"
+        )
     assert "-r requirements/image.txt" in build_runs and "--no-deps" in build_runs, (
         "the build stage must install exactly the pinned lock (--no-deps -r requirements/image.txt)"
     )
@@ -146,21 +181,61 @@ def test_final_stage_has_no_build_tools_and_only_the_built_virtualenv(stages: li
         "the wheel must be built with the pinned backend (requirements/build.txt, --no-build-isolation)"
     )
     assert " check" in build_runs, "the build stage must prove the lock complete with pip check"
+    wheel_target = f"bucketq[{','.join(IMAGE_EXTRAS)}]"
+    assert wheel_target in build_runs and "--no-index" in build_runs, (
+        f"the build stage must install {wheel_target} against the lock alone (--no-index), so that a "
+        "dependency of an image extra missing from the lock fails the build"
+    )
 
 
 # -- the dependency locks ----------------------------------------------------------------------------
 
 
-def read_lock(path: Path) -> dict[str, str]:
-    pins: dict[str, str] = {}
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        line = line.strip()
-        if not line or line.startswith("#"):
+def read_hashed_lock(path: Path) -> dict[str, tuple[str, list[str]]]:
+    """name -> (version, sha256 hashes) of a ``pip --require-hashes`` lock (backslash-continued)."""
+    pins: dict[str, tuple[str, list[str]]] = {}
+    text = "\n".join(line for line in path.read_text().splitlines() if not line.lstrip().startswith("#"))
+    for number, entry in enumerate(text.replace("\\\n", " ").splitlines(), 1):
+        if not entry.strip():
             continue
-        match = re.fullmatch(r"([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!-]+)", line)
-        assert match, f"{path.name}:{number}: {line!r} is not an exact pin (name==version)"
-        pins[canonicalize_name(match[1])] = match[2]
+        match = re.fullmatch(
+            r"([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9.+!-]+)((?:\s+--hash=sha256:[0-9a-f]{64})*)\s*",
+            entry.strip(),
+        )
+        assert match, (
+            f"{path.name} entry {number}: {entry.strip()[:80]!r} is not name==version --hash=sha256:..."
+        )
+        pins[canonicalize_name(match[1])] = (match[2], re.findall(r"sha256:([0-9a-f]{64})", match[3]))
     return pins
+
+
+def read_lock(path: Path) -> dict[str, str]:
+    return {name: version for name, (version, _) in read_hashed_lock(path).items()}
+
+
+@pytest.mark.parametrize("lock", [IMAGE_LOCK, BUILD_LOCK], ids=["image", "build"])
+def test_every_pin_carries_its_hashes(lock: Path) -> None:
+    """pip --require-hashes refuses a lock with an unhashed pin: the lock is checked here first."""
+    pins = read_hashed_lock(lock)
+    assert pins, f"{lock.name} pins nothing"
+    for name, (version, hashes) in pins.items():
+        assert hashes, f"{lock.name}: {name}=={version} has no --hash=sha256 (run make lock)"
+        assert len(set(hashes)) == len(hashes), f"{lock.name}: {name} lists a hash twice"
+    assert "--require-hashes" in lock.read_text().splitlines()[2], "the header says how the lock is used"
+
+
+def test_hashed_lock_reader_rejects_unhashed_and_malformed_entries(tmp_path: Path) -> None:
+    good = (
+        "# header\nfoo==1.0 \\\n    --hash=sha256:" + "a" * 64 + " \\\n    --hash=sha256:" + "b" * 64 + "\n"
+    )
+    (tmp_path / "good.txt").write_text(good)
+    assert read_hashed_lock(tmp_path / "good.txt") == {"foo": ("1.0", ["a" * 64, "b" * 64])}
+    (tmp_path / "unhashed.txt").write_text("foo==1.0\n")
+    assert read_hashed_lock(tmp_path / "unhashed.txt") == {"foo": ("1.0", [])}
+    for bad in ("foo>=1.0\n", "foo==1.0 --hash=md5:abc\n", "foo==1.0 --hash=sha256:short\n"):
+        (tmp_path / "bad.txt").write_text(bad)
+        with pytest.raises(AssertionError, match="is not name==version"):
+            read_hashed_lock(tmp_path / "bad.txt")
 
 
 def check_satisfied(requirements: list[str], pins: dict[str, str], lock: str) -> None:
@@ -178,9 +253,8 @@ def check_satisfied(requirements: list[str], pins: dict[str, str], lock: str) ->
 def test_image_lock_pins_every_runtime_dependency_and_no_dev_tools() -> None:
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
     pins = read_lock(IMAGE_LOCK)
-    image_extras = set(project.get("optional-dependencies", {})) - NOT_IN_IMAGE
     wanted = list(project["dependencies"])
-    for extra in sorted(image_extras):
+    for extra in IMAGE_EXTRAS:
         wanted += project["optional-dependencies"][extra]
     check_satisfied(wanted, pins, "requirements/image.txt")
     for dev in ("pytest", "mypy", "ruff", "moto", "hypothesis", "pyspark"):
@@ -327,7 +401,7 @@ def image_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     build, runtime, dist = tmp / "build", tmp / "runtime", tmp / "dist"
     for venv in (build, runtime):
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
-    _pip(build / "bin" / "python", "install", "--no-deps", "-r", str(BUILD_LOCK), cwd=tmp)
+    _pip(build / "bin" / "python", "install", "--require-hashes", "--no-deps", "-r", str(BUILD_LOCK), cwd=tmp)
     _pip(
         build / "bin" / "python",
         "wheel",
@@ -340,8 +414,18 @@ def image_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     )
     wheels = list(dist.glob("bucketq-*.whl"))
     assert len(wheels) == 1, f"expected one bucketq wheel, got {wheels}"
-    _pip(runtime / "bin" / "python", "install", "--no-deps", "-r", str(IMAGE_LOCK), cwd=tmp)
-    _pip(runtime / "bin" / "python", "install", "--no-deps", str(wheels[0]), cwd=tmp)
+    _pip(
+        runtime / "bin" / "python", "install", "--require-hashes", "--no-deps", "-r", str(IMAGE_LOCK), cwd=tmp
+    )
+    _pip(
+        runtime / "bin" / "python",
+        "install",
+        "--no-index",
+        "--find-links",
+        str(dist),
+        f"bucketq[{','.join(IMAGE_EXTRAS)}]",
+        cwd=tmp,
+    )
     _pip(runtime / "bin" / "python", "check", cwd=tmp)
     return runtime
 

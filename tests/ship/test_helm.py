@@ -10,7 +10,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import shutil
 import subprocess
 import sys
 import tarfile
@@ -42,6 +41,7 @@ from tests.ship.chart_tools import (
     selector_matches,
     template,
 )
+from tests.support import tools
 
 FULLNAME = f"{RELEASE}-bucketq"
 MONITORING_APIS = [
@@ -92,6 +92,14 @@ FULL: dict[str, Any] = {
         },
     },
     "metrics": {"serviceMonitor": {"labels": {"release": "kube-prometheus"}, "interval": "15s"}},
+    "networkPolicy": {
+        "enabled": True,
+        "apiServer": {"from": [{"ipBlock": {"cidr": "172.20.0.0/24"}}]},
+        "metrics": {
+            "namespaceSelector": {"matchLabels": {"team": "observability"}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}},
+        },
+    },
     "grafanaDashboard": {"enabled": True, "namespace": "monitoring"},
     "keda": {
         "scaledObjects": [
@@ -119,6 +127,7 @@ BUILTIN_APIS = {
     "rbac.authorization.k8s.io/v1",
     "admissionregistration.k8s.io/v1",
     "apiextensions.k8s.io/v1",
+    "networking.k8s.io/v1",
 }
 CUSTOM_APIS = {"monitoring.coreos.com/v1", "cert-manager.io/v1", "keda.sh/v1alpha1"}
 
@@ -151,7 +160,7 @@ def _validator() -> list[str]:
     try:
         import kubernetes_validate  # type: ignore[import-untyped, unused-ignore]  # noqa: F401
     except ImportError:
-        pytest.skip("kubernetes-validate is not installed: run `make tools`")
+        pytest.fail("kubernetes-validate (a dev dependency) is not installed: run `make venv`", pytrace=False)
     return [sys.executable, "-m", "kubernetes_validate"]
 
 
@@ -273,6 +282,12 @@ def test_notes_explain_the_install(tmp_path: Path) -> None:
     for needle in (
         'bucketq.io/inject: "true"',
         "create secret generic bucketq-s3",
+        # the sidecars' key is each namespace's own, limited to its prefix (docs/security.md)
+        "create secret generic bucketq-sidecar-s3",
+        '"Resource": "arn:aws:s3:::bucketq/NAMESPACE/*"',
+        '"Condition": {"StringLike": {"s3:prefix": ["NAMESPACE/*"]}}',
+        "Never copy the operator's Secret",
+        "bucketq.io/api-token-secret",
         "bucketq_subscription_backlog",
         "kubectl apply -f examples/",
     ):
@@ -301,6 +316,8 @@ def test_notes_explain_the_install(tmp_path: Path) -> None:
         ({"metrics": {"podMonitor": {"interval": "soon"}}}, "/metrics/podMonitor/interval"),
         ({"keda": {"scaledObjects": [{"name": "w", "scaleTargetRef": {"name": "w"}}]}}, "consumer"),
         ({"certManager": {"issuerRef": {"name": "x", "kind": "Secret"}}}, "/certManager/issuerRef/kind"),
+        ({"networkPolicy": {"enabled": "yes"}}, "/networkPolicy/enabled"),
+        ({"networkPolicy": {"metrics": {"podSelector": {"app": "x"}}}}, "/networkPolicy/metrics"),
     ],
 )
 def test_values_schema_rejects_bad_values(values: dict[str, Any], complaint: str) -> None:
@@ -410,10 +427,12 @@ def test_sidecar_defaults_reach_the_injected_container(full: list[Doc]) -> None:
     sidecar_env = {e["name"]: e for e in sidecar["env"]}
     assert sidecar_env["BUCKETQ_S3_ENDPOINT_URL"]["value"] == "http://minio.storage.svc:9000"
     assert sidecar_env["BUCKETQ_SIDECAR_LISTEN_PORT"]["value"] == "4500"
+    # The sidecars' own Secret (each namespace's prefix-scoped key), never the operator's by default.
     assert sidecar_env["BUCKETQ_S3_ACCESS_KEY_ID"]["valueFrom"]["secretKeyRef"] == {
-        "name": "minio-creds",
+        "name": "bucketq-sidecar-s3",
         "key": "user",
     }
+    assert FULL["s3"]["existingSecret"] != "bucketq-sidecar-s3"
 
 
 # -- RBAC ----------------------------------------------------------------------------------------------------
@@ -667,9 +686,7 @@ def test_dashboard_and_keda_queries_are_valid_promql_on_real_metrics(full: list[
     for expr in exprs:
         for name in re.findall(r"\bbucketq_[a-z_]+\b", expr):
             assert name in known, f"{expr!r} uses {name}, which neither the operator nor the sidecar exports"
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool is not installed: run `make tools` (Debian package prometheus)")
+    promtool = tools.promtool()
     rules = {
         "groups": [
             {
@@ -705,3 +722,52 @@ def test_keda_scaled_object_scales_on_the_consumers_backlog(full: list[Doc]) -> 
     assert (
         'bucketq_subscription_backlog{namespace="billing",consumer="billing"}' in trigger["metadata"]["query"]
     )
+
+
+# -- NetworkPolicy ------------------------------------------------------------------------------------------
+
+
+def _ingress_ports(policy: Doc) -> dict[int, list[Doc] | None]:
+    """Port -> its rule's peers (None: any source) of a NetworkPolicy's ingress rules."""
+    out: dict[int, list[Doc] | None] = {}
+    for rule in policy["spec"]["ingress"]:
+        for port in rule["ports"]:
+            assert port["protocol"] == "TCP"
+            out[port["port"]] = rule.get("from")
+    return out
+
+
+def test_network_policy_is_off_by_default(defaults: list[Doc]) -> None:
+    assert find(defaults, "NetworkPolicy") == []
+
+
+def test_network_policy_admits_only_the_apiserver_and_the_scrapers(full: list[Doc]) -> None:
+    policy = one(full, "NetworkPolicy")
+    pod = one(full, "Deployment")["spec"]["template"]
+    assert selector_matches(policy["spec"]["podSelector"], pod["metadata"]["labels"])
+    assert policy["spec"]["policyTypes"] == ["Ingress"], "egress (apiserver, S3) stays open"
+    ports = {p["name"]: p["containerPort"] for p in operator_container(full)["ports"]}
+    allowed = _ingress_ports(policy)
+    assert set(allowed) == {ports["webhook"], ports["metrics"]}, "the health port is the kubelet's only"
+    assert allowed[ports["webhook"]] == FULL["networkPolicy"]["apiServer"]["from"]
+    metrics = FULL["networkPolicy"]["metrics"]
+    assert allowed[ports["metrics"]] == [
+        {"namespaceSelector": metrics["namespaceSelector"], "podSelector": metrics["podSelector"]}
+    ], "one peer: the pod selector AND the namespace selector"
+
+
+@pytest.mark.parametrize("webhook", [True, False])
+def test_network_policy_defaults_when_enabled(webhook: bool) -> None:
+    docs = render({"networkPolicy": {"enabled": True}, "webhook": {"enabled": webhook}})
+    allowed = _ingress_ports(one(docs, "NetworkPolicy"))
+    if webhook:
+        # The apiserver cannot be selected by labels: any source, but on the webhook port only.
+        assert allowed.pop(9443) is None
+    assert allowed == {
+        9090: [
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                "podSelector": {},
+            }
+        ]
+    }

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from bucketq import Bucketq
-from bucketq.client import DeliveredMessage, UnavailableError, message
+from bucketq.client import DeliveredMessage, Unavailable, message
 from bucketq.config import Settings
 from tests.sidecar.sidecar_procs import SidecarFactory, aeventually, create_topics
 
@@ -49,10 +49,10 @@ async def test_sigterm_drain_loses_nothing(moto_settings: Settings, sidecars: Si
         a.signal(signal.SIGTERM)
         await aeventually(lambda: a.status()["state"] == "draining", 10, "sidecar a to start draining")
 
-        with pytest.raises(UnavailableError) as refused:
+        with pytest.raises(Unavailable) as refused:
             await client.publish("drain", {"too": "late"})
         assert refused.value.code == "draining"
-        with pytest.raises(UnavailableError):
+        with pytest.raises(Unavailable):
             await client.pull(max_messages=1)
 
         late = await in_flight  # accepted before SIGTERM: made durable, not dropped

@@ -13,14 +13,14 @@ from typing import Any
 import pytest
 
 from bucketq.client import (
-    BadRequestError,
-    BusyError,
+    BadRequest,
+    Busy,
     DeliveredMessage,
-    LeaseLostError,
+    LeaseLost,
     PublishBatchResponse,
-    TooLargeError,
-    TopicNotFoundError,
-    UnauthorizedError,
+    TooLarge,
+    TopicNotFound,
+    Unauthorized,
     message,
 )
 from bucketq.config import Settings
@@ -123,11 +123,11 @@ async def test_bad_requests_are_4xx_and_change_nothing(
         assert got_body["message"], got_body
 
     with sc.client() as client:
-        with pytest.raises(TopicNotFoundError):
+        with pytest.raises(TopicNotFound):
             client.publish("ghost", 1)
-        with pytest.raises(TooLargeError):
+        with pytest.raises(TooLarge):
             client.publish("small", "x" * 2000)
-        with pytest.raises(BadRequestError):
+        with pytest.raises(BadRequest):
             client.ack("garbage")
         # nothing above was published: the only message is this one
         ok = client.publish("small", {"fine": True})
@@ -138,7 +138,7 @@ async def test_bad_requests_are_4xx_and_change_nothing(
         # 409: a receipt that was settled differently, and one whose lease expired and moved on
         client.ack(msg.receipt or "")
         client.ack(msg.receipt or "")  # the same settlement again is fine
-        with pytest.raises(LeaseLostError) as stale:
+        with pytest.raises(LeaseLost) as stale:
             client.nack(msg.receipt or "")
         assert stale.value.status == 409 and "lease" in stale.value.message
 
@@ -146,7 +146,7 @@ async def test_bad_requests_are_4xx_and_change_nothing(
         (first,) = pull_n(sc, 1)
         (second,) = pull_n(sc, 1, timeout=30)  # not settled: redelivered after the lease expired
         assert (second.id, second.deliveries) == (first.id, 2)
-        with pytest.raises(LeaseLostError):
+        with pytest.raises(LeaseLost):
             client.ack(first.receipt or "")
         batch = client.ack_batch([first.receipt or "", second.receipt or ""])
         assert [(r.status, r.error) for r in batch.results] == [(409, "lease_lost"), (200, None)]
@@ -169,7 +169,7 @@ async def test_full_publish_buffer_answers_429(moto_settings: Settings, sidecars
         status, body, headers = raw(sc, "/v1/publish/busy", b'{"payload": "one too many"}')
         assert (status, body["error"]) == (429, "buffer_full"), body
         assert headers.get("Retry-After") == "1"
-        with sc.client() as client, pytest.raises(BusyError) as busy:
+        with sc.client() as client, pytest.raises(Busy) as busy:
             client.publish("busy", "again")
         assert busy.value.retry_after == 1.0
         status, body, _ = raw(
@@ -190,9 +190,9 @@ async def test_bearer_token(moto_settings: Settings, sidecars: SidecarFactory, t
     token_file = tmp_path / "token"
     token_file.write_text("s3cr3t\n")
     sc = sidecars(moto_settings, "secure", token_file=str(token_file))
-    with sc.client() as client, pytest.raises(UnauthorizedError):
+    with sc.client() as client, pytest.raises(Unauthorized):
         client.publish("secure", 1)
-    with sc.client(token="wrong") as client, pytest.raises(UnauthorizedError):
+    with sc.client(token="wrong") as client, pytest.raises(Unauthorized):
         client.publish("secure", 1)
     with sc.client(token="s3cr3t") as client:
         assert client.publish("secure", 1).topic == "secure"
@@ -219,7 +219,7 @@ async def test_topic_deleted_while_publishing_is_never_acknowledged(
             while not stop.is_set():
                 try:
                     client.publish("doomed", {"n": len(acknowledged_at)})
-                except TopicNotFoundError:
+                except TopicNotFound:
                     pass
                 else:
                     acknowledged_at.append(time.monotonic())
@@ -239,7 +239,7 @@ async def test_topic_deleted_while_publishing_is_never_acknowledged(
             left = [i.key async for i in admin.storage.list(keys.topic_prefix("doomed"))]
         assert all(t < purged_at for t in acknowledged_at), "a publish was acknowledged after the purge"
         assert left and all(k.endswith("/floor.json") for k in left), left
-        with sc.client() as client, pytest.raises(TopicNotFoundError):
+        with sc.client() as client, pytest.raises(TopicNotFound):
             eventually(
                 lambda: client.pull(max_messages=1, wait=0.2) and None, 30, "pull to report the deletion"
             )

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from bucketq.client import DeliveredMessage, message
-from bucketq.client.errors import LeaseLostError
+from bucketq.client.errors import LeaseLost
 from bucketq.config import Settings
 from tests.sidecar.sidecar_procs import SidecarFactory, SidecarProc, create_topics
 
@@ -106,7 +106,7 @@ async def test_sigkill_leases_are_redelivered_by_the_other(
             for m in msgs:
                 try:
                     await client.ack(m.receipt or "")
-                except LeaseLostError:
+                except LeaseLost:
                     continue  # a slow machine outran the 2 s lease: it is delivered again, acked then
                 acked[m.id] = m
     assert set(acked) == published

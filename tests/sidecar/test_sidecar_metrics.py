@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import urllib.request
 
@@ -12,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bucketq.client import message
 from bucketq.config import Settings
 from tests.sidecar.sidecar_procs import SidecarFactory, create_topics, eventually
+from tests.support import tools
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 
@@ -69,9 +69,7 @@ async def test_metrics_parse_and_pass_promtool(moto_settings: Settings, sidecars
     with urllib.request.urlopen(sc.url + "/metrics", timeout=5) as resp:  # also on the API port
         assert b"bucketq_messages_published_total" in resp.read()
 
-    promtool = shutil.which("promtool")
-    if promtool is None:
-        pytest.skip("promtool not installed (Debian package 'prometheus'; `make tools` installs it)")
+    promtool = tools.promtool()
     checked = subprocess.run(
         [promtool, "check", "metrics"], input=text.encode(), capture_output=True, timeout=30
     )

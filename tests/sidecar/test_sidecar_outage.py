@@ -5,11 +5,10 @@ from __future__ import annotations
 import time
 import urllib.error
 import urllib.request
-from urllib.parse import urlsplit
 
 import pytest
 
-from bucketq.client import UnavailableError
+from bucketq.client import Unavailable
 from tests.sidecar.sidecar_procs import SidecarFactory, create_topics, eventually
 from tests.support.servers import S3Server
 from tests.support.tcp_proxy import TcpProxy
@@ -26,8 +25,7 @@ def _http_status(url: str) -> int:
 
 
 async def test_s3_outage_503_then_recovery(moto_server: S3Server, sidecars: SidecarFactory) -> None:
-    target = urlsplit(moto_server.endpoint_url)
-    with TcpProxy(target.hostname or "127.0.0.1", target.port or 80) as proxy:
+    with TcpProxy.to(moto_server.endpoint_url) as proxy:
         settings = moto_server.settings(s3_endpoint_url=proxy.url, s3_max_attempts=1)
         await create_topics(settings, "outage")
         sc = sidecars(
@@ -46,14 +44,14 @@ async def test_s3_outage_503_then_recovery(moto_server: S3Server, sidecars: Side
 
             proxy.down()
             started = time.monotonic()
-            with pytest.raises(UnavailableError) as failed:
+            with pytest.raises(Unavailable) as failed:
                 client.publish("outage", {"n": 2})
             assert failed.value.code in {"publish_timeout", "timeout", "storage_unavailable"}, failed.value
             assert failed.value.retry_after == 1.0
             assert time.monotonic() - started < 20, "a publish during the outage hung"
             eventually(lambda: _http_status(sc.url + "/readyz") == 503, 30, "/readyz to report the outage")
             assert _http_status(sc.url + "/healthz") == 200
-            with pytest.raises(UnavailableError):
+            with pytest.raises(Unavailable):
                 client.ack(held.receipt or "")  # queued; confirmed only when the bucket answers
 
             proxy.up()
@@ -78,5 +76,5 @@ def _try_publish(client: object) -> str | None:
     assert isinstance(client, Client)
     try:
         return client.publish("outage", {"n": 3}).id
-    except UnavailableError:
+    except Unavailable:
         return None

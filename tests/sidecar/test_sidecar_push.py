@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,8 +16,6 @@ from bucketq.client import DeliveredMessage, PushServer, message
 from bucketq.config import Settings
 from bucketq.sidecar.push import interpret
 from tests.sidecar.sidecar_procs import SidecarFactory, aeventually, create_topics
-
-pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 
 
 def test_interpret_answers() -> None:
@@ -31,8 +30,21 @@ def test_interpret_answers() -> None:
         "a": "SUCCESS",
         "b": "RETRY",
     }
+    # a reply that tries to say something and cannot be understood is a RETRY, never an ack
+    assert interpret(200, b'{"status": 42}', ids) == {"a": "RETRY", "b": "RETRY"}
+    assert interpret(200, b'{"status": ["RETRY"]}', ids) == {"a": "RETRY", "b": "RETRY"}
+    assert interpret(200, b'["SUCCESS"]', ids) == {"a": "RETRY", "b": "RETRY"}
+    assert interpret(200, b'{"statuses": "SUCCESS"}', ids) == {"a": "RETRY", "b": "RETRY"}
+    assert interpret(200, b"{}", ids) == {"a": "SUCCESS", "b": "SUCCESS"}
+    # per entry: one malformed entry does not decide the others
+    mixed = b'{"statuses": [{"id": "a", "status": "SUCCESS"}, {"id": "b", "status": 7}, 5]}'
+    assert interpret(200, mixed, ids) == {"a": "SUCCESS", "b": "RETRY"}
+    twice = b'{"statuses": [{"id": "a", "status": "SUCCESS"}, {"id": "a", "status": "DROP"}]}'
+    assert interpret(200, twice, ids) == {"a": "RETRY", "b": "RETRY"}
 
 
+@pytest.mark.s3
+@pytest.mark.e2e
 async def test_push_success_retry_drop_and_lease_extension(
     moto_settings: Settings, sidecars: SidecarFactory
 ) -> None:
@@ -87,6 +99,8 @@ async def test_push_success_retry_drop_and_lease_extension(
         await dlq.close()
 
 
+@pytest.mark.s3
+@pytest.mark.e2e
 async def test_batch_push_with_per_message_statuses(
     moto_settings: Settings, sidecars: SidecarFactory
 ) -> None:
@@ -136,6 +150,8 @@ async def test_batch_push_with_per_message_statuses(
     assert max(batches) > 1, f"messages were not batched: {batches}"
 
 
+@pytest.mark.s3
+@pytest.mark.e2e
 async def test_sigterm_lets_open_push_requests_finish(
     moto_settings: Settings, sidecars: SidecarFactory
 ) -> None:
@@ -172,3 +188,46 @@ async def test_sigterm_lets_open_push_requests_finish(
     async with Bucketq(moto_settings) as bq:
         (stats,) = await bq.stats("slow", "s")
     assert (stats.acked, stats.backlog + stats.in_flight) == (1, 1), stats
+
+
+@pytest.mark.e2e
+async def test_push_carries_the_app_token(tmp_path: Path, sidecars: SidecarFactory) -> None:
+    """With APP_TOKEN_FILE set every push says ``Authorization: Bearer <token>``; an app that
+    refuses a push (401) gets it again, so nothing is lost to a wrong token."""
+    engine = Settings.from_dict(
+        {"backend": "file", "file_path": str(tmp_path / "bucket"), "strategy": "conditional_write"}
+    )
+    await create_topics(engine, "authed")
+    token_file = tmp_path / "app-token"
+    token_file.write_text("s3cret\n")
+    seen: list[str | None] = []
+
+    async def receive(request: web.Request) -> web.Response:
+        seen.append(request.headers.get("Authorization"))
+        ok = request.headers.get("Authorization") == "Bearer s3cret"
+        return web.json_response({"status": "SUCCESS"}, status=200 if ok else 401)
+
+    app = web.Application()
+    app.router.add_post("/bucketq", receive)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        sc = sidecars(
+            engine,
+            "authed",
+            BUCKETQ_FILE_PATH=str(engine.file_path),
+            consumer="c",
+            topics="authed",
+            delivery="push",
+            app_port=port,
+            app_token_file=str(token_file),
+        )
+        async with sc.aclient() as client:
+            await client.publish("authed", {"n": 1})
+        await aeventually(lambda: sc.status()["counters"]["acked"] >= 1, 30, "the push to be acked")
+    finally:
+        await runner.cleanup()
+    assert seen and all(h == "Bearer s3cret" for h in seen)

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from bucketq import Bucketq, Settings
 from bucketq.core import cursor_log
 from bucketq.core.models import DeadLetterConfig, TopicConfig
+from bucketq.core.subscriptions import SeekTarget
 from bucketq.errors import BucketqError
 
 from .process import Processes, SimProcess
@@ -420,6 +421,7 @@ class MemberRole(Role):
             key=m.key,
             receipt=m.receipt,
             until=round(m.lease_until, 6),
+            leased_at=round(m.leased_at, 6),
             skew=round(proc.skew, 6),
             deliveries=m.deliveries,
         )
@@ -531,16 +533,24 @@ class OperatorRole(Role):
 
     kind = "operator"
 
-    def __init__(self, sim: Sim, topic: TopicPlan, members: list[MemberRole]) -> None:
+    def __init__(
+        self,
+        sim: Sim,
+        topic: TopicPlan,
+        members: list[MemberRole],
+        seeks: list[tuple[float, str, str]] | None = None,
+    ) -> None:
         super().__init__(sim, f"operator.{topic.name}", faultable=False)
         self.topic = topic
         self.members = members
+        self.seeks = seeks or []  # (at, group, "earliest" | "latest")
 
     async def run(self, proc: SimProcess) -> None:
         sim, topic = self.sim, self.topic
         bq = await sim.connect()
         actions: list[tuple[float, str, Any]] = [(at, "grow", n) for at, n in topic.grow]
         actions += [(at, "churn", gap) for at, gap in topic.churn]
+        actions += [(at, "seek", (group, target)) for at, group, target in self.seeks]
         for at, action, arg in sorted(actions, key=lambda a: a[0]):
             if at > sim.clock.now:
                 await asyncio.sleep(at - sim.clock.now)
@@ -548,6 +558,8 @@ class OperatorRole(Role):
                 break
             if action == "grow":
                 await self._grow(proc, bq, int(arg))
+            elif action == "seek":
+                await self._seek(proc, bq, *arg)
             else:
                 await self._churn(proc, bq, float(arg))
         self.finished = True
@@ -564,6 +576,22 @@ class OperatorRole(Role):
             topic=self.topic.name,
             partitions=partitions,
         )
+
+    async def _seek(self, proc: SimProcess, bq: Bucketq, group: str, target: str) -> None:
+        """``bucketq consumer seek`` while the group runs (its members are not told)."""
+        name = self.topic.name
+        to: SeekTarget = "latest" if target == "latest" else "earliest"
+        try:
+            await self.sim.invoke(
+                proc,
+                "seek",
+                lambda: bq.seek(name, group, to),
+                topic=name,
+                group=group,
+                target=target,
+            )
+        except BucketqError:
+            pass  # recorded; an operator would run it again
 
     async def _churn(self, proc: SimProcess, bq: Bucketq, gap: float) -> None:
         sim, name = self.sim, self.topic.name

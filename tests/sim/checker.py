@@ -229,6 +229,17 @@ class Index:
         the holder's skew); ``extended`` is a later ``until`` granted by a successful extend."""
         return max(float(d["until"]), extended) - float(d.get("skew", 0.0)) - self.epoch0
 
+    def seeks(self, group: str, topic: str) -> list[tuple[float, float, str]]:
+        """An operator's seeks of ``group`` on ``topic``: (call t, return t or the end, target). One
+        may have landed anywhere between its call and its return (or the end of the run)."""
+        out = []
+        for call, ret in self.by_op.get("seek", []):
+            if call["group"] == group and call["topic"] == topic:
+                if ret is not None and ret["outcome"] == "error" and ret.get("error") != "StorageTimeout":
+                    continue  # refused before writing anything
+                out.append((call["t"], ret["t"] if ret is not None else self.end, call["target"]))
+        return out
+
     def publishes(self) -> list[tuple[Event, Event | None]]:
         return self.by_op.get("publish", [])
 
@@ -271,6 +282,14 @@ def _maybe_applied(ret: Event | None) -> bool:
     return ret is None or ret["outcome"] != "error" or ret.get("error") != "LeaseLost"
 
 
+def _answered_after_a_seek(call: Event, ret: Event | None, seeks: list[tuple[float, float, str]]) -> bool:
+    """A 'lease lost' answer that may hide an applied settlement: the settlement's delta landed with
+    its response lost, and the member judged it from a state after a ``seek`` had cleared the
+    window (I3 judges conservatively: the lease is gone and the message is not done, so the app is
+    told its lease was lost). Only possible when a seek of the group landed before the answer."""
+    return ret is not None and any(called <= ret["t"] for called, _landed, _target in seeks)
+
+
 # -- the invariants --------------------------------------------------------------------------------
 
 
@@ -305,6 +324,10 @@ def undelivered(events: list[Event], ix: Index | None = None) -> list[tuple[str,
                 and sub_epoch == epoch
                 and since <= began
                 and (group, call["tag"]) not in delivered
+                and not any(  # a seek forward skips what was published before it landed
+                    target == "latest" and began <= landed
+                    for _called, landed, target in ix.seeks(group, topic)
+                )
             ):
                 out.append((group, call, ret))
     return out
@@ -367,7 +390,12 @@ def exclusive_lease(ix: Index) -> list[Violation]:
                     continue
                 expiry = ix.lease_end(d1, extends.get(d1["receipt"], 0.0))
                 end = expiry
-                starts = [c["t"] for c, r in settle.get(d1["receipt"], []) if _maybe_applied(r)]
+                seeks = ix.seeks(d1["group"], d1["topic"])
+                starts = [
+                    c["t"]
+                    for c, r in settle.get(d1["receipt"], [])
+                    if _maybe_applied(r) or _answered_after_a_seek(c, r, seeks)
+                ]
                 if d1["member"] in leaves and leaves[d1["member"]] >= d1["t"]:
                     starts.append(leaves[d1["member"]])
                 if starts:
@@ -389,7 +417,10 @@ def no_delivery_after_ack(ix: Index) -> list[Violation]:
     """Nothing is handed out after an OK ack.
 
     Once an ack (or a dead-letter nack) of a message returned OK to the app, no member of that
-    group may receive the same message (group, position, tag) again.
+    group may receive the same message (group, position, tag) again, unless the acked lease
+    began before an operator's seek back (``earliest``) may have landed: a seek replays every
+    message from its position, those in flight at the seek included (a lease kept across the seek
+    is acked without marking the message done when its segment is not in the new window yet).
     """
     acked: dict[MsgKey, tuple[Event, Event]] = {}
     for op in ("ack", "nack"):
@@ -399,9 +430,22 @@ def no_delivery_after_ack(ix: Index) -> list[Violation]:
             k = msg_key(call)
             if k not in acked or ret["t"] < acked[k][1]["t"]:
                 acked[k] = (call, ret)
+    # when each delivered lease began, on the checker's clock (a prefetched message is claimed
+    # before it is handed out; ``leased_at`` is the holder's wall clock, as ``until`` is)
+    leased_at = {
+        d["receipt"]: d.get("leased_at", ix.epoch0 + d["t"] + d["skew"]) - ix.epoch0 - d["skew"]
+        for d in ix.deliveries
+    }
     out = []
     for d in ix.deliveries:
         hit = acked.get(msg_key(d))
+        if hit is not None and any(
+            target == "earliest"
+            and called < d["t"]
+            and landed >= leased_at.get(hit[0]["receipt"], hit[1]["t"]) - EPS
+            for called, landed, target in ix.seeks(d["group"], d["topic"])
+        ):
+            continue  # delivered before a seek back: the seek replays it (at least once)
         if hit is not None and d["t"] > hit[1]["t"] + EPS:
             out.append(
                 Violation(

@@ -35,7 +35,7 @@ from typing import Any, TypeVar
 
 from bucketq.errors import StorageError, StorageTimeout
 from bucketq.storage import MemoryStore
-from bucketq.storage.port import Blob, ObjectInfo, RequestStats
+from bucketq.storage.port import Blob, ObjectInfo, RequestStats, prefixes_from_list
 
 from .history import History
 from .process import CURRENT, Processes, SimProcess
@@ -98,6 +98,10 @@ class CallingStore:
         )
         for info in infos:
             yield info
+
+    async def list_prefixes(self, prefix: str, delimiter: str = "/") -> builtins.list[str]:
+        # derived from one LIST through ``_call``, so faults hit it like any other LIST
+        return await prefixes_from_list(self, prefix, delimiter)
 
     async def close(self) -> None:
         return None

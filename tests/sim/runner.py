@@ -166,8 +166,9 @@ async def _main(sim: Sim) -> None:
     if s.gc is not None:
         GcRole(sim, "gc").start(s.gc.start)
     for t in s.topics:
-        if t.grow or t.churn:
-            OperatorRole(sim, t, [m for m in members if m.topic.name == t.name]).start()
+        seeks = [(at, g.name, target) for g in s.groups if g.topic == t.name for at, target in g.seeks]
+        if t.grow or t.churn or seeks:
+            OperatorRole(sim, t, [m for m in members if m.topic.name == t.name], seeks).start()
     for jplan in s.jobs:
         JobRole(sim, jplan).start(jplan.start)
     history.record("phase", name="chaos")

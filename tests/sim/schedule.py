@@ -36,6 +36,9 @@ FAMILIES: dict[str, float] = {
 }
 # Which job family a seed drawn for jobs runs (the two regressions found by the simulation too).
 JOB_FAMILIES: dict[str, float] = {"jobs": 0.6, "jobs_gc": 0.2, "jobs_latest": 0.2}
+# Seeks (format 3) are drawn apart as well, from their own generator, among the seeds that are
+# not job seeds: every other seed keeps its family and schedule.
+SEEK_SHARE = 0.06
 
 MINUTE = 60.0
 DAY = 24 * 3600.0
@@ -96,6 +99,7 @@ class GroupPlan:
     topic: str
     start_position: str = "earliest"
     ordered: bool = False
+    seeks: list[tuple[float, str]] = field(default_factory=list)  # (at, "earliest" | "latest")
 
 
 @dataclass
@@ -167,6 +171,8 @@ def make_schedule(seed: int, family: str | None = None) -> Schedule:
         jobs = random.Random(f"family/{seed}")
         if jobs.random() < FAMILIES["jobs"]:
             family = jobs.choices(list(JOB_FAMILIES), weights=list(JOB_FAMILIES.values()))[0]
+        elif random.Random(f"seek/{seed}").random() < SEEK_SHARE:
+            family = "seek"
     build = _FAMILIES[family]
     return build(rng, seed)
 
@@ -789,6 +795,29 @@ def _jobs_latest(rng: random.Random, seed: int) -> Schedule:
     return s
 
 
+def _seek(rng: random.Random, seed: int) -> Schedule:
+    """An operator seeks consumer groups back to ``earliest`` or forward to ``latest`` while their
+    members claim, ack, nack, extend, pause and crash: every member must agree on the new window
+    (one ``seek`` op in each partition's log), and a lease live at the seek must never be shared
+    with the member that claims the message again (I4)."""
+    s = _base(rng, seed, "seek", chaos_s=rng.uniform(40.0, 90.0), level=rng.choice([0.0, 0.3, 1.0]))
+    topic = TopicPlan("t0", partitions=rng.choice([1, 2, 3]))
+    s.topics.append(topic)
+    for g in range(rng.choice([1, 1, 2])):
+        group = GroupPlan(f"g{g}", "t0", rng.choice(["earliest", "earliest", "latest"]))
+        for _ in range(rng.randint(1, 3)):
+            group.seeks.append(
+                (rng.uniform(3.0, s.chaos_s * 0.8), rng.choice(["earliest", "earliest", "latest"]))
+            )
+        group.seeks.sort()
+        s.groups.append(group)
+        s.members += _members(rng, group, rng.randint(1, 3), s.chaos_s, churn=0.2)
+    s.producers += _producers(rng, "t0", rng.randint(1, 2), s.chaos_s, messages=rng.randint(15, 50))
+    if rng.random() < 0.3:
+        s.gc = GcPlan(start=1.0, interval=(1.0, 5.0))
+    return s
+
+
 _FAMILIES = {
     "mixed": _mixed,
     "stale_tail": _stale_tail,
@@ -803,4 +832,5 @@ _FAMILIES = {
     "jobs": _jobs,
     "jobs_gc": _jobs_gc,
     "jobs_latest": _jobs_latest,
+    "seek": _seek,
 }

@@ -266,6 +266,46 @@ def test_redelivery_after_a_lease_lost_ack_is_legal() -> None:
     assert names(h) == []
 
 
+def _seek(h: H, target: str, *, group: str = "g") -> None:
+    h.ret(h.call("seek", "operator.t#1", topic="t", group=group, target=target))
+
+
+def test_a_seek_back_replays_what_was_in_flight_or_acked_before_it() -> None:
+    h = H().topic().join().at(1).publish("a", 0)
+    r = h.at(2).deliver("a", 0, lease_s=30)
+    h.at(3)
+    _seek(h, "earliest")
+    h.at(4).settle("ack", r, "a", 0)  # the lease was kept across the seek; the seek replays it
+    h.at(50).deliver("a", 0, member="m2")
+    assert names(h) == []
+
+
+def test_a_seek_back_does_not_excuse_a_redelivery_of_a_later_delivery() -> None:
+    h = H().topic().join().at(1).publish("a", 0)
+    h.at(2)
+    _seek(h, "earliest")
+    r = h.at(3).deliver("a", 0, lease_s=30)  # delivered after the seek landed
+    h.at(4).settle("ack", r, "a", 0)
+    h.at(50).deliver("a", 0, member="m2")
+    assert names(h) == ["no_delivery_after_ack"]
+    h2 = H().topic().join().at(1).publish("a", 0)
+    r2 = h2.at(2).deliver("a", 0, lease_s=30)
+    h2.at(3)
+    _seek(h2, "latest")  # a seek forward never replays
+    h2.at(4).settle("ack", r2, "a", 0)
+    h2.at(50).deliver("a", 0, member="m2")
+    assert names(h2) == ["no_delivery_after_ack"]
+
+
+def test_a_seek_forward_excuses_only_what_was_published_before_it() -> None:
+    h = H().topic().join().at(1).publish("a", 0)
+    h.at(2)
+    _seek(h, "latest")
+    assert names(h) == []  # skipped by the seek
+    h.at(3).publish("b", 1)
+    assert names(h) == ["acked_publish_delivered"]  # published after it: must be delivered
+
+
 # -- replicas_converge -----------------------------------------------------------------------------
 
 

@@ -90,6 +90,7 @@ def test_another_thread_drawing_entropy_does_not_change_a_history() -> None:
     assert crowded.digest == alone.digest
 
 
+@pytest.mark.e2e  # real processes
 def test_a_seed_replays_across_processes() -> None:
     """The CLI's rerun command gives the same history in a new interpreter (PYTHONHASHSEED fixed)."""
     digests = []
@@ -108,4 +109,4 @@ def test_a_seed_replays_across_processes() -> None:
 
 def test_every_family_is_drawn_from_seeds() -> None:
     drawn = {make_schedule(seed).family for seed in range(600)}
-    assert drawn == set(FAMILIES) | set(JOB_FAMILIES)
+    assert drawn == set(FAMILIES) | set(JOB_FAMILIES) | {"seek"}

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -12,19 +11,21 @@ import pytest
 from bucketq.config import Settings
 from bucketq.spark.options import settings_options
 from tests.support.servers import S3Server
+from tests.support.tools import MissingToolModule, spark_missing
+
+# Without pyspark, pyarrow or Java the test modules cannot be imported: each one is collected as a
+# single item that fails naming what is missing (skipped with BUCKETQ_TEST_SKIP=spark), never
+# silently left out of the run.
+SPARK_MISSING = spark_missing()
 
 
-def _spark_available() -> bool:
-    try:
-        import pyarrow  # noqa: F401
-        import pyspark.sql.datasource  # noqa: F401
-    except Exception:  # missing, or a broken install
-        return False
-    return shutil.which("java") is not None
-
-
-if not _spark_available():  # the Spark tests need the spark extra and a Java runtime
-    collect_ignore_glob = ["test_*.py"]
+def pytest_pycollect_makemodule(module_path: Path, parent: pytest.Collector) -> pytest.File | None:
+    if SPARK_MISSING is None:
+        return None
+    node = MissingToolModule.from_parent(parent, path=module_path)
+    node.area, (node.what, node.install) = "spark", SPARK_MISSING
+    node.add_marker(pytest.mark.spark)
+    return node
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,10 @@ from pathlib import Path
 import pytest
 
 from bucketq.errors import AlreadyExists, PreconditionFailed, StorageError
-from bucketq.storage import FileStore, MemoryStore, ObjectStore, Storage, etag_of
+from bucketq.storage import FileStore, MemoryStore, ObjectStore, Storage
+from bucketq.storage.faults import FaultyStore
+from bucketq.storage.memory import etag_of
+from bucketq.storage.port import prefixes_from_list
 from bucketq.storage.s3 import S3Store
 from tests.support.servers import S3Server
 
@@ -202,6 +205,24 @@ async def test_list_prefixes_one_level(store: ObjectStore) -> None:
     assert await storage.list_prefixes("orders/") == ["orders/p0000/"]
     await storage.delete(["billing/.topic"])
     assert await storage.list_prefixes("") == ["_registry/", "orders/"]  # no empty "directories"
+
+
+async def test_list_prefixes_is_part_of_the_port_and_agrees_with_the_shared_fallback(
+    store: ObjectStore,
+) -> None:
+    assert isinstance(store, ObjectStore)
+    for key in [
+        "orders/.topic",
+        "orders/p0000/seg/1",
+        "orders/p0001/seg/1",
+        "order-x/a",
+        "_registry/p/a.json",
+    ]:
+        await store.put(key, b"x")
+    for prefix in ["", "orders/", "ord", "orders/p0000/", "missing/"]:
+        assert await store.list_prefixes(prefix) == await prefixes_from_list(store, prefix), prefix
+    assert await store.list_prefixes("ord") == ["order-x/", "orders/"]
+    assert await FaultyStore(store).list_prefixes("orders/") == ["orders/p0000/", "orders/p0001/"]
 
 
 # -- filesystem specifics ---------------------------------------------------------------------

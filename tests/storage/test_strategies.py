@@ -21,18 +21,10 @@ from bucketq.errors import (
     StorageError,
     StorageTimeout,
 )
-from bucketq.storage import (
-    CLAIM_SUFFIX,
-    FileStore,
-    MemoryStore,
-    ObjectStore,
-    Storage,
-    build_store,
-    open_storage,
-    probe_strategy,
-)
+from bucketq.storage import FileStore, MemoryStore, ObjectStore, Storage, open_storage
 from bucketq.storage.faults import FaultyStore
 from bucketq.storage.s3 import S3Store
+from bucketq.storage.strategies import CLAIM_SUFFIX, build_store, probe_strategy
 from tests.support.servers import FlakyProxy, S3Server, free_ports
 
 FAST = CsprngSettings(verify_retries=2, jitter_min_ms=1, jitter_max_ms=5, claim_timeout_s=30.0)
@@ -267,6 +259,7 @@ def _file_racer(
     out.put((writer, asyncio.run(main())))  # type: ignore[attr-defined]
 
 
+@pytest.mark.e2e  # real processes
 def test_file_store_put_if_absent_across_processes(tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
@@ -389,7 +382,6 @@ def closed_port() -> int:
     return port
 
 
-@pytest.mark.s3
 async def test_unreachable_endpoint_fails_fast_with_a_clear_error() -> None:
     port = closed_port()
     settings = Settings.from_dict(
@@ -417,7 +409,7 @@ async def test_unreachable_endpoint_fails_fast_with_a_clear_error() -> None:
     await store.close()
 
 
-@pytest.mark.s3
+@pytest.mark.slow  # waits on wall-clock time: not in make test-fast
 async def test_silent_endpoint_times_out_instead_of_hanging() -> None:
     with socket.socket() as silent:  # accepts connections (kernel backlog), never answers
         silent.bind(("127.0.0.1", 0))
@@ -525,6 +517,7 @@ async def test_injected_5xx_on_s3_surfaces_as_storage_error(moto_server: S3Serve
     await storage.close()
 
 
+@pytest.mark.s3
 def test_s3_store_pickles_without_its_client(moto_server: S3Server) -> None:
     import pickle
 

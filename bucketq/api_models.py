@@ -1,12 +1,15 @@
-"""Request and response bodies of the localhost API (shared by the sidecar and ``bucketq.client``).
+"""Request and response bodies of the sidecar's localhost API, shared by the server and the client.
 
-This module depends on pydantic only, so that applications can use the client without the engine.
+It lives outside both :mod:`bucketq.sidecar` (the server) and :mod:`bucketq.client` so that neither
+package imports the other: the wire format is their only contract. It depends on pydantic only, so
+that applications can use the client without the engine.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import time
 from typing import Any, Literal
 
 from pydantic import (
@@ -14,7 +17,10 @@ from pydantic import (
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
+    StrictBool,
+    StrictFloat,
     StrictInt,
+    StrictStr,
     field_validator,
     model_serializer,
     model_validator,
@@ -22,9 +28,18 @@ from pydantic import (
 
 PushStatus = Literal["SUCCESS", "RETRY", "DROP"]
 
+# Bounds of the request fields. Priorities sort messages within a partition; the engine takes any
+# integer, the API a documented range (an integer of thousands of digits is nobody's priority).
+MIN_PRIORITY = -1000
+MAX_PRIORITY = 1000
+MAX_DELAY_S = 366 * 24 * 3600
+MAX_EXTEND_S = 12 * 3600
+MAX_RECEIPT_CHARS = 512  # topic (<= 253) + three integers + a token, with room
+
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # extra fields are refused; NaN and Infinity are no numbers a field could mean
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 # -- errors --------------------------------------------------------------------------------------
@@ -45,18 +60,29 @@ class OutgoingMessage(_Strict):
     """One message to publish: a JSON ``payload`` or base64 ``data_b64`` (exactly one)."""
 
     payload: Any = Field(None, description="Any JSON value (give this or data_b64).")
-    data_b64: str | None = Field(None, description="Raw bytes, base64 (give this or payload).")
-    content_type: str | None = Field(
+    data_b64: StrictStr | None = Field(None, description="Raw bytes, base64 (give this or payload).")
+    content_type: StrictStr | None = Field(
         None, description="Default application/json for payload, application/octet-stream for data."
     )
-    key: str | None = Field(None, description="Partition key: messages with one key keep their order.")
-    headers: dict[str, str] = Field(default_factory=dict)
-    dedup_id: str | None = Field(
+    key: StrictStr | None = Field(None, description="Partition key: messages with one key keep their order.")
+    headers: dict[StrictStr, StrictStr] = Field(default_factory=dict)
+    dedup_id: StrictStr | None = Field(
         None, min_length=1, description="Idempotent publish: a repeat within the window is not stored again."
     )
-    priority: StrictInt = Field(0, description="Lower is delivered first among visible messages.")
-    delay_seconds: float | None = Field(None, ge=0, le=366 * 24 * 3600, description="Invisible until then.")
-    not_before: float | None = Field(None, description="Invisible until this unix time.")
+    priority: StrictInt = Field(
+        0,
+        ge=MIN_PRIORITY,
+        le=MAX_PRIORITY,
+        description="Lower is delivered first among visible messages (-1000 to 1000).",
+    )
+    delay_seconds: StrictFloat | None = Field(
+        None, ge=0, le=MAX_DELAY_S, description="Invisible for this many seconds (at most 366 days)."
+    )
+    not_before: StrictFloat | None = Field(
+        None,
+        ge=0,
+        description="Invisible until this unix time (at most 366 days ahead, like delay_seconds).",
+    )
 
     @field_validator("data_b64")
     @classmethod
@@ -78,6 +104,9 @@ class OutgoingMessage(_Strict):
             raise ValueError("give either 'payload' or 'data_b64', not both")
         if self.delay_seconds is not None and self.not_before is not None:
             raise ValueError("give either 'delay_seconds' or 'not_before', not both")
+        if self.not_before is not None and self.not_before > time.time() + MAX_DELAY_S:
+            # the same bound as delay_seconds: a message invisible for centuries is a mistake
+            raise ValueError("not_before must be at most 366 days in the future")
         return self
 
     def data(self) -> bytes | None:
@@ -119,7 +148,7 @@ class PublishBatchResponse(_Strict):
 
 class PullRequest(_Strict):
     max_messages: StrictInt = Field(10, ge=1, description="At most this many (limit: max_batch, 1000).")
-    wait_seconds: float = Field(
+    wait_seconds: StrictFloat = Field(
         0.0, ge=0, description="Long poll: wait up to this long for the first message."
     )
 
@@ -167,20 +196,20 @@ class PullResponse(_Strict):
 
 
 class AckRequest(_Strict):
-    receipt: str = Field(min_length=1)
+    receipt: StrictStr = Field(min_length=1, max_length=MAX_RECEIPT_CHARS)
 
 
 class AckBatchRequest(_Strict):
-    receipts: list[str] = Field(min_length=1)
+    receipts: list[StrictStr] = Field(min_length=1)
 
 
 class NackRequest(_Strict):
     """Requeue (visible again after ``delay_seconds``), or with ``requeue: false`` dead-letter."""
 
-    receipt: str = Field(min_length=1)
-    requeue: bool = True
-    delay_seconds: float = Field(0.0, ge=0, le=366 * 24 * 3600)
-    reason: str | None = Field(None, max_length=1000)
+    receipt: StrictStr = Field(min_length=1, max_length=MAX_RECEIPT_CHARS)
+    requeue: StrictBool = True
+    delay_seconds: StrictFloat = Field(0.0, ge=0, le=MAX_DELAY_S)
+    reason: StrictStr | None = Field(None, max_length=1000)
 
 
 class NackBatchRequest(_Strict):
@@ -188,8 +217,8 @@ class NackBatchRequest(_Strict):
 
 
 class ExtendRequest(_Strict):
-    receipt: str = Field(min_length=1)
-    seconds: float = Field(gt=0, le=12 * 3600)
+    receipt: StrictStr = Field(min_length=1, max_length=MAX_RECEIPT_CHARS)
+    seconds: StrictFloat = Field(gt=0, le=MAX_EXTEND_S)
 
 
 class ExtendBatchRequest(_Strict):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from bucketq.sidecar.bench import run_via_sidecar
+from bucketq.bench.sidecar import run_via_sidecar
 from tests.support.servers import S3Server
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]

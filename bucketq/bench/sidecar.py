@@ -4,32 +4,33 @@
 over HTTP (batches) while HTTP pull workers consume and ack, and reports throughput, S3 requests per
 message (from each sidecar's ``bucketq_s3_requests_total``), latency, duplicates, losses and the
 sidecars' peak RSS (``VmRSS`` from ``/proc``).
+
+Delivery bookkeeping is the library bench's :class:`~bucketq.bench.tracker.Tracker` and processes
+are started with :mod:`bucketq.bench.servers`, so both benchmarks count and launch the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import math
+import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
 import urllib.request
 import uuid
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 import bucketq
+from bucketq.bench.servers import ACCESS_KEY, SECRET_KEY, free_ports, launch, stop_process, wait_http
+from bucketq.bench.tracker import Tracker, percentile
 from bucketq.client import AsyncClient, SidecarError, message
 from bucketq.config import Settings
 from bucketq.core.app import Bucketq
@@ -38,7 +39,9 @@ PUBLISH_BATCH = 250
 PULL_BATCH = 500
 WORKERS_PER_SIDECAR = 2
 PUBLISHERS_PER_SIDECAR = 2
-DEFAULT_CREDENTIALS = ("bucketq-test", "bucketq-test-secret")
+READY_TIMEOUT_S = 60.0
+# Longer than BUCKETQ_SIDECAR_DRAIN_GRACE_S below: a sidecar may finish draining before it is killed.
+STOP_TIMEOUT_S = 30.0
 
 
 @dataclass
@@ -50,18 +53,10 @@ class _Sidecar:
 
 
 @dataclass
-class _Run:
-    """What the workers saw."""
+class _Peaks:
+    """What the sampler saw besides RSS: leases held by all sidecars at once."""
 
-    published: set[str] = field(default_factory=set)
-    acks: Counter[str] = field(default_factory=Counter)
-    latencies: list[float] = field(default_factory=list)
-    publish_errors: int = 0
-    ack_errors: int = 0
-    first_publish: float | None = None
-    last_ack: float | None = None
-    leases_peak: int = 0
-    done: asyncio.Event = field(default_factory=asyncio.Event)
+    leases: int = 0
 
 
 async def run_via_sidecar(
@@ -87,8 +82,8 @@ async def run_via_sidecar(
     With ``hold_phase``, a second batch of ``messages`` is then published and held unacked by the
     app, to read the sidecars' RSS with all of them in flight (``rss_mib_at_in_flight``).
     """
-    key = access_key or os.environ.get("BUCKETQ_S3_ACCESS_KEY_ID") or DEFAULT_CREDENTIALS[0]
-    secret = secret_key or os.environ.get("BUCKETQ_S3_SECRET_ACCESS_KEY") or DEFAULT_CREDENTIALS[1]
+    key = access_key or os.environ.get("BUCKETQ_S3_ACCESS_KEY_ID") or ACCESS_KEY
+    secret = secret_key or os.environ.get("BUCKETQ_S3_SECRET_ACCESS_KEY") or SECRET_KEY
     settings = Settings.from_dict(
         {
             "backend": "s3",
@@ -126,8 +121,9 @@ async def run_via_sidecar(
         baseline = sum(
             await asyncio.gather(*(asyncio.to_thread(_s3_requests, sc) for sc in procs)), Counter()
         )
-        run = _Run()
-        sampler = asyncio.get_running_loop().create_task(_sample(procs, run))
+        run = Tracker(expected=messages)
+        peaks = _Peaks()
+        sampler = asyncio.get_running_loop().create_task(_sample(procs, peaks))
         started = time.perf_counter()
         completed = await _drive(procs, topic, messages, payload_bytes, run, timeout_s)
         seconds = (run.last_ack or time.perf_counter()) - (run.first_publish or started)
@@ -139,7 +135,7 @@ async def run_via_sidecar(
         await asyncio.gather(*(asyncio.to_thread(_stop, sc) for sc in procs))
     requests = after - baseline
     total = sum(requests.values())
-    acked = len(run.acks)
+    acked = run.acked
     rss = [round(sc.rss_peak_kib / 1024, 1) for sc in procs]
     return {
         "scenario": "e2e",
@@ -157,15 +153,15 @@ async def run_via_sidecar(
         "s3_requests": total,
         "s3_requests_per_message": round(total / max(1, acked), 4),
         "requests_by_op": dict(sorted(requests.items())),
-        "p50_ms": _percentile_ms(run.latencies, 50),
-        "p99_ms": _percentile_ms(run.latencies, 99),
-        "duplicates": sum(n - 1 for n in run.acks.values()),
-        "lost": len(run.published - set(run.acks)),
+        "p50_ms": _percentile_ms(run.receive_latencies, 50),
+        "p99_ms": _percentile_ms(run.receive_latencies, 99),
+        "duplicates": run.duplicates,
+        "lost": run.lost,
         "published": len(run.published),
         "acked": acked,
         "publish_errors": run.publish_errors,
         "ack_errors": run.ack_errors,
-        "leases_held_peak": run.leases_peak,
+        "leases_held_peak": peaks.leases,
         "rss_peak_mib": max(rss) if rss else 0.0,
         "rss_peak_mib_by_sidecar": rss,
         **(held or {}),
@@ -176,7 +172,7 @@ async def run_via_sidecar(
 
 
 async def _drive(
-    procs: list[_Sidecar], topic: str, messages: int, payload_bytes: int, run: _Run, timeout_s: float
+    procs: list[_Sidecar], topic: str, messages: int, payload_bytes: int, run: Tracker, timeout_s: float
 ) -> bool:
     """Publish ``messages`` spread over the sidecars while pull workers drain them; True if all acked."""
     pad = "x" * payload_bytes
@@ -189,7 +185,7 @@ async def _drive(
             for i, share in enumerate(shares)
         ]
         tasks += [
-            asyncio.create_task(_worker(client, run, messages))
+            asyncio.create_task(_worker(client, run))
             for client in clients
             for _ in range(WORKERS_PER_SIDECAR)
         ]
@@ -203,14 +199,14 @@ async def _drive(
         await asyncio.gather(*tasks, return_exceptions=True)
     finally:
         await asyncio.gather(*(c.close() for c in clients))
-    return len(run.acks) >= messages
+    return run.acked >= messages
 
 
 async def _hold(
     procs: list[_Sidecar], topic: str, messages: int, payload_bytes: int, timeout_s: float
 ) -> dict[str, Any]:
     """Publish ``messages`` and keep them all in flight (pulled, unacked); RSS then; then ack all."""
-    run = _Run()
+    run = Tracker(expected=messages)  # only publishing is tracked: the acks come all at once, below
     clients = [AsyncClient(sc.url, timeout=60) for sc in procs]
     pad = "x" * payload_bytes
     held: list[dict[str, str]] = [{} for _ in procs]  # per sidecar: message id -> latest receipt
@@ -239,12 +235,11 @@ async def _hold(
     }
 
 
-async def _publisher(client: AsyncClient, topic: str, count: int, pad: str, run: _Run) -> None:
+async def _publisher(client: AsyncClient, topic: str, count: int, pad: str, run: Tracker) -> None:
     sent = 0
     while sent < count and not run.done.is_set():
         size = min(PUBLISH_BATCH, count - sent)
-        if run.first_publish is None:
-            run.first_publish = time.perf_counter()
+        started = run.publishing()
         try:
             result = await client.publish_batch(topic, [message(pad) for _ in range(size)])
         except SidecarError as exc:
@@ -253,13 +248,14 @@ async def _publisher(client: AsyncClient, topic: str, count: int, pad: str, run:
             continue
         for entry in result.results:
             if entry.result is not None:
-                run.published.add(entry.result.id)
+                run.on_published(entry.result.id, started)
             else:
-                run.publish_errors += 1
+                run.on_publish_error()
         sent += size
 
 
-async def _worker(client: AsyncClient, run: _Run, expected: int) -> None:
+async def _worker(client: AsyncClient, run: Tracker) -> None:
+    """Pull and ack batches until the tracker is done (every message acked, or time is up)."""
     while not run.done.is_set():
         try:
             msgs = await client.pull(max_messages=PULL_BATCH, wait=1.0)
@@ -268,8 +264,10 @@ async def _worker(client: AsyncClient, run: _Run, expected: int) -> None:
             continue
         if not msgs:
             continue
-        now = time.time()
-        run.latencies.extend(max(0.0, now - m.created_at) for m in msgs)
+        now = time.time()  # wall clock: created_at is the publishing sidecar's epoch seconds
+        for m in msgs:
+            run.on_received(m.created_at, now)
+        started = time.perf_counter()
         try:
             result = await client.ack_batch([m.receipt or "" for m in msgs])
         except SidecarError:
@@ -277,60 +275,43 @@ async def _worker(client: AsyncClient, run: _Run, expected: int) -> None:
             continue
         for m, entry in zip(msgs, result.results, strict=True):
             if entry.status == 200:
-                run.acks[m.id] += 1
+                run.on_acked(m.id, started)
             else:
-                run.ack_errors += 1
-        run.last_ack = time.perf_counter()
-        if len(run.acks) >= expected:
-            run.done.set()
+                run.on_ack_error()
 
 
-async def _sample(procs: list[_Sidecar], run: _Run) -> None:
+async def _sample(procs: list[_Sidecar], peaks: _Peaks) -> None:
     """Peak RSS of every sidecar, and peak leases held, until cancelled."""
     while True:
         for sc in procs:
             sc.rss_peak_kib = max(sc.rss_peak_kib, _rss_kib(sc.process.pid))
         try:
             held = sum(await asyncio.gather(*(asyncio.to_thread(_leases_held, sc) for sc in procs)))
-            run.leases_peak = max(run.leases_peak, held)
+            peaks.leases = max(peaks.leases, held)
         except OSError:
             pass
         await asyncio.sleep(0.2)
 
 
 def _percentile_ms(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return round(ordered[min(len(ordered), max(1, math.ceil(q / 100 * len(ordered)))) - 1] * 1000, 2)
+    value = percentile(values, q)
+    return None if value is None else round(value * 1000, 2)
 
 
 # -- sidecar processes -----------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _start(workdir: Path, index: int, env: Mapping[str, str]) -> _Sidecar:
-    port = _free_port()
-    full = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "BUCKETQ_"))}
-    full.update(env)
-    full.update(BUCKETQ_SIDECAR_LISTEN_PORT=str(port), AWS_EC2_METADATA_DISABLED="true")
+    (port,) = free_ports(1)
     here = str(Path(bucketq.__file__).resolve().parents[1])  # the children run this very bucketq
-    full["PYTHONPATH"] = os.pathsep.join(p for p in (here, full.get("PYTHONPATH")) if p)
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
     log_path = workdir / f"sidecar-{index}.log"
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "bucketq.sidecar"],
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=full,
-            cwd=workdir,
-        )
+    proc = launch(
+        [sys.executable, "-m", "bucketq.sidecar"],
+        log_path,
+        cwd=workdir,
+        env={**env, "BUCKETQ_SIDECAR_LISTEN_PORT": str(port), "PYTHONPATH": path},
+    )
     return _Sidecar(proc, f"http://127.0.0.1:{port}", log_path)
 
 
@@ -340,19 +321,9 @@ def _get(url: str) -> bytes:
         return data
 
 
-def _wait_ready(sc: _Sidecar, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if sc.process.poll() is not None:
-            raise RuntimeError(
-                f"sidecar exited with {sc.process.returncode}: {sc.log_path.read_text()[-2000:]}"
-            )
-        with contextlib.suppress(OSError, urllib.error.HTTPError):
-            _get(sc.url + "/readyz")
-            return
-        time.sleep(0.05)
-    raise RuntimeError(
-        f"sidecar at {sc.url} not ready within {timeout:g}s: {sc.log_path.read_text()[-2000:]}"
+def _wait_ready(sc: _Sidecar) -> None:
+    wait_http(
+        sc.url + "/readyz", sc.process, sc.log_path, "sidecar", timeout=READY_TIMEOUT_S, any_status=False
     )
 
 
@@ -368,8 +339,6 @@ def _s3_requests(sc: _Sidecar) -> Counter[str]:
 
 
 def _leases_held(sc: _Sidecar) -> int:
-    import json
-
     status = json.loads(_get(sc.url + "/v1/status"))
     return int(status.get("leases_held", 0))
 
@@ -386,10 +355,4 @@ def _rss_kib(pid: int) -> int:
 
 
 def _stop(sc: _Sidecar) -> None:
-    if sc.process.poll() is None:
-        sc.process.send_signal(signal.SIGTERM)
-        try:
-            sc.process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            sc.process.kill()
-            sc.process.wait(timeout=10)
+    stop_process(sc.process, timeout=STOP_TIMEOUT_S)
