@@ -74,6 +74,12 @@ class Reconciler:
         """
         status: Mapping[str, Any] = body.get("status") or {}
         generation = (body.get("metadata") or {}).get("generation")
+        # Degraded (not Pending) once the resource was ever in sync: ``observedGeneration`` is set
+        # by every successful reconciliation and never removed, so a handler that runs with a stale
+        # body (a retry scheduled during an earlier outage) cannot turn Degraded into Pending
+        was_ready = status.get("phase") in (Phase.READY, Phase.DEGRADED) or (
+            status.get("observedGeneration") is not None and status.get("phase") != Phase.FAILED
+        )
         out = Outcome()
         error: Exception | None = None
         phase = Phase.READY
@@ -81,7 +87,7 @@ class Reconciler:
             yield out
         except StorageError as exc:
             message = self.buckets.redact(str(exc))
-            phase = Phase.DEGRADED if status.get("phase") in (Phase.READY, Phase.DEGRADED) else Phase.PENDING
+            phase = Phase.DEGRADED if was_ready else Phase.PENDING
             out.condition(Cond(READY, False, "StorageUnavailable", message))
             out.condition(Cond(STORAGE_REACHABLE, False, "Unreachable", message))
             self.metrics.storage_reachable.labels(namespace).set(0)
@@ -102,7 +108,7 @@ class Reconciler:
             error = kopf.PermanentError(message)
         except Exception as exc:
             message = self.buckets.redact(f"{type(exc).__name__}: {exc}")
-            phase = Phase.DEGRADED if status.get("phase") == Phase.READY else Phase.PENDING
+            phase = Phase.DEGRADED if was_ready else Phase.PENDING
             out.condition(Cond(READY, False, "InternalError", message))
             self.metrics.reconcile_errors.labels(kind, "InternalError").inc()
             error = kopf.TemporaryError(message, delay=self.backoff(retry))
