@@ -54,6 +54,23 @@ class PublishResult:
     duplicate: bool = False
 
 
+def _pending_marker(
+    message_id: str, partition: int, from_seq: int, scan: list[list[int]] | None = None
+) -> bytes:
+    """A dedup marker's ``pending`` body: where this attempt writes (and, after a takeover, where
+    every earlier attempt may have landed)."""
+    body: dict[str, Any] = {
+        "state": "pending",
+        "id": message_id,
+        "at": time.time(),
+        "partition": partition,
+        "from_seq": from_seq,
+    }
+    if scan is not None:
+        body["scan"] = scan
+    return json.dumps(body).encode()
+
+
 def _scan_ranges(marker: dict[str, Any]) -> dict[int, int]:
     """partition -> earliest seq where the attempts a pending dedup marker records may have landed
     (format 2 markers name one partition and seq; takeovers add ``scan`` with every attempt's)."""
@@ -411,15 +428,7 @@ class Producer:
             from_seq = appender.writer.next_seq
             if from_seq is None:
                 from_seq, _ = await find_tail(self.storage, self.keys, topic, partition)
-            pending = json.dumps(
-                {
-                    "state": "pending",
-                    "id": record.id,
-                    "at": time.time(),
-                    "partition": partition,
-                    "from_seq": from_seq,
-                }
-            ).encode()
+            pending = _pending_marker(record.id, partition, from_seq)
             try:
                 etag = await self.storage.create(marker_key, pending)
                 break
@@ -444,16 +453,8 @@ class Producer:
                     # taking over must not hide an older write from the next taker's scan (the
                     # simulation found a second copy stored when a takeover recorded only the
                     # tail of its own time and then failed)
-                    pending = json.dumps(
-                        {
-                            "state": "pending",
-                            "id": record.id,
-                            "at": time.time(),
-                            "partition": partition,
-                            "from_seq": from_seq,
-                            "scan": _merge_scan(_scan_ranges(marker), partition, from_seq),
-                        }
-                    ).encode()
+                    scan = _merge_scan(_scan_ranges(marker), partition, from_seq)
+                    pending = _pending_marker(record.id, partition, from_seq, scan)
                 try:
                     etag = await self.storage.store.put(marker_key, pending, if_match=blob.etag)
                 except PreconditionFailed:

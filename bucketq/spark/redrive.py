@@ -10,22 +10,15 @@ positions pending: the next redrive moves them again (at least once, same messag
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 
 from bucketq.config import Settings
-from bucketq.core.cursor import CursorState, Op
 from bucketq.core.cursor_log import CursorLog
-from bucketq.core.ids import token
 from bucketq.core.keys import Keys
-from bucketq.core.partition_worker import seen_op
-from bucketq.core.segment import Segment, decode_segment
+from bucketq.core.redrive import ack_positions, claim_positions
 from bucketq.core.subscriptions import start_cursor
-from bucketq.core.txn import txn_visibility
 from bucketq.spark.planning import Pos
-from bucketq.storage import Storage, open_storage
-
-OPS_PER_DELTA = 5000
+from bucketq.storage import open_storage
 
 
 @dataclass
@@ -40,104 +33,40 @@ class Claims:
         return sum(len(t) for t in self.tokens.values())
 
 
-async def _seen_ops(
-    storage: Storage, keys: Keys, topic: str, partition: int, first: int, last: int, consumer: str
-) -> list[Op]:
-    """``seen`` ops for segments ``first..last``, built like the engine's discovery builds them."""
-    ops = []
-    for seq in range(first, last + 1):
-        blob = await storage.get(keys.segment(topic, partition, seq))
-        if blob is None:
-            break
-        segment = decode_segment(blob.data)
-        verdict = await txn_visibility(storage, keys, topic, segment.header)
-        if verdict == "wait":
-            break  # an unresolved job commit: the cursor does not go past it (core/txn.py)
-        ops.append(seen_op(Segment(segment.header, segment.records, hidden=verdict == "skip"), consumer))
-    return ops
-
-
-async def _claim_partition(
-    storage: Storage,
-    keys: Keys,
-    dlq: str,
-    consumer: str,
-    partition: int,
-    wanted: list[Pos],
-    claims: Claims,
-    lease_s: float,
-) -> None:
-    cursor = CursorLog(storage, keys, dlq, consumer, partition, member=claims.member)
-    await start_cursor(cursor, "earliest")
-    seen = await _seen_ops(
-        storage, keys, dlq, partition, cursor.state.frontier + 1, max(s for s, _ in wanted), consumer
-    )
-    until = time.time() + lease_s
-    got = claims.tokens.setdefault(partition, {})
-    for start in range(0, len(wanted), OPS_PER_DELTA):
-        chunk = wanted[start : start + OPS_PER_DELTA]
-
-        def build(state: CursorState, chunk: list[Pos] = chunk) -> list[Op]:
-            ops = [op for op in seen if op.seq > state.frontier]
-            ops += [
-                Op("claim", s, i, token=token(), member=claims.member, until=until)
-                for s, i in chunk
-                if not state.is_done((s, i))
-            ]
-            return ops
-
-        outcome = await cursor.commit(build)
-        if outcome is None:
-            continue
-        for op, ok in zip(outcome.delta.ops, outcome.results, strict=True):
-            if op.kind == "claim" and ok and op.token is not None:
-                got[op.pos] = op.token
-
-
 async def claim(
     settings: Settings, dlq: str, consumer: str, wanted: dict[int, list[Pos]], *, lease_s: float, member: str
 ) -> Claims:
-    """Lease the wanted positions in ``consumer``'s cursor of ``dlq``; returns the ones we got."""
+    """Lease the wanted positions in ``consumer``'s cursor of ``dlq``; returns the ones we got
+    (the engine's redrive does the same, core/redrive.py)."""
     claims = Claims(member)
     storage = await open_storage(settings)
     try:
         keys = Keys(settings.root)
         for p, positions in sorted(wanted.items()):
             if positions:
-                await _claim_partition(storage, keys, dlq, consumer, p, sorted(positions), claims, lease_s)
+                cursor = CursorLog(storage, keys, dlq, consumer, p, member=member)
+                await start_cursor(cursor, "earliest")
+                claims.tokens[p] = await claim_positions(
+                    cursor, sorted(positions), member=member, lease_s=lease_s
+                )
     finally:
         await storage.close()
     return claims
 
 
 async def ack(settings: Settings, dlq: str, consumer: str, claims: Claims) -> tuple[int, int]:
-    """Ack every claimed position; returns (acked, lost) (lost: the lease was taken over).
-
-    A position already done counts as acked: a round resumed after a crash may find its acks
-    written before the crash.
-    """
+    """Ack every claimed position; returns (acked, lost) (lost: the lease was taken over). A
+    position already done counts as acked: a round resumed after a crash may find its acks
+    written before the crash."""
     acked = lost = 0
     storage = await open_storage(settings)
     try:
         keys = Keys(settings.root)
         for p, tokens in sorted(claims.tokens.items()):
             cursor = CursorLog(storage, keys, dlq, consumer, p, member=claims.member)
-            state = await cursor.load()
-            done = [pos for pos in tokens if state.is_done(pos)]
-            acked += len(done)
-            items = sorted((pos, tok) for pos, tok in tokens.items() if pos not in done)
-            for start in range(0, len(items), OPS_PER_DELTA):
-                chunk = items[start : start + OPS_PER_DELTA]
-                ops = [Op("ack", s, i, token=tok) for (s, i), tok in chunk]
-
-                def build(_state: CursorState, ops: list[Op] = ops) -> list[Op]:
-                    return ops
-
-                outcome = await cursor.commit(build)
-                if outcome is not None:
-                    good = sum(outcome.results)
-                    acked += good
-                    lost += len(ops) - good
+            good, bad = await ack_positions(cursor, tokens)
+            acked += good
+            lost += bad
     finally:
         await storage.close()
     return acked, lost

@@ -1,6 +1,19 @@
-"""Fixtures of the engine tests: ``backend`` (every store the engine runs on) and
-``race_backend`` (stores whose put-if-absent is atomic under concurrency)."""
+"""Fixtures of the engine tests: ``backend`` (every store the engine runs on), ``race_backend``
+(stores whose put-if-absent is atomic under concurrency) and ``gc_backend`` (the in-memory store
+and a moto server: what garbage collection tests run on)."""
 
-from tests.support.engine_helpers import backend, race_backend
+from collections.abc import AsyncIterator
+from pathlib import Path
 
-__all__ = ["backend", "race_backend"]
+import pytest
+
+from tests.support.engine_helpers import Backend, _backend_for, backend, race_backend
+
+__all__ = ["backend", "gc_backend", "race_backend"]
+
+
+@pytest.fixture(params=["memory", pytest.param("moto", marks=pytest.mark.s3)])
+async def gc_backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    b = _backend_for(request.param, request, tmp_path)
+    yield b
+    await b.close_all()

@@ -19,15 +19,6 @@ from tests.support.engine_helpers import Backend, drain
 HOUR = 3600.0
 
 
-@pytest.fixture(params=["memory", pytest.param("moto", marks=pytest.mark.s3)])
-async def gc_backend(request: pytest.FixtureRequest, tmp_path) -> Backend:  # type: ignore[no-untyped-def]
-    from tests.support.engine_helpers import _backend_for
-
-    b = _backend_for(request.param, request, tmp_path)
-    yield b
-    await b.close_all()
-
-
 async def all_keys(bq) -> set[str]:  # type: ignore[no-untyped-def]
     return {i.key async for i in bq.storage.list("")}
 

@@ -14,16 +14,9 @@ import time
 import pytest
 
 from bucketq.core.models import TopicConfig
-from tests.support.engine_helpers import Backend, _backend_for, drain
+from tests.support.engine_helpers import Backend, drain
 
 HOUR = 3600.0
-
-
-@pytest.fixture(params=["memory", pytest.param("moto", marks=pytest.mark.s3)])
-async def gc_backend(request: pytest.FixtureRequest, tmp_path) -> Backend:  # type: ignore[no-untyped-def]
-    b = _backend_for(request.param, request, tmp_path)
-    yield b
-    await b.close_all()
 
 
 async def _six_segments(bq, **config: float) -> None:  # type: ignore[no-untyped-def]
