@@ -431,9 +431,17 @@ class Consumer:
         if claiming > 1:  # share the demand, so parallel partitions do not over-claim
             share = max(1, -(-demand // claiming))
             jobs = [(w, min(d, share), foreign) for w, d, foreign in jobs]
-        results = await asyncio.gather(*(self._cycle(w, d, foreign) for w, d, foreign in jobs))
+        # Every cycle runs to its end before the first failure is raised: a cycle left running
+        # after gather gave up (as plain gather does) outlived close(), holding settlements it had
+        # taken, which then were neither committed nor failed (simulation seed 1974).
+        results = await asyncio.gather(
+            *(self._cycle(w, d, foreign) for w, d, foreign in jobs), return_exceptions=True
+        )
+        failure = next((r for r in results if isinstance(r, BaseException)), None)
         progressed = False
         for (worker, demanded, foreign), res in zip(jobs, results, strict=True):
+            if isinstance(res, BaseException):
+                continue
             if foreign and demanded > 0:
                 if res.messages:
                     worker.foreign_backoff = self.settings.foreign_poll_ms / 1000
@@ -442,6 +450,8 @@ class Consumer:
                 worker.next_foreign_poll = time.monotonic() + worker.foreign_backoff
             if res.messages or res.discovered:
                 progressed = True
+        if failure is not None:
+            raise failure
         return progressed
 
     async def _cycle(self, worker: PartitionWorker, demand: int, foreign: bool) -> CycleResult:
