@@ -50,7 +50,7 @@ ENV PATH=/opt/bucketq/bin:$PATH \
 # 65532 is the uid the operator gives injected sidecars (runAsNonRoot needs a numeric USER).
 USER 65532:65532
 WORKDIR /tmp
-# operator: metrics 9090, probes 8080, webhook 9443; sidecar: API 3500, metrics 9090
-EXPOSE 3500 8080 9090 9443
+# operator: metrics 9090, probes 8080, webhook 9443; sidecar: API 3580, metrics 9580 (not Dapr's 3500/9090)
+EXPOSE 3580 8080 9090 9443 9580
 ENTRYPOINT ["bucketq"]
 CMD ["--help"]

@@ -13,6 +13,7 @@ from bucketq.errors import ConfigError
 
 Strategy = Literal["auto", "conditional_write", "csprng_verify"]
 Backend = Literal["s3", "file", "memory"]
+Profile = Literal["latency", "balanced", "economy"]
 
 
 class CsprngSettings(BaseModel):
@@ -25,9 +26,15 @@ class CsprngSettings(BaseModel):
 
 
 class ProducerSettings(BaseModel):
-    """Group commit of the producer: a segment is flushed at linger, max messages or max bytes."""
+    """Group commit of the producer (core/batching.py).
 
-    linger_ms: float = Field(20.0, ge=0)
+    A partition's buffer is written at once when nothing is in flight there, and what arrives
+    during a write rides in the next one. ``linger_ms`` is the most a batch may wait for company:
+    the producer lingers only while messages arrive fast enough that waiting fills the segment
+    (at least one more expected within the linger), so awaited publishes are never held back.
+    """
+
+    linger_ms: float = Field(250.0, ge=0)
     max_batch_messages: int = Field(1000, ge=1, le=100_000)
     max_batch_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     max_attempts: int = Field(50, ge=1)
@@ -42,20 +49,86 @@ class ConsumerSettings(BaseModel):
     max_in_flight: int = Field(1000, ge=1)
     poll_min_ms: float = Field(10.0, gt=0)
     poll_max_ms: float = Field(100.0, gt=0)
-    poll_idle_ms: float = Field(1000.0, gt=0)
+    # a topic idle (from this member's view) for idle_after_s: partitions are polled every
+    # poll_idle_ms only (the fallback that correctness rests on), the topic's wake object every
+    # wake_poll_ms (producers touch it when they start publishing; docs/protocol.md I13)
+    poll_idle_ms: float = Field(120_000.0, gt=0)
     idle_after_s: float = Field(10.0, ge=0)
+    wake_poll_ms: float = Field(2000.0, gt=0)
     foreign_poll_ms: float = Field(2000.0, gt=0)
     foreign_poll_max_s: float = Field(60.0, gt=0)
     steal_after_s: float = Field(2.0, ge=0)
-    commit_linger_ms: float = Field(5.0, ge=0)
+    # settlements (ack, nack, extend, release) wait at most this long (and a tenth of the
+    # visibility timeout) for company, riding along with the next claim delta when one comes
+    # first; never while the app waits on them with nothing else in hand (Consumer._app_blocked)
+    commit_linger_ms: float = Field(600.0, ge=0)
     refill_fraction: float = Field(0.5, gt=0, le=1)
     clock_skew_s: float = Field(2.0, ge=0)
     checkpoint_every: int = Field(64, ge=2)
     heartbeat_interval_s: float = Field(5.0, gt=0)
     member_ttl_s: float = Field(20.0, gt=0)
+    # while the member's topic is idle: heartbeat (and membership/config refresh) this rarely;
+    # the heartbeat then says how long it stays valid (3x this), so peers keep counting it
+    heartbeat_idle_s: float = Field(30.0, gt=0)
     start_position: Literal["earliest", "latest"] = "earliest"
     ordered: bool = False
     max_commit_attempts: int = Field(50, ge=1)
+
+
+# What each profile sets (fields the user sets explicitly win). Measured in docs/benchmarks.md.
+PROFILES: dict[Profile, dict[str, dict[str, float]]] = {
+    # lowest latency: no linger, fast polling; costs the most requests at low rates
+    "latency": {
+        "producer": {"linger_ms": 0.0},
+        "consumer": {
+            "commit_linger_ms": 0.0,
+            "poll_max_ms": 50.0,
+            "poll_idle_ms": 30_000.0,
+            "wake_poll_ms": 500.0,
+            "heartbeat_idle_s": 10.0,
+        },
+    },
+    # the default: p50 publish->receive around 0.2-0.3 s at light load, cents per idle month
+    "balanced": {
+        "producer": {"linger_ms": 250.0},
+        "consumer": {
+            "commit_linger_ms": 600.0,
+            "poll_max_ms": 100.0,
+            "poll_idle_ms": 120_000.0,
+            "wake_poll_ms": 2000.0,
+            "heartbeat_idle_s": 30.0,
+        },
+    },
+    # fewest requests: seconds of latency at light load
+    "economy": {
+        "producer": {"linger_ms": 1500.0},
+        "consumer": {
+            "commit_linger_ms": 3000.0,
+            "poll_max_ms": 500.0,
+            "poll_idle_ms": 300_000.0,
+            "wake_poll_ms": 6000.0,
+            "heartbeat_interval_s": 10.0,
+            "member_ttl_s": 40.0,
+            "heartbeat_idle_s": 60.0,
+        },
+    },
+}
+
+
+def _with_profile(data: Any) -> Any:
+    """Fill the producer and consumer fields the input leaves unset from ``data["profile"]``."""
+    if not isinstance(data, dict):
+        return data
+    profile = data.get("profile", "balanced")
+    if profile not in PROFILES:
+        return data  # the field's own validation names the choices
+    data = dict(data)
+    for group, defaults in PROFILES[profile].items():
+        given = data.get(group)
+        if isinstance(given, BaseModel):
+            given = given.model_dump(exclude_unset=True)
+        data[group] = {**defaults, **(given or {})}
+    return data
 
 
 class Settings(BaseSettings):
@@ -70,6 +143,7 @@ class Settings(BaseSettings):
         env_prefix="BUCKETQ_", env_nested_delimiter="__", extra="forbid", validate_default=True
     )
 
+    profile: Profile = "balanced"
     backend: Backend = "s3"
     root: str = ""
     s3_endpoint_url: str | None = None
@@ -87,6 +161,11 @@ class Settings(BaseSettings):
     csprng: CsprngSettings = CsprngSettings()
     producer: ProducerSettings = ProducerSettings()
     consumer: ConsumerSettings = ConsumerSettings()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_profile(cls, data: Any) -> Any:
+        return _with_profile(data)
 
     @model_validator(mode="after")
     def _check_backend(self) -> Self:

@@ -5,7 +5,9 @@ Run the sidecar with ``BUCKETQ_SIDECAR_DELIVERY=push BUCKETQ_SIDECAR_APP_PORT=80
     python examples/push_worker.py --port 8080
 
 The handler's answer decides each message's fate: ``SUCCESS`` acks it, ``RETRY`` gives it back
-(redelivered, counted), ``DROP`` dead-letters it; an exception is a retry. The sidecar keeps the
+(redelivered after a delay that doubles with each failure by default, counted), ``DROP``
+dead-letters it; an exception is a retry. ``BUCKETQ_SIDECAR_PUSH_RETRY_INITIAL_S``, ``_MAX_S`` and
+``_MULTIPLIER`` shape the delays (docs/sidecar-api.md, "Retries"). The sidecar keeps the
 lease alive while the handler runs, however long it takes.
 """
 

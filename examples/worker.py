@@ -1,6 +1,6 @@
 """A small worker app in pull mode: it talks to its sidecar over localhost HTTP only.
 
-    python examples/worker.py --url http://127.0.0.1:3500 --max-messages 1000
+    python examples/worker.py --url http://127.0.0.1:3580 --max-messages 1000
 
 It pulls batches, "processes" each message, acks the successes in one batch call and nacks
 failures with a delay. With ``--publish-to`` it also publishes a result per message. It stops
@@ -33,7 +33,7 @@ def process(msg: DeliveredMessage) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--url", default=None, help="sidecar URL (default $BUCKETQ_SIDECAR_URL or :3500)")
+    parser.add_argument("--url", default=None, help="sidecar URL (default $BUCKETQ_SIDECAR_URL or :3580)")
     parser.add_argument("--batch", type=int, default=50, help="messages per pull")
     parser.add_argument("--wait", type=float, default=2.0, help="long-poll seconds")
     parser.add_argument("--publish-to", default=None, help="topic to publish one result per message to")

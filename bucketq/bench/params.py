@@ -7,8 +7,12 @@ from typing import Any, Literal
 
 from bucketq.bench.backends import BackendName
 
-ScenarioName = Literal["publish", "consume", "e2e", "latency"]
+ScenarioName = Literal["publish", "consume", "e2e", "latency", "idle", "cost", "awaited"]
+# What a bare ``bucketq bench`` runs; the billing scenarios (idle, cost, awaited) take minutes and
+# run when named.
 SCENARIOS: tuple[ScenarioName, ...] = ("publish", "consume", "e2e", "latency")
+ALL_SCENARIOS: tuple[ScenarioName, ...] = (*SCENARIOS, "idle", "cost", "awaited")
+DEFAULT_RATES: tuple[float, ...] = (1.0, 10.0, 50.0, 500.0, 5000.0)
 
 
 @dataclass
@@ -29,13 +33,47 @@ class BenchParams:
     idle_timeout_s: float = 60.0  # give up (and count losses) after this long without progress
     warmup_s: float = 1.0  # consumers poll an empty topic this long before the latency run starts
     grace_s: float = 0.5  # keep consuming after the last ack, to catch late duplicates
-    tuning: dict[str, Any] = field(default_factory=dict)  # Settings fields, e.g. {"producer": {...}}
+    tuning: dict[str, Any] = field(default_factory=dict)  # Settings fields, e.g. {"profile": "economy"}
+    # idle: each member count idles idle_seconds, of which the first idle_warmup_s are not measured;
+    # then `pickups` times: silence_s without publishing, one message, its delivery
+    idle_seconds: float = 120.0
+    idle_warmup_s: float = 15.0
+    silence_s: float = 60.0
+    pickups: int = 5
+    # cost: open-loop publishing at each rate for rate_seconds (at most `messages` messages)
+    rates: list[float] = field(default_factory=lambda: list(DEFAULT_RATES))
+    rate_seconds: float = 30.0
+    # awaited: this many tasks share one producer, each awaiting its own publish
+    tasks: int = 8
 
     def __post_init__(self) -> None:
-        for name in ("messages", "producers", "consumers", "partitions", "window", "poll_batch"):
+        for name in (
+            "messages",
+            "producers",
+            "consumers",
+            "partitions",
+            "window",
+            "poll_batch",
+            "pickups",
+            "tasks",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
         if self.payload_bytes < 0:
             raise ValueError("payload_bytes must not be negative")
         if self.latency_rate <= 0 or self.latency_messages < 1:
             raise ValueError("latency_rate and latency_messages must be positive")
+        if self.idle_warmup_s < 0 or self.idle_seconds <= self.idle_warmup_s:
+            raise ValueError("idle_seconds must be longer than idle_warmup_s (which must not be negative)")
+        if self.silence_s < 0:
+            raise ValueError("silence_s must not be negative")
+        if not self.rates or any(rate <= 0 for rate in self.rates):
+            raise ValueError("rates must be one or more positive msgs/s")
+        if self.rate_seconds <= 0:
+            raise ValueError("rate_seconds must be positive")
+
+    @property
+    def profile(self) -> str | None:
+        """The engine profile asked for (None: the engine's default)."""
+        value = self.tuning.get("profile")
+        return None if value is None else str(value)

@@ -1,4 +1,4 @@
-"""Bench results: one record per run, the JSON file, and the rich table."""
+"""Bench results: one record per run and the JSON file (the tables: :mod:`bucketq.bench.tables`)."""
 
 from __future__ import annotations
 
@@ -7,17 +7,21 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rich import box
-from rich.console import Console
-from rich.table import Table
-
+from bucketq.bench.accesslog import ServerCounts
 from bucketq.bench.backends import Usage
+from bucketq.bench.pricing import SQS_USD_PER_MILLION_MESSAGES, usd
 from bucketq.bench.tracker import Tracker, percentile
 
 
 @dataclass
 class RunResult:
-    """One scenario on one backend. ``s3_requests`` counts requests on the wire, retries included."""
+    """One scenario on one backend.
+
+    ``s3_requests`` and ``requests_by_op`` are the client's count of requests on the wire (retries
+    included), ``calls_by_key`` the engine's calls; ``server_*`` the same requests as the server
+    logged them (moto only, else None). ``usd`` is their list price, from the server's counts when
+    ``counted_at`` is ``"server"``, else from the client's.
+    """
 
     scenario: str
     backend: str
@@ -49,6 +53,15 @@ class RunResult:
     completed: bool
     strategy: str
     via: str = "library"
+    profile: str | None = None  # the engine's Settings.profile the run used
+    counted_at: str = "client"
+    server_requests: int | None = None
+    server_requests_by_op: dict[str, int] | None = None
+    server_requests_by_method: dict[str, int] | None = None
+    server_calls_by_key: dict[str, int] | None = None
+    usd: float = 0.0
+    usd_per_million_messages: float | None = None
+    sqs_usd_per_million_messages: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
@@ -80,9 +93,17 @@ def build_result(
     completed: bool,
     strategy: str,
     extra: dict[str, Any] | None = None,
+    server: ServerCounts | None = None,
+    profile: str | None = None,
+    per_message: bool = True,
 ) -> RunResult:
-    """Assemble a :class:`RunResult` from what a scenario measured."""
+    """Assemble a :class:`RunResult` from what a scenario measured.
+
+    ``server``: the server's count of the same requests as ``usage`` (None where it cannot count);
+    ``per_message``: whether a price per message means anything (not for an idle queue).
+    """
     total = usage.total
+    price = usd(server.by_op if server is not None else usage.requests)
     return RunResult(
         scenario=scenario,
         backend=backend,
@@ -113,61 +134,18 @@ def build_result(
         cpu_s=round(cpu_s, 2),
         completed=completed,
         strategy=strategy,
+        profile=profile,
+        counted_at="server" if server is not None else "client",
+        server_requests=server.total if server is not None else None,
+        server_requests_by_op=dict(sorted(server.by_op.items())) if server is not None else None,
+        server_requests_by_method=dict(sorted(server.by_method.items())) if server is not None else None,
+        server_calls_by_key=dict(server.calls.most_common()) if server is not None else None,
+        usd=price,
+        usd_per_million_messages=price / messages * 1e6 if per_message and messages else None,
+        sqs_usd_per_million_messages=SQS_USD_PER_MILLION_MESSAGES if per_message else None,
         extra=extra or {},
     )
 
 
 def write_json(results: list[RunResult], path: Path) -> None:
     path.write_text(json.dumps([r.to_json() for r in results], indent=2) + "\n")
-
-
-def _fmt(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
-
-
-def results_table(results: list[RunResult]) -> Table:
-    first = results[0] if results else None
-    title = "bucketq bench"
-    if first is not None:
-        title += (
-            f" on {first.backend}: {max(r.producers for r in results)} producers, "
-            f"{max(r.consumers for r in results)} consumers, {first.partitions} partitions, "
-            f"{first.payload_bytes} B payloads"
-        )
-    table = Table(title=title, header_style="bold", box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-    for name in ("scenario", "msgs", "msgs/s", "req/msg", "p50 ms", "p99 ms", "dup", "lost", "s"):
-        table.add_column(name, justify="left" if name == "scenario" else "right", no_wrap=True)
-    for r in results:
-        bad = r.duplicates or r.lost or not r.completed
-        table.add_row(
-            r.scenario,
-            f"{r.messages:,}",
-            _fmt(r.msgs_per_s),
-            f"{r.s3_requests_per_message:.4f}",
-            _fmt(r.p50_ms),
-            _fmt(r.p99_ms),
-            f"[red]{r.duplicates}[/]" if r.duplicates else "0",
-            f"[red]{r.lost}[/]" if r.lost else "0",
-            _fmt(r.seconds, 2),
-            style="red" if bad else None,
-        )
-    return table
-
-
-def requests_table(results: list[RunResult]) -> Table:
-    """Where the requests went: totals, and calls per operation and kind of object, per run."""
-    table = Table(title="requests", header_style="bold", box=box.SIMPLE_HEAD)
-    table.add_column("scenario", no_wrap=True)
-    table.add_column("requests", justify="right", no_wrap=True)
-    table.add_column("MB moved", justify="right", no_wrap=True)
-    table.add_column("calls (op object: count)")
-    for r in results:
-        parts = [f"{k}: {v:,}" for k, v in r.calls_by_key.items()]
-        table.add_row(r.scenario, f"{r.s3_requests:,}", f"{r.bytes_moved / 1e6:.2f}", ", ".join(parts))
-    return table
-
-
-def print_results(results: list[RunResult], console: Console, *, details: bool = True) -> None:
-    console.print(results_table(results))
-    if details:
-        console.print(requests_table(results))

@@ -91,3 +91,21 @@ class Tracker:
     def lost(self) -> int:
         """Messages whose publish was acknowledged but that were never acked by a consumer."""
         return len(self.published - self.acks.keys())
+
+
+def ms(values: list[float], q: float) -> float | None:
+    """The ``q``-th percentile of ``values`` (seconds) in milliseconds, rounded; None when empty."""
+    found = percentile(values, q)
+    return None if found is None else round(found * 1000, 2)
+
+
+def latency_summary(tracker: Tracker) -> dict[str, float | None]:
+    """p50 and p99 of each latency the tracker recorded (publish, receive, ack), in ms."""
+    return {
+        "publish_p50_ms": ms(tracker.publish_latencies, 50),
+        "publish_p99_ms": ms(tracker.publish_latencies, 99),
+        "receive_p50_ms": ms(tracker.receive_latencies, 50),
+        "receive_p99_ms": ms(tracker.receive_latencies, 99),
+        "ack_p50_ms": ms(tracker.ack_latencies, 50),
+        "ack_p99_ms": ms(tracker.ack_latencies, 99),
+    }

@@ -6,6 +6,7 @@ import asyncio
 import json
 import time
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from bucketq import BucketqError, Consumer, Message, Producer
@@ -20,11 +21,16 @@ def make_payload(n: int, size: int) -> dict[str, Any]:
     return {"n": n, "pad": "x" * max(0, size - bare)}
 
 
-async def publish_one(producer: Producer, topic: str, payload: Any, tracker: Tracker) -> None:
-    """Publish and record the outcome (an error is counted, not raised)."""
+async def publish_one(
+    producer: Producer, topic: str, payload: Any, tracker: Tracker, *, created_at: float | None = None
+) -> None:
+    """Publish and record the outcome (an error is counted, not raised).
+
+    ``created_at`` (epoch seconds) stamps the message, e.g. with the time it was due to be sent.
+    """
     started = tracker.publishing()
     try:
-        result = await producer.publish(topic, payload)
+        result = await producer.publish(topic, payload, created_at=created_at)
     except BucketqError:
         tracker.on_publish_error()
     else:
@@ -62,6 +68,15 @@ async def produce(
         await asyncio.gather(*tasks)
 
 
+@dataclass
+class Pacing:
+    """How an open-loop publisher kept to its schedule."""
+
+    max_lag_s: float = 0.0  # the latest a publish started after its due time
+    in_flight: int = 0
+    peak_in_flight: int = 0  # publishes started and not yet finished, at most
+
+
 async def produce_paced(
     producers: Sequence[Producer],
     topic: str,
@@ -70,20 +85,58 @@ async def produce_paced(
     tracker: Tracker,
     *,
     payload_bytes: int,
-) -> None:
-    """Publish ``count`` messages at ``rate`` per second, round-robin over ``producers``, without waiting."""
+    pacing: Pacing | None = None,
+) -> Pacing:
+    """Publish ``count`` messages at ``rate`` per second, round-robin over ``producers``: open loop.
+
+    Message ``n`` is due ``n / rate`` seconds after the start and its publish starts then, as a task,
+    whether or not earlier publishes have finished (a slow store backs publishes up; it does not
+    slow the arrivals). Each message is stamped with its due time, so publish-to-receive latency
+    includes any time it waited for the publisher itself. ``pacing`` (returned) is kept up to date
+    while it runs.
+    """
     loop = asyncio.get_running_loop()
-    start = loop.time()
+    start, wall_start = loop.time(), time.time()
+    pacing = pacing if pacing is not None else Pacing()
     tasks: list[asyncio.Task[None]] = []
+
+    async def one(n: int, producer: Producer) -> None:
+        pacing.max_lag_s = max(pacing.max_lag_s, loop.time() - (start + n / rate))
+        pacing.in_flight += 1
+        pacing.peak_in_flight = max(pacing.peak_in_flight, pacing.in_flight)
+        try:
+            payload = make_payload(n, payload_bytes)
+            await publish_one(producer, topic, payload, tracker, created_at=wall_start + n / rate)
+        finally:
+            pacing.in_flight -= 1
+
     for n in range(count):
         delay = start + n / rate - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        producer = producers[n % len(producers)]
-        tasks.append(
-            asyncio.create_task(publish_one(producer, topic, make_payload(n, payload_bytes), tracker))
-        )
+        # behind schedule: no sleep, but still yield, so due publishes start rather than queue up
+        await asyncio.sleep(max(0.0, delay))
+        tasks.append(asyncio.create_task(one(n, producers[n % len(producers)])))
     await asyncio.gather(*tasks)
+    return pacing
+
+
+async def produce_awaited(
+    producer: Producer,
+    topic: str,
+    count: int,
+    tasks: int,
+    tracker: Tracker,
+    *,
+    payload_bytes: int,
+) -> None:
+    """``tasks`` tasks share ``producer``, each publishing and awaiting one message at a time (closed
+    loop) until ``count`` messages are published between them."""
+    numbers = iter(range(count))
+
+    async def loop() -> None:
+        for n in numbers:  # one shared iterator: each number is taken by exactly one task
+            await publish_one(producer, topic, make_payload(n, payload_bytes), tracker)
+
+    await asyncio.gather(*(loop() for _ in range(tasks)))
 
 
 async def _ack_all(messages: list[Message], tracker: Tracker, on_ack: ProgressFn | None) -> None:

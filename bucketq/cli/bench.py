@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 from enum import StrEnum
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import typer
 from rich.console import Console
 
-from bucketq.cli.errors import EXIT_ERROR, CliError, run
+from bucketq.cli.errors import EXIT_ERROR, CliError, fail, run
+
+if TYPE_CHECKING:
+    from bucketq.bench.params import BenchParams
 
 
 class BenchBackend(StrEnum):
@@ -30,6 +33,26 @@ class Scenario(StrEnum):
     consume = "consume"
     e2e = "e2e"
     latency = "latency"
+    idle = "idle"
+    cost = "cost"
+    awaited = "awaited"
+
+
+class Profile(StrEnum):
+    latency = "latency"
+    balanced = "balanced"
+    economy = "economy"
+
+
+def parse_rates(text: str) -> list[float]:
+    """``"1,10,50"`` as msgs/s rates (each positive)."""
+    try:
+        rates = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise CliError(f"invalid --rates {text!r}: use comma-separated msgs/s, e.g. 1,10,50") from None
+    if not rates or any(rate <= 0 for rate in rates):
+        raise CliError(f"invalid --rates {text!r}: every rate must be a positive msgs/s")
+    return rates
 
 
 def parse_tuning(items: list[str]) -> dict[str, Any]:
@@ -54,9 +77,15 @@ def parse_tuning(items: list[str]) -> dict[str, Any]:
 def bench(
     backend: BenchBackend = typer.Option(BenchBackend.memory, "--backend", "-b", help="Store to run on."),
     scenario: list[Scenario] = typer.Option(
-        [], "--scenario", "-s", help="Scenario to run (repeatable; default all).", show_default=False
+        [],
+        "--scenario",
+        "-s",
+        help="Scenario to run (repeatable; default publish, consume, e2e, latency).",
+        show_default=False,
     ),
-    messages: int = typer.Option(10_000, "--messages", "-n", min=1, help="Messages per run."),
+    messages: int = typer.Option(
+        10_000, "--messages", "-n", min=1, help="Messages per run (per rate of 'cost')."
+    ),
     consumers: int = typer.Option(4, "--consumers", min=1, help="Consumers (each its own connection)."),
     producers: int = typer.Option(4, "--producers", min=1, help="Producers (each its own connection)."),
     partitions: int = typer.Option(4, "--partitions", min=1, help="Partitions of the bench topic."),
@@ -68,11 +97,37 @@ def bench(
         500, "--latency-messages", min=1, help="Messages of 'latency' (at most)."
     ),
     warmup: float = typer.Option(
-        1.0, "--warmup", min=0, help="Seconds consumers idle before 'latency' starts (membership settles)."
+        1.0,
+        "--warmup",
+        min=0,
+        help="Seconds consumers idle before 'latency', 'cost' and 'awaited' start (membership settles).",
     ),
     idle_timeout: float = typer.Option(
         60.0, "--timeout", min=1, help="Give up a run after this long idle (s)."
     ),
+    profile: Profile | None = typer.Option(
+        None,
+        "--profile",
+        help="Engine profile of every connection (default: the engine's default).",
+        show_default=False,
+    ),
+    idle_seconds: float = typer.Option(
+        120.0, "--idle-seconds", min=0.1, help="'idle': how long each member count idles (s)."
+    ),
+    idle_warmup: float = typer.Option(
+        15.0, "--idle-warmup", min=0, help="'idle': first seconds of each idle phase not measured."
+    ),
+    silence_seconds: float = typer.Option(
+        60.0, "--silence-seconds", min=0, help="'idle': silence before each pickup message (s)."
+    ),
+    pickups: int = typer.Option(5, "--pickups", min=1, help="'idle': messages published after a silence."),
+    rates: str = typer.Option(
+        "1,10,50,500,5000", "--rates", help="'cost': publish rates (msgs/s, comma-separated)."
+    ),
+    rate_seconds: float = typer.Option(
+        30.0, "--rate-seconds", min=0.1, help="'cost': seconds of publishing per rate (at most --messages)."
+    ),
+    tasks: int = typer.Option(8, "--tasks", min=1, help="'awaited': tasks sharing one producer."),
     tune: list[str] = typer.Option(
         [], "--set", help="Engine setting for every connection, e.g. producer.linger_ms=5."
     ),
@@ -84,7 +139,7 @@ def bench(
     ),
     spark: bool = typer.Option(False, "--spark", help="Spark read and write throughput on local[2] instead."),
 ) -> None:
-    """Measure throughput, S3 requests per message, latency, duplicates and losses."""
+    """Measure throughput, S3 requests and their list price per message, latency, duplicates and losses."""
     if via is Via.sidecar or spark:
         if backend not in (BenchBackend.moto, BenchBackend.seaweedfs):
             raise typer.BadParameter(
@@ -102,60 +157,52 @@ def bench(
             )
         )
         return
-    run(
-        _bench(
-            backend.value,
-            [s.value for s in scenario],
-            messages,
-            consumers,
-            producers,
-            partitions,
-            payload_bytes,
-            latency_rate,
-            latency_messages,
-            warmup,
-            idle_timeout,
-            tune,
-            json_file,
-        )
-    )
-
-
-async def _bench(
-    backend: str,
-    scenarios: list[str],
-    messages: int,
-    consumers: int,
-    producers: int,
-    partitions: int,
-    payload_bytes: int,
-    latency_rate: float,
-    latency_messages: int,
-    warmup: float,
-    idle_timeout: float,
-    tune: list[str],
-    json_file: Path | None,
-) -> None:
-    from bucketq.bench.backends import BackendName, open_backend
     from bucketq.bench.params import SCENARIOS, BenchParams, ScenarioName
-    from bucketq.bench.report import print_results, write_json
-    from bucketq.bench.runner import run_scenarios
 
-    params = BenchParams(
-        backend=cast("BackendName", backend),
-        scenarios=cast("list[ScenarioName]", list(dict.fromkeys(scenarios))) or list(SCENARIOS),
-        messages=messages,
-        producers=producers,
-        consumers=consumers,
-        partitions=partitions,
-        payload_bytes=payload_bytes,
-        latency_rate=latency_rate,
-        latency_messages=latency_messages,
-        warmup_s=warmup,
-        idle_timeout_s=idle_timeout,
-        tuning=parse_tuning(tune),
-    )
+    try:
+        tuning = parse_tuning(tune)
+        if profile is not None:
+            given = tuning.get("profile")
+            if given is not None and given != profile.value:
+                raise CliError(f"--profile {profile.value} and --set profile={given} disagree")
+            tuning["profile"] = profile.value
+        params = BenchParams(
+            backend=backend.value,
+            scenarios=cast("list[ScenarioName]", list(dict.fromkeys(s.value for s in scenario)))
+            or list(SCENARIOS),
+            messages=messages,
+            producers=producers,
+            consumers=consumers,
+            partitions=partitions,
+            payload_bytes=payload_bytes,
+            latency_rate=latency_rate,
+            latency_messages=latency_messages,
+            warmup_s=warmup,
+            idle_timeout_s=idle_timeout,
+            tuning=tuning,
+            idle_seconds=idle_seconds,
+            idle_warmup_s=idle_warmup,
+            silence_s=silence_seconds,
+            pickups=pickups,
+            rates=parse_rates(rates),
+            rate_seconds=rate_seconds,
+            tasks=tasks,
+        )
+    except ValueError as exc:
+        fail(CliError(f"invalid bench parameters: {exc}"))
+    except CliError as exc:
+        fail(exc)
+    run(_bench(params, json_file))
+
+
+async def _bench(params: BenchParams, json_file: Path | None) -> None:
+    from bucketq.bench.backends import open_backend
+    from bucketq.bench.report import write_json
+    from bucketq.bench.runner import run_scenarios
+    from bucketq.bench.tables import label, print_results
+
     console = Console()
+    backend = params.backend
     with (
         console.status(f"starting {backend}…") as status,
         open_backend(params.backend, params.tuning) as running,
@@ -169,7 +216,7 @@ async def _bench(
         console.print(f"wrote {len(results)} run(s) to {json_file}")
     bad = [r for r in results if r.duplicates or r.lost or not r.completed]
     if bad:
-        names = ", ".join(f"{r.scenario} ({r.duplicates} duplicates, {r.lost} lost)" for r in bad)
+        names = ", ".join(f"{label(r)} ({r.duplicates} duplicates, {r.lost} lost)" for r in bad)
         raise CliError(f"runs with problems: {names}", EXIT_ERROR)
 
 

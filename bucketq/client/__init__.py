@@ -4,7 +4,7 @@ Pull mode::
 
     from bucketq.client import Client
 
-    with Client() as client:  # $BUCKETQ_SIDECAR_URL or http://127.0.0.1:3500
+    with Client() as client:  # $BUCKETQ_SIDECAR_URL or http://127.0.0.1:3580
         client.publish("orders", {"id": 1}, key="customer-7")
         for msg in client.pull(max_messages=10, wait=5):
             handle(msg.payload)

@@ -11,7 +11,7 @@ from urllib.parse import quote
 from bucketq.api_models import ExtendRequest, NackRequest, OutgoingMessage
 
 URL_ENV = "BUCKETQ_SIDECAR_URL"
-DEFAULT_URL = "http://127.0.0.1:3500"
+DEFAULT_URL = "http://127.0.0.1:3580"
 
 
 def default_url() -> str:

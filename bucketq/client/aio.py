@@ -37,7 +37,7 @@ M = TypeVar("M", bound=BaseModel)
 
 
 class AsyncClient:
-    """Talks to the sidecar at ``url`` (default ``$BUCKETQ_SIDECAR_URL`` or http://127.0.0.1:3500).
+    """Talks to the sidecar at ``url`` (default ``$BUCKETQ_SIDECAR_URL`` or http://127.0.0.1:3580).
 
     Use as ``async with AsyncClient() as client``. Errors raise :class:`~bucketq.client.SidecarError`
     subclasses (``LeaseLost`` for 409, ``Busy`` for 429, ...).

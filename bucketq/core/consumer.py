@@ -24,6 +24,7 @@ from bucketq.core.producer import Producer
 from bucketq.core.segment import Record
 from bucketq.core.topics import TopicCatalog
 from bucketq.core.waiting import wait_event
+from bucketq.core.wake import WAKE_ACTIVE_S, WakeWatch
 from bucketq.errors import (
     BucketqError,
     Closed,
@@ -68,8 +69,21 @@ class ConsumerCounters:
 class _TopicSub:
     """This member's view of one topic of the consumer."""
 
-    def __init__(self, topic: str, partitions: int, membership: Membership, incarnation: str = "") -> None:
+    def __init__(
+        self,
+        topic: str,
+        partitions: int,
+        membership: Membership,
+        wake: WakeWatch,
+        incarnation: str = "",
+        active_s: float = 10.0,
+    ) -> None:
         self.topic = topic
+        self.wake = wake
+        # the topic counts as active (partitions polled at poll_max_ms) until then (monotonic):
+        # a find on any partition, or a changed wake object, extends it
+        self.active_until = time.monotonic() + active_s
+        self.next_wake_poll = 0.0
         self.partitions = partitions
         self.membership = membership
         self.incarnation = incarnation
@@ -109,6 +123,8 @@ class Consumer:
         self._held: dict[str, Message] = {}
         self._settled: dict[str, Settlement] = {}  # receipt -> how it was settled
         self._extending: set[str] = set()  # prefetched receipts with an extend in flight
+        self._settling: set[str] = set()  # delivered receipts whose app call waits on a commit
+        self._polling = 0  # poll() calls waiting for messages
         self._wake = asyncio.Event()
         self._arrived = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -129,7 +145,14 @@ class Consumer:
             membership = Membership(
                 self.storage, self.keys, topic, self.name, self.member, self.settings.member_ttl_s
             )
-            sub = _TopicSub(topic, config.partitions, membership, marker.incarnation)
+            sub = _TopicSub(
+                topic,
+                config.partitions,
+                membership,
+                WakeWatch(self.storage, self.keys, topic),
+                marker.incarnation,
+                self.settings.idle_after_s,
+            )
             self._apply_config(
                 sub,
                 config.dead_letter.max_deliveries if config.dead_letter.enabled else None,
@@ -211,6 +234,7 @@ class Consumer:
             self._dead_letter,
             subscription_started=siblings_started,
             incarnation=lambda: sub.incarnation,
+            topic_idle=lambda: time.monotonic() >= sub.active_until,
         )
 
     async def close(self, *, drain: bool = True) -> None:
@@ -287,13 +311,14 @@ class Consumer:
 
     async def _run(self) -> None:
         while not self._closed:
+            failed = False
             try:
                 progressed = await self._tick()
             except asyncio.CancelledError:
                 raise
             except (StorageError, BucketqError) as exc:
                 log.warning("consumer %s: cycle failed, retrying: %s", self.name, exc)
-                progressed = False
+                progressed, failed = False, True
                 self._poll_delay = self.settings.poll_max_ms / 1000
             except Exception as exc:  # a bug: surface it to poll() callers, keep nothing half-done
                 log.exception("consumer %s loop crashed", self.name)
@@ -304,19 +329,65 @@ class Consumer:
                 self._poll_delay = self.settings.poll_min_ms / 1000
                 continue
             self._wake.clear()
-            if not await wait_event(self._wake, self._poll_delay):
-                self._poll_delay = min(self._poll_delay * 2, self.settings.poll_max_ms / 1000)
-            else:  # woken by settlements or demand: linger briefly so more ride in one delta
-                await asyncio.sleep(self.settings.commit_linger_ms / 1000)
+            # settlements waiting for company (PartitionWorker.settle_at) set the next tick at the latest
+            # (not after a failure: the store gets poll_max_ms of rest before the retry)
+            delay = self._poll_delay
+            if not failed:
+                delay = min(delay, max(0.0, self._next_settle() - time.monotonic()))
+            if not await wait_event(self._wake, delay):
+                self._poll_delay = min(self._poll_delay * 2, self._poll_ceiling())
+
+    def _all_idle(self) -> bool:
+        now = time.monotonic()
+        return all(now >= sub.active_until for sub in self._subs.values())
+
+    def _poll_ceiling(self) -> float:
+        """How long the loop sleeps at most between ticks: the slowest cadence it must keep."""
+        ceiling = self.settings.poll_max_ms / 1000
+        if self._all_idle():
+            ceiling = max(ceiling, min(self.settings.wake_poll_ms / 1000, self.settings.poll_idle_ms / 1000))
+        return ceiling
+
+    def _next_settle(self) -> float:
+        """When the next batch of settlements is due (monotonic), over the topics a tick serves (a
+        deleted topic's are not: they are answered when the consumer closes)."""
+        return min(
+            (w.settle_at() for sub in self._subs.values() if sub.gone is None for w in sub.workers.values()),
+            default=float("inf"),
+        )
+
+    def _heartbeat_interval(self) -> float:
+        """Heartbeats (and membership and config refreshes) slow down while every topic is idle."""
+        if self._all_idle():
+            return max(self.settings.heartbeat_interval_s, self.settings.heartbeat_idle_s)
+        return self.settings.heartbeat_interval_s
+
+    async def _watch_wake(self) -> None:
+        """While a topic is idle, look at its wake object every wake_poll_ms (one GET per topic);
+        a change wakes every partition of it and refreshes the membership at once."""
+        now = time.monotonic()
+        for sub in self._subs.values():
+            if sub.gone is not None or now < sub.active_until or now < sub.next_wake_poll:
+                continue
+            sub.next_wake_poll = now + self.settings.wake_poll_ms / 1000
+            if await sub.wake.changed():
+                sub.active_until = time.monotonic() + WAKE_ACTIVE_S
+                for worker in sub.workers.values():
+                    worker.wake_up()
+                self._last_refresh = 0.0
 
     async def _housekeeping(self) -> None:
+        await self._watch_wake()
         now = time.monotonic()
-        if now - self._last_heartbeat >= self.settings.heartbeat_interval_s:
+        interval = self._heartbeat_interval()
+        if now - self._last_heartbeat >= interval:
             self._last_heartbeat = now
+            # the heartbeat stays valid for three intervals: peers keep counting a quiet member
+            ttl = max(self.settings.member_ttl_s, 3 * interval)
             for sub in self._subs.values():
                 with contextlib.suppress(StorageError):
-                    await sub.membership.heartbeat(self._help_wanted(sub))
-        if now - self._last_refresh >= self.settings.heartbeat_interval_s:
+                    await sub.membership.heartbeat(self._help_wanted(sub), ttl_s=ttl)
+        if now - self._last_refresh >= interval:
             self._last_refresh = now
             for sub in self._subs.values():
                 await sub.membership.refresh()
@@ -418,10 +489,11 @@ class Consumer:
                 continue
             mine = set(owned_partitions(self.member, sub.membership.members, sub.partitions))
             for p, worker in sub.workers.items():
+                settle = self._settle_due(worker, now)
                 if p in mine:
-                    if worker.has_work() or (demand > 0 and worker.discovery_due(now)):
+                    if settle or (demand > 0 and (worker.recheck or worker.discovery_due(now))):
                         jobs.append((worker, demand, False))
-                elif worker.has_work():
+                elif settle:
                     jobs.append((worker, 0, True))
                 elif demand > 0 and p in sub.membership.help_wanted and now >= worker.next_foreign_poll:
                     jobs.append((worker, demand, True))  # work stealing: its owner asked for help
@@ -435,7 +507,8 @@ class Consumer:
         # after gather gave up (as plain gather does) outlived close(), holding settlements it had
         # taken, which then were neither committed nor failed (simulation seed 1974).
         results = await asyncio.gather(
-            *(self._cycle(w, d, foreign) for w, d, foreign in jobs), return_exceptions=True
+            *(self._cycle(w, d, foreign, self._settle_due(w, now)) for w, d, foreign in jobs),
+            return_exceptions=True,
         )
         failure = next((r for r in results if isinstance(r, BaseException)), None)
         progressed = False
@@ -448,16 +521,37 @@ class Consumer:
                 else:
                     worker.foreign_backoff = min(worker.foreign_backoff * 2, self.settings.foreign_poll_max_s)
                 worker.next_foreign_poll = time.monotonic() + worker.foreign_backoff
-            if res.messages or res.discovered:
+            if res.messages or res.discovered or (worker.recheck and demanded > 0):
                 progressed = True
+            if res.discovered or res.messages:
+                sub_of = self._subs.get(worker.topic)
+                if sub_of is not None:
+                    sub_of.active_until = max(
+                        sub_of.active_until, time.monotonic() + self.settings.idle_after_s
+                    )
         if failure is not None:
             raise failure
         return progressed
 
-    async def _cycle(self, worker: PartitionWorker, demand: int, foreign: bool) -> CycleResult:
+    def _app_blocked(self) -> bool:
+        """The app waits on its settlements and holds nothing else: no poll() waits for messages
+        and every delivered message has its ack (nack, extend) waiting. Lingering for company
+        then gathers nothing (a closed loop: each handler awaits its ack) and only slows it."""
+        return self._polling == 0 and bool(self._settling) and self._settling.issuperset(self._held)
+
+    def _settle_due(self, worker: PartitionWorker, now: float) -> bool:
+        """Commit this worker's settlements now: their linger ran out, the app waits on them, or
+        the member is closing. Otherwise they wait, riding along with the next claim delta."""
+        if not worker.has_work():
+            return False
+        return not self._claiming or worker.settle_at() <= now or self._app_blocked()
+
+    async def _cycle(
+        self, worker: PartitionWorker, demand: int, foreign: bool, settle: bool = True
+    ) -> CycleResult:
         started = time.perf_counter()
         try:
-            res = await worker.cycle(demand, foreign=foreign)
+            res = await worker.cycle(demand, foreign=foreign, settle=settle)
         except StorageError:
             worker.failed_cycles += 1
             if worker.failed_cycles == FAILED_CYCLES_FOR_HELP and not foreign:
@@ -532,7 +626,11 @@ class Consumer:
                 return False  # idempotent
             raise LeaseLost(receipt_text, f"message was already {previous}")
         receipt = Receipt.decode(receipt_text)
-        ok = await self._intent(receipt, kind, not_before=not_before, reason=reason, counted=counted)
+        self._settling.add(receipt_text)
+        try:
+            ok = await self._intent(receipt, kind, not_before=not_before, reason=reason, counted=counted)
+        finally:
+            self._settling.discard(receipt_text)
         self._held.pop(receipt_text, None)
         if not ok:
             self.counters.lease_lost += 1
@@ -583,7 +681,11 @@ class Consumer:
         r = Receipt.decode(receipt)
         if receipt in self._settled:
             raise LeaseLost(r.pos, f"message was already {self._settled[receipt]}")
-        ok = await self._intent(r, "extend", until=until)
+        self._settling.add(receipt)
+        try:
+            ok = await self._intent(r, "extend", until=until)
+        finally:
+            self._settling.discard(receipt)
         if not ok:
             self._held.pop(receipt, None)
             self.counters.lease_lost += 1
@@ -649,14 +751,18 @@ class Consumer:
         """Up to ``max_messages`` leased messages, waiting up to ``wait`` seconds for the first."""
         self._check()
         deadline = time.monotonic() + max(0.0, wait)
-        while not self._buffer:
-            self._wake.set()
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return []
-            self._arrived.clear()
-            await wait_event(self._arrived, remaining)
-            self._check()
+        self._polling += 1  # the app waits for messages, not on its settlements (_app_blocked)
+        try:
+            while not self._buffer:
+                self._wake.set()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return []
+                self._arrived.clear()
+                await wait_event(self._arrived, remaining)
+                self._check()
+        finally:
+            self._polling -= 1
         out: list[Message] = []
         now = time.time()
         margin = min(HAND_OUT_MARGIN_S, self.settings.visibility_timeout_s / 10)

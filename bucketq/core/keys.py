@@ -90,6 +90,10 @@ class Keys:
     def topic_marker(self, topic: str) -> str:
         return self._k(f"{topic}/.topic")
 
+    def wake(self, topic: str) -> str:
+        """The topic's advisory wake object (core/wake.py)."""
+        return self._k(f"{topic}/.wake")
+
     def partition_prefix(self, topic: str, partition: int) -> str:
         return self._k(f"{topic}/p{partition:0{PARTITION_WIDTH}d}/")
 
@@ -197,6 +201,7 @@ _KINDS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (r"/dedup/", "dedup"),
         (r"/txn/", "txn"),
         (r"/\.topic$", "topic"),
+        (r"/\.wake$", "wake"),
         (r"/subs/", "subscription"),  # last: a topic may be named "subs"
     )
 )
@@ -206,7 +211,7 @@ def key_kind(key: str) -> str:
     """The kind of protocol object a key or LIST prefix of :class:`Keys` (any root) names.
 
     One of ``format``, ``probe``, ``member``, ``registry``, ``spark``, ``delta``, ``checkpoint``,
-    ``fence``, ``subscription``, ``segment``, ``head``, ``dedup``, ``txn``, ``topic``; ``other``
+    ``fence``, ``subscription``, ``segment``, ``head``, ``dedup``, ``txn``, ``topic``, ``wake``; ``other``
     for anything else (a topic or root prefix). For metering and diagnostics (``bucketq bench``
     counts requests by kind); the engine itself only ever builds keys.
     """

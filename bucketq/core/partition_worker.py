@@ -28,8 +28,9 @@ REDRIVE_FOR_HEADER = "bucketq-redrive-for"
 MAX_DISCOVER_PER_CYCLE = 32
 MAX_WINDOW_SEGMENTS = 64
 # An owner re-reads its cursor log at least this often even when it has nothing to write, so an
-# op another process wrote (an operator's ``seek``) reaches an idle group too. One GET (a 404 at
-# the log's tip) per owned partition and period, only while the partition writes nothing.
+# op another process wrote (an operator's ``seek``) reaches a quiet group too. One GET (a 404 at
+# the log's tip) per owned partition and period, only while the partition writes nothing; while
+# the topic is idle, only at the fallback poll (a ``seek`` touches the wake object, core/wake.py).
 LOG_REFRESH_S = 30.0
 
 DeadLetterFn = Callable[[str, int, Pos, Record, int, str], Awaitable[None]]
@@ -113,6 +114,7 @@ class PartitionWorker:
         *,
         subscription_started: Callable[[], bool] = lambda: False,
         incarnation: Callable[[], str] = lambda: "",
+        topic_idle: Callable[[], bool] = lambda: False,
     ) -> None:
         self.storage = storage
         self.keys = keys
@@ -125,6 +127,9 @@ class PartitionWorker:
         self.dead_letter = dead_letter
         self.subscription_started = subscription_started
         self.incarnation = incarnation
+        self.topic_idle = topic_idle
+        # the oldest settlement waiting for company (monotonic; None: none waits)
+        self.settle_opened: float | None = None
         self.log = CursorLog(
             storage,
             keys,
@@ -151,6 +156,9 @@ class PartitionWorker:
         self.next_discovery = 0.0
         self.discovery_backoff = settings.poll_min_ms / 1000
         self.window_has_more = True
+        # a committed settlement may have made a window message claimable (an ordered key's next
+        # message, a release): claim again at the next tick, without a discovery GET
+        self.recheck = False
         self.last_found = time.monotonic()
         self.log_read = time.monotonic()  # when the log was last read to its tip
         self._lock = asyncio.Lock()
@@ -228,23 +236,50 @@ class PartitionWorker:
     def discovery_due(self, now: float) -> bool:
         return self.window_has_more or now >= self.next_discovery
 
-    async def cycle(self, demand: int, *, foreign: bool = False) -> CycleResult:
+    def wake_up(self) -> None:
+        """The topic's wake object changed: discover and re-read the log at the next cycle."""
+        self.next_discovery = 0.0
+        self.discovery_backoff = self.settings.poll_min_ms / 1000
+        self.log_read = float("-inf")
+
+    def settle_at(self) -> float:
+        """When the waiting settlements should be committed (monotonic; inf: none wait): at most
+        ``commit_linger_ms`` (and a tenth of the visibility timeout) after the oldest arrived.
+        Until then they ride along with any delta the partition writes (claims of new segments)."""
+        if self._dead_ready:
+            return 0.0
+        if not self.intents:
+            return float("inf")
+        if self.settle_opened is None:
+            return 0.0
+        linger = min(self.settings.commit_linger_ms / 1000, self.settings.visibility_timeout_s / 10)
+        return self.settle_opened + linger
+
+    async def cycle(self, demand: int, *, foreign: bool = False, settle: bool = True) -> CycleResult:
         """One group commit: pending intents, dead letters, new segments and up to ``demand`` claims.
 
         On a partition another member owns (``foreign``), the member first catches up with the
         log, claims only messages that waited longer than ``steal_after_s``, and writes nothing
-        when it has nothing to claim or settle.
+        when it has nothing to claim or settle. Without ``settle`` the waiting settlements only
+        ride along with a delta the cycle writes anyway (new segments, claims, dead letters).
         """
         async with self._lock:
-            return await self._cycle(demand, foreign)
+            return await self._cycle(demand, foreign, settle)
 
-    async def _cycle(self, demand: int, foreign: bool) -> CycleResult:
+    def _log_refresh_s(self) -> float:
+        if self.topic_idle():
+            return max(LOG_REFRESH_S, self.settings.poll_idle_ms / 1000)
+        return LOG_REFRESH_S
+
+    async def _cycle(self, demand: int, foreign: bool, settle: bool = True) -> CycleResult:
         result = CycleResult()
+        if demand > 0:
+            self.recheck = False
         await self.ensure_loaded()
         now = time.monotonic()
         if foreign:
             await self.log.catch_up(via_checkpoint=True)
-        elif now - self.log_read >= LOG_REFRESH_S:
+        elif now - self.log_read >= self._log_refresh_s():
             await self.log.catch_up()
             self.log_read = now
             self._absorb_discovered()
@@ -253,16 +288,19 @@ class PartitionWorker:
             if result.discovered:  # track the arrival interval: quarter on a find, double on a miss
                 self.discovery_backoff = max(self.settings.poll_min_ms / 1000, self.discovery_backoff / 4)
                 self.last_found = now
-            else:  # long idle partitions are polled more slowly still (cost of an idle queue)
+            elif self.topic_idle():  # the whole topic: only the fallback; the wake object wakes it
+                self.discovery_backoff = max(self.settings.poll_max_ms, self.settings.poll_idle_ms) / 1000
+            else:  # quiet partitions are polled more slowly (the cost of an idle queue)
                 ceiling = self.settings.poll_max_ms / 1000
-                if now - self.last_found > self.settings.idle_after_s:
-                    ceiling = max(ceiling, self.settings.poll_idle_ms / 1000)
+                if now - self.last_found > self.settings.idle_after_s:  # this partition only
+                    ceiling = max(ceiling, self.settings.wake_poll_ms / 1000)
                 self.discovery_backoff = min(self.discovery_backoff * 2, ceiling)
             self.next_discovery = now + self.discovery_backoff
         await self._ensure_window()
         if not foreign:
             await self._publish_dead_letters()
         intents, self.intents = self.intents, []
+        opened_at, self.settle_opened = self.settle_opened, None
         leftover: list[bool] = [False]
         min_age = self.settings.steal_after_s if foreign else None
 
@@ -270,19 +308,25 @@ class PartitionWorker:
             expire = self._expire_op(state)
             if expire is not None:
                 state = _preview(state, expire)
-            settle = [i.op() for i in intents if not i.future.done()]
-            settle.extend(Op("dead", p[0], p[1], reason=r, ref="dead") for p, r in self._dead_ready.items())
+            settles = [i.op() for i in intents if not i.future.done()]
+            settles.extend(Op("dead", p[0], p[1], reason=r, ref="dead") for p, r in self._dead_ready.items())
             seen = self._seen_ops(state)
             claims, more = self._choose_claims(state, demand, seen, min_age)
             leftover[0] = more
-            if foreign and not claims and not settle:
+            if foreign and not claims and not settles:
                 return []
-            return [*([expire] if expire is not None else []), *seen, *settle, *claims]
+            if not settle and expire is None and not seen and not claims and not self._dead_ready:
+                return []  # the settlements wait for company (or for the next claim)
+            return [*([expire] if expire is not None else []), *seen, *settles, *claims]
 
+        outcome = None
         try:
             outcome = await self.log.commit(build)
         finally:
-            self.intents[:0] = [i for i in intents if not i.future.done()]
+            back = [i for i in intents if not i.future.done()]
+            self.intents[:0] = back
+            if back and outcome is None and opened_at is not None:  # not written: still waiting
+                self.settle_opened = min(opened_at, self.settle_opened or opened_at)
         self.window_has_more = leftover[0]
         if outcome is not None:
             self.log_read = time.monotonic()
@@ -290,6 +334,8 @@ class PartitionWorker:
             result.ops = len(outcome.delta.ops)
             for op, ok in zip(outcome.delta.ops, outcome.results, strict=True):
                 self._settle(op, ok, outcome.delta.at, result)
+            if any(op.kind in ("ack", "release", "dead", "expire") for op in outcome.delta.ops):
+                self.recheck = bool(self.state.segments)
             self.intents = [i for i in self.intents if not i.future.done()]
         self._absorb_discovered()
         return result
@@ -493,6 +539,8 @@ class PartitionWorker:
 
     def add_intent(self, intent: Intent) -> None:
         self.intents.append(intent)
+        if self.settle_opened is None:
+            self.settle_opened = time.monotonic()
 
     def has_work(self) -> bool:
         """Settlements or dead letters wait to be committed."""

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from bucketq.config import ProducerSettings
+from bucketq.core.batching import Batcher
 from bucketq.core.ids import token
 from bucketq.core.keys import Keys
 from bucketq.core.producer_peers import ProducerPeers
@@ -25,6 +26,7 @@ from bucketq.core.segment import (
 from bucketq.core.segment_writer import SegmentWriter
 from bucketq.core.topics import TopicCatalog, find_tail
 from bucketq.core.waiting import wait_event
+from bucketq.core.wake import WAKE_REFRESH_S, touch_wake
 from bucketq.errors import (
     AlreadyExists,
     BucketqError,
@@ -38,7 +40,11 @@ from bucketq.storage import Storage
 
 log = logging.getLogger("bucketq.producer")
 
-HEAD_HINT_INTERVAL_S = 1.0
+# The advisory head hint (where a new writer starts probing for the tail) is rewritten at most
+# this often per partition, or after this many segments: one PUT per 30 s of an idle-ish partition
+# instead of one per second, and a newcomer probes at most HEAD_HINT_SEGMENTS segments forward.
+HEAD_HINT_INTERVAL_S = 30.0
+HEAD_HINT_SEGMENTS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,13 +152,17 @@ class PartitionAppender:
         self._buffer: list[_Pending] = []
         self._writing: list[_Pending] = []
         self._buffer_bytes = 0
+        self._batcher = Batcher(settings.linger_ms / 1000)
         self._wake = asyncio.Event()
         self._full = asyncio.Event()
         self._closing = False
         self._task: asyncio.Task[None] | None = None
         self._head_task: asyncio.Task[None] | None = None
+        self.on_written: Callable[[], None] | None = None  # after each durable segment
         self._head_dirty = False
         self._head_written_at = 0.0
+        self._head_behind = 0  # segments written since the hint
+        self._wake_head = asyncio.Event()
 
     @property
     def conflicts(self) -> int:
@@ -180,6 +190,7 @@ class PartitionAppender:
             raise Closed("producer is closing")
         self._buffer.append(pending)
         self._buffer_bytes += len(pending.line) + 1
+        self._batcher.arrived()
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run())
         self._wake.set()
@@ -194,6 +205,7 @@ class PartitionAppender:
         self._closing = True
         self._full.set()
         self._wake.set()
+        self._wake_head.set()
         if self._task is not None:
             await self._task
         if self._head_task is not None:
@@ -202,14 +214,21 @@ class PartitionAppender:
     async def _run(self) -> None:
         while True:
             if not self._buffer:
+                self._batcher.idle()
                 if self._closing:
                     return
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            if not self._closing and not self._full.is_set():
-                await wait_event(self._full, self.settings.linger_ms / 1000)
+            # group commit: written at once unless arrivals keep coming (core/batching.py)
+            while not self._closing and not self._full.is_set():
+                wait = self._batcher.close_at() - time.monotonic()
+                if wait <= 0:
+                    break
+                self._wake.clear()
+                await wait_event(self._wake, wait)
             batch = self._take_batch()
+            self._batcher.taken()
             self._writing = batch
             try:
                 await self._write(batch)
@@ -248,19 +267,32 @@ class PartitionAppender:
                     )
                 )
         self._schedule_head()
+        if self.on_written is not None:
+            self.on_written()
 
     def _schedule_head(self) -> None:
         self._head_dirty = True
+        self._head_behind += 1
+        if self._head_behind >= HEAD_HINT_SEGMENTS:
+            self._wake_head.set()
         if self._head_task is None or self._head_task.done():
             self._head_task = asyncio.get_running_loop().create_task(self._write_head())
 
     async def _write_head(self) -> None:
-        """Overwrite the advisory head hint, at most once per HEAD_HINT_INTERVAL_S per partition."""
+        """Overwrite the advisory head hint, at most once per HEAD_HINT_INTERVAL_S per partition
+        (sooner once HEAD_HINT_SEGMENTS segments were written since, and at close)."""
         while self._head_dirty:
-            wait = self._head_written_at + HEAD_HINT_INTERVAL_S - time.monotonic()
-            if wait > 0 and not self._closing:
-                await asyncio.sleep(wait)
+            while (
+                not self._closing
+                and self._head_behind < HEAD_HINT_SEGMENTS
+                and time.monotonic() < self._head_written_at + HEAD_HINT_INTERVAL_S
+            ):
+                self._wake_head.clear()
+                await wait_event(
+                    self._wake_head, self._head_written_at + HEAD_HINT_INTERVAL_S - time.monotonic()
+                )
             self._head_dirty = False
+            self._head_behind = 0
             self._head_written_at = time.monotonic()
             await self.writer.write_head()
 
@@ -289,6 +321,8 @@ class Producer:
         self._sticky: dict[str, int] = {}
         self._closed = False
         self.peers = peers
+        self._woken: dict[str, float] = {}  # topic -> when this producer last touched its wake object
+        self._wake_tasks: set[asyncio.Task[bool]] = set()
 
     @property
     def buffered(self) -> int:
@@ -303,8 +337,20 @@ class Producer:
                 self.storage, self.keys, topic, partition, self.id, self.settings, self.catalog
             )
             app.on_conflict = lambda: self._move_on(topic, partition)
+            app.on_written = lambda: self._wake_readers(topic)
             self._appenders[key] = app
         return app
+
+    def _wake_readers(self, topic: str) -> None:
+        """After a durable append: touch the topic's wake object unless this producer did within
+        WAKE_REFRESH_S (core/wake.py; advisory, in the background, errors ignored)."""
+        now = time.monotonic()
+        if now - self._woken.get(topic, -WAKE_REFRESH_S) < WAKE_REFRESH_S:
+            return
+        self._woken[topic] = now
+        task = asyncio.get_running_loop().create_task(touch_wake(self.storage, self.keys, topic, self.id))
+        self._wake_tasks.add(task)
+        task.add_done_callback(self._wake_tasks.discard)
 
     def _move_on(self, topic: str, partition: int) -> None:
         """Another producer appended to this partition: look at the live producers again; a
@@ -532,5 +578,7 @@ class Producer:
         """Flush and stop accepting publishes."""
         self._closed = True
         await asyncio.gather(*(a.close() for a in self._appenders.values()))
+        if self._wake_tasks:
+            await asyncio.gather(*self._wake_tasks, return_exceptions=True)
         if self.peers is not None:
             await self.peers.close()

@@ -14,7 +14,7 @@ from bucketq.storage import Storage
 
 log = logging.getLogger("bucketq.producer")
 
-REFRESH_S = 10.0
+REFRESH_S = 30.0
 FIRST_REFRESH_S = 1.0
 MIN_REFRESH_GAP_S = 1.0
 TTL_S = 3 * REFRESH_S

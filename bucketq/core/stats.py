@@ -1,4 +1,10 @@
-"""Queue statistics per topic and consumer: backlog, in flight, dead-lettered, oldest age."""
+"""Queue statistics per topic and consumer: backlog, in flight, pending, lease holders, oldest age.
+
+``pending`` = ``backlog`` + ``in_flight``: every message of the subscription not yet done, leased
+or not (a message a member prefetched is leased, so it is in flight, never in the backlog). The
+lease ``holders`` are the distinct members owning a live lease: a scaler must not remove them
+while they work (docs/operator.md, "Scaling").
+"""
 
 from __future__ import annotations
 
@@ -31,6 +37,12 @@ class PartitionStats:
     oldest_age_s: float | None  # age of the oldest message not yet done
     last_activity: float | None = None  # Unix time of the newest delta of the cursor log it knows
     collected: int = 0  # messages skipped because GC collected them first (retention limits)
+    holders: list[str] = field(default_factory=list)  # members owning a live lease, sorted
+
+    @property
+    def pending(self) -> int:
+        """Messages not yet done: waiting (backlog) or leased (in flight)."""
+        return self.backlog + self.in_flight
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +65,21 @@ class SubscriptionStats:
     members: list[str] = field(default_factory=list)
     last_activity: float | None = None
     collected: int = 0
+    # distinct members owning a live lease on any partition (a subset of who heartbeats, as far
+    # as clocks agree: a member may still hold leases for a while after its heartbeat stopped)
+    holders: list[str] = field(default_factory=list)
+
+    @property
+    def pending(self) -> int:
+        """Messages not yet done: waiting (backlog) or leased (in flight)."""
+        return self.backlog + self.in_flight
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["pending"] = self.pending
+        for part, stats in zip(out["partitions"], self.partitions, strict=True):
+            part["pending"] = stats.pending
+        return out
 
 
 async def partition_stats(
@@ -66,7 +90,8 @@ async def partition_stats(
     _, next_offset = await find_tail(storage, keys, topic, partition)
     now = time.time()
     done_open = sum(len(s.done) for s in state.segments.values())
-    live = sum(1 for le in state.leases.values() if le.until >= now)
+    live_leases = [le for le in state.leases.values() if le.until >= now]
+    live = len(live_leases)
     delayed = sum(1 for t in state.delayed.values() if t > now)
     start = state.floor_offset
     outstanding = max(0, next_offset - start - done_open)
@@ -85,6 +110,7 @@ async def partition_stats(
         oldest_age_s=oldest,
         last_activity=max((at for _, at in state.ids.values()), default=None),
         collected=state.counters.collected,
+        holders=sorted({le.member for le in live_leases}),
     )
 
 
@@ -138,4 +164,5 @@ async def subscription_stats(
         members=await live_members(storage, keys, topic, consumer),
         last_activity=max(active) if active else None,
         collected=sum(p.collected for p in parts),
+        holders=sorted({m for p in parts for m in p.holders}),
     )

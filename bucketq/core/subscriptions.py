@@ -11,6 +11,7 @@ from bucketq.core.peek import segment_at
 from bucketq.core.segment import taken_header
 from bucketq.core.topics import TopicCatalog, find_tail, first_segment
 from bucketq.core.txn import stable_limits
+from bucketq.core.wake import touch_wake
 from bucketq.errors import BucketqError
 from bucketq.storage import Storage
 
@@ -151,4 +152,6 @@ async def seek_subscription(
 
         await cursor.commit(build)
         moved[p] = (seq, base)
+    # an idle group reads its logs only at the fallback poll: wake it to apply the seek now
+    await touch_wake(storage, keys, topic, f"seek/{consumer}")
     return moved

@@ -30,6 +30,13 @@ def command(
     no_webhook: Annotated[
         bool, typer.Option("--no-webhook", help="Do not serve the sidecar injector.")
     ] = False,
+    webhook_only: Annotated[
+        bool,
+        typer.Option(
+            "--webhook-only",
+            help="Serve only the sidecar injector (no reconciliation): run several such replicas.",
+        ),
+    ] = False,
     metrics_port: Annotated[
         int | None, typer.Option(help="Queue metrics port, 0 for none [9090].", show_default=False)
     ] = None,
@@ -37,6 +44,7 @@ def command(
 ) -> None:
     """Run the operator: reconcile Topics, Consumers and DeadLetterPolicies, inject sidecars, export metrics.
 
+    With --webhook-only it serves the sidecar injector alone (the Helm chart's webhook Deployment).
     The bucket comes from the engine settings (BUCKETQ_S3_*, credentials from a Secret), the
     operator's own settings from BUCKETQ_OPERATOR_*; options win over the environment.
     """
@@ -48,6 +56,7 @@ def command(
         "namespaces": namespace or None,
         "webhook_port": webhook_port,
         "webhook": False if no_webhook else None,
+        "webhook_only": True if webhook_only else None,
         "metrics_port": metrics_port,
     }
     try:
@@ -57,7 +66,10 @@ def command(
         typer.echo(f"bucketq operator: {exc}", err=True)
         raise typer.Exit(2) from None
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" if e["loc"] else e["msg"]
+            for e in exc.errors()
+        )
         typer.echo(f"bucketq operator: invalid operator configuration: {problems}", err=True)
         raise typer.Exit(2) from None
     logging.basicConfig(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from bucketq.core.fences import DELTA_GRACE_S, DELTA_TRUST_S, SEGMENT_GRACE_S, SEGMENT_TRUST_S
@@ -52,6 +52,11 @@ class OperatorSettings(BaseSettings):
 
     # admission webhook
     webhook: bool = True
+    webhook_only: bool = Field(
+        False,
+        description="Serve only the admission webhook (no reconcilers, timers, metrics or bucket access): "
+        "the mode of the webhook Deployment, whose replicas all serve at once.",
+    )
     webhook_addr: str = "0.0.0.0"
     webhook_port: int = Field(9443, ge=1, le=65535)
     webhook_host: str | None = Field(
@@ -66,6 +71,18 @@ class OperatorSettings(BaseSettings):
     webhook_managed: bool = Field(
         True, description="Let the operator maintain its MutatingWebhookConfiguration."
     )
+    webhook_failure_policy: Literal["Fail", "Ignore"] = Field(
+        "Fail",
+        description="The webhook's failurePolicy (in the managed configuration; the Helm chart renders the "
+        "same value). Fail: a pod asking for a sidecar is refused while no webhook answers.",
+    )
+    webhook_consumer_wait_s: float = Field(
+        3.0,
+        ge=0,
+        le=20,
+        description="How long a pod naming a Consumer the webhook has not seen yet waits for it to arrive "
+        "through the watch (a Consumer applied together with its Deployment, a webhook just started).",
+    )
     missing_consumer: Literal["reject", "warn"] = "reject"
 
     # the injected sidecar
@@ -74,8 +91,10 @@ class OperatorSettings(BaseSettings):
     sidecar_native: bool = Field(
         True, description="Init container with restartPolicy Always (Kubernetes 1.29+)."
     )
-    sidecar_api_port: int = Field(3500, ge=1, le=65535)
-    sidecar_metrics_port: int = Field(9090, ge=1, le=65535)
+    # Ports of the sidecar in each pod (per pod: bucketq.io/api-port, bucketq.io/metrics-port). Away from
+    # the ports of other meshes' sidecars (Dapr 3500/9090/50001, Istio 15000-15090).
+    sidecar_api_port: int = Field(3580, ge=1, le=65535)
+    sidecar_metrics_port: int = Field(9580, ge=1, le=65535)
     sidecar_secret: str = Field(
         "bucketq-sidecar-s3",
         description="Default Secret with the pods' S3 credentials, in each pod's namespace: a key limited "
@@ -91,6 +110,37 @@ class OperatorSettings(BaseSettings):
     sidecar_cpu_limit: str | None = None
     sidecar_memory_limit: str | None = "256Mi"
     sidecar_run_as_user: int = Field(65532, ge=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> OperatorSettings:
+        if self.sidecar_api_port == self.sidecar_metrics_port:
+            raise ValueError(
+                f"sidecar_api_port and sidecar_metrics_port are both {self.sidecar_api_port}: the sidecar "
+                "needs two ports"
+            )
+        if self.webhook_only:
+            self._check_webhook_only()
+        return self
+
+    def _check_webhook_only(self) -> None:
+        """Webhook replicas run side by side: no leader, no configuration of their own, one certificate."""
+        if not self.webhook:
+            raise ValueError("webhook_only needs webhook=true")
+        if self.peering is not None:
+            raise ValueError(
+                "webhook_only runs without peering: every replica serves, and a paused peer would stop "
+                "watching the Consumers the webhook reads"
+            )
+        if self.webhook_managed:
+            raise ValueError(
+                "webhook_only needs webhook_managed=false: replicas would each rewrite the "
+                "MutatingWebhookConfiguration (ship it, as the Helm chart does)"
+            )
+        if not self.webhook_insecure and (self.webhook_cert_file is None or self.webhook_key_file is None):
+            raise ValueError(
+                "webhook_only needs webhook_cert_file and webhook_key_file: every replica must serve the "
+                "same certificate (a self-signed one would differ per replica and match no caBundle)"
+            )
 
     @field_validator("namespaces", mode="before")
     @classmethod

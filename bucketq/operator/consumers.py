@@ -31,7 +31,6 @@ def registry_meta(spec: ConsumerSpec) -> dict[str, Any]:
         "max_in_flight": spec.max_in_flight,
         "ordered": spec.ordered,
         "delivery": spec.delivery.mode,
-        "dead_letter_policy": spec.dead_letter_policy,
     }
 
 

@@ -42,11 +42,15 @@ from bucketq.operator.models import (
 from bucketq.operator.outcome import InvalidSpec, Reconciler, Waiting
 from bucketq.operator.status import DEAD_LETTER_POLICY, Cond, now_iso
 from bucketq.operator.topics import apply_topic, current_config, delete_topic, topic_config, topic_figures
-from bucketq.operator.webhook import SidecarInjector
+from bucketq.operator.webhook import SELECTORS, SidecarInjector
 
 log = logging.getLogger("bucketq.operator")
 
 M = TypeVar("M", bound=CrdModel)
+DEPRECATED_POLICY = (
+    "spec.deadLetterPolicy of a Consumer is deprecated and ignored (removed in the next API version): "
+    "dead-letter settings belong to each Topic's spec.deadLetterPolicy; remove the field"
+)
 Index = Mapping[Any, Any]
 
 
@@ -110,8 +114,20 @@ class Operator:
     # -- registration ----------------------------------------------------------------------------
 
     def register(self, registry: kopf.OperatorRegistry) -> kopf.OperatorRegistry:
-        """Register every handler of this operator on ``registry``."""
-        s, reg = self.settings, registry
+        """Register every handler of this operator on ``registry`` (webhook-only: the injector alone)."""
+        if self.settings.webhook_only:
+            # The injector reads Consumers from this index only; nothing else is watched or written.
+            kopf.index(GROUP, VERSION, "consumers", id="consumer_index", registry=registry)(
+                _fn(self.index_spec)
+            )
+        else:
+            self._register_reconcilers(registry)
+        if self.settings.webhook:
+            self._register_webhook(registry)
+        return registry
+
+    def _register_reconcilers(self, reg: kopf.OperatorRegistry) -> None:
+        s = self.settings
         kopf.on.startup(id="startup", registry=reg)(_fn(self.startup))
         kopf.on.cleanup(id="cleanup", registry=reg)(_fn(self.cleanup))
         for plural, index_id in (
@@ -135,17 +151,26 @@ class Operator:
         kopf.timer(GROUP, VERSION, "topics", id="gc", interval=s.gc_interval_s, registry=reg)(
             _fn(self.collect_garbage)
         )
-        if s.webhook:
+
+    def _register_webhook(self, reg: kopf.OperatorRegistry) -> None:
+        """The injector, once per objectSelector (webhook.SELECTORS), with one failure policy.
+
+        ``persistent``: when kopf manages the configuration it keeps these webhooks while the
+        operator is down, so that with failurePolicy Fail a pod asking for a sidecar waits for the
+        webhook instead of starting without one.
+        """
+        for handler_id, labels in SELECTORS.items():
             kopf.on.mutate(
                 "v1",
                 "pods",
-                id="inject-sidecar",
+                id=handler_id,
                 operations=["CREATE"],
-                ignore_failures=True,
+                labels=labels,
+                ignore_failures=self.settings.webhook_failure_policy == "Ignore",
+                persistent=True,
                 side_effects=False,
                 registry=reg,
             )(_fn(self.injector.mutate))
-        return registry
 
     async def startup(self, **_: Any) -> None:
         if self.settings.metrics_port:
@@ -300,7 +325,6 @@ class Operator:
     ) -> dict[str, Any]:
         consumer = _parse(ConsumerSpec, spec, "Consumer")
         _name(name, "consumer")
-        self._policy(indexes["dlp_index"], namespace, consumer.dead_letter_policy)
         bq = await self.buckets.get(namespace)
         try:
             reg = await apply_consumer(bq, name, consumer)
@@ -316,7 +340,11 @@ class Operator:
 
     @staticmethod
     def _policy_match(consumer: ConsumerSpec, namespace: str, topic_index: Index) -> Cond:
-        """Dead-letter settings live on topics: a consumer's policy must be its topics' policy."""
+        """Dead-letter settings live on topics (the engine applies them per topic, to all consumers).
+
+        ``spec.deadLetterPolicy`` of a Consumer is deprecated and ignored: it can only repeat its
+        topics' policy or contradict it. Both are reported, neither stops the consumer.
+        """
         if consumer.dead_letter_policy is None:
             return Cond(
                 DEAD_LETTER_POLICY, True, "TopicPolicies", "dead-lettering follows each topic's policy"
@@ -331,16 +359,22 @@ class Operator:
                 DEAD_LETTER_POLICY,
                 False,
                 "PolicyMismatch",
-                "dead-letter settings apply per topic; set the policy on the Topic: " + ", ".join(other),
+                f"{DEPRECATED_POLICY}; it differs from the topics' policies, which apply: "
+                + ", ".join(other),
             )
-        return Cond(DEAD_LETTER_POLICY, True, "Applied", f"DeadLetterPolicy {consumer.dead_letter_policy!r}")
+        return Cond(
+            DEAD_LETTER_POLICY,
+            True,
+            "Deprecated",
+            f"{DEPRECATED_POLICY}; it repeats the policy of its topics ({consumer.dead_letter_policy!r})",
+        )
 
     async def reconcile_consumer(
         self,
         name: str,
         namespace: str,
         spec: Mapping[str, Any],
-        body: Mapping[str, Any],
+        body: kopf.Body,
         patch: kopf.Patch,
         retry: int,
         dlp_index: Index,
@@ -348,6 +382,9 @@ class Operator:
         old: Any = None,
         **_: Any,
     ) -> None:
+        if spec.get("deadLetterPolicy"):
+            # once per change (create, update, operator restart), not on every status refresh
+            kopf.warn(body, reason="DeprecatedField", message=DEPRECATED_POLICY)
         async with self.reconciler.reconciling("Consumer", namespace, body, patch, retry=retry) as out:
             indexes = {"dlp_index": dlp_index, "topic_index": topic_index}
             out.set(

@@ -1,10 +1,13 @@
 """Queue metrics for Prometheus and KEDA: per topic and consumer, from the last status refresh.
 
 Scrapes never touch S3: the status timers store snapshots here and the collector renders them.
+The same port serves KEDA's ``metrics-api`` scaler from the same snapshots (:mod:`.scaling`).
 """
 
 from __future__ import annotations
 
+import platform
+import time
 from collections.abc import Iterator
 
 from aiohttp import web
@@ -13,8 +16,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
+from bucketq import __version__
+from bucketq.core.app import FORMAT
 from bucketq.core.gc import TopicStorage
 from bucketq.core.stats import SubscriptionStats
+from bucketq.operator.scaling import ROUTE, scaling_handler
 from bucketq.operator.topics import TopicFigures
 
 _TOPIC = ["namespace", "topic"]
@@ -26,7 +32,15 @@ class QueueMetrics(Collector):
 
     def __init__(self) -> None:
         self._topics: dict[tuple[str, str], TopicFigures] = {}
+        self._refreshed: dict[tuple[str, str], float] = {}  # Unix time of each topic's snapshot
         r = self.registry = CollectorRegistry(auto_describe=True)
+        self.build_info = Gauge(
+            "bucketq_build_info",
+            "Always 1: the running version, its Python and the storage format it speaks.",
+            ["version", "python", "format"],
+            registry=r,
+        )
+        self.build_info.labels(__version__, platform.python_version(), str(FORMAT)).set(1)
         self.reconcile_errors = Counter(
             "bucketq_operator_reconcile_errors",
             "Failed reconciliations, by kind and reason.",
@@ -79,11 +93,27 @@ class QueueMetrics(Collector):
 
     # -- snapshots -------------------------------------------------------------------------------
 
-    def set_topic(self, namespace: str, topic: str, figures: TopicFigures) -> None:
+    def set_topic(
+        self, namespace: str, topic: str, figures: TopicFigures, *, at: float | None = None
+    ) -> None:
+        """Keep a topic's figures for scrapes and scaling answers; ``at``: when they were computed
+        (Unix time, default now), so that an answer can say how old its figures are."""
         self._topics[(namespace, topic)] = figures
+        self._refreshed[(namespace, topic)] = time.time() if at is None else at
 
     def forget_topic(self, namespace: str, topic: str) -> None:
         self._topics.pop((namespace, topic), None)
+        self._refreshed.pop((namespace, topic), None)
+
+    def consumer_figures(self, namespace: str, consumer: str) -> list[tuple[SubscriptionStats, float]]:
+        """Every subscription of ``consumer`` in ``namespace`` with the Unix time of its snapshot."""
+        return [
+            (sub, self._refreshed[key])
+            for key, figures in sorted(self._topics.items())
+            if key[0] == namespace
+            for sub in figures.subscriptions
+            if sub.consumer == consumer
+        ]
 
     def subscription(self, namespace: str, topic: str, consumer: str) -> SubscriptionStats | None:
         figures = self._topics.get((namespace, topic))
@@ -107,6 +137,11 @@ class QueueMetrics(Collector):
             "in_flight": GaugeMetricFamily(
                 "bucketq_subscription_in_flight", "Messages leased to a member right now.", labels=_SUB
             ),
+            "pending": GaugeMetricFamily(
+                "bucketq_subscription_pending",
+                "Messages not yet done: backlog plus in flight (prefetched messages are leased).",
+                labels=_SUB,
+            ),
             "delayed": GaugeMetricFamily(
                 "bucketq_subscription_delayed", "Messages waiting for their not-before time.", labels=_SUB
             ),
@@ -129,6 +164,12 @@ class QueueMetrics(Collector):
             ),
         }
         partitions = GaugeMetricFamily("bucketq_topic_partitions", "Partitions of the topic.", labels=_TOPIC)
+        holders = GaugeMetricFamily(
+            "bucketq_consumer_lease_holders",
+            "Distinct members holding a live lease on any of the consumer's topics (a scaler's floor).",
+            labels=["namespace", "consumer"],
+        )
+        members: dict[tuple[str, str], set[str]] = {}
         for (ns, topic), figures in sorted(self._topics.items()):
             c["published"].add_metric([ns, topic], figures.info.messages)
             partitions.add_metric([ns, topic], figures.info.config.partitions)
@@ -136,14 +177,19 @@ class QueueMetrics(Collector):
                 labels = [ns, topic, sub.consumer]
                 g["backlog"].add_metric(labels, sub.backlog)
                 g["in_flight"].add_metric(labels, sub.in_flight)
+                g["pending"].add_metric(labels, sub.pending)
                 g["delayed"].add_metric(labels, sub.delayed)
                 g["oldest"].add_metric(labels, sub.oldest_age_s or 0.0)
                 c["dead"].add_metric(labels, sub.dead_lettered)
                 c["acked"].add_metric(labels, sub.acked)
                 c["redelivered"].add_metric(labels, sub.redelivered)
+                members.setdefault((ns, sub.consumer), set()).update(sub.holders)
+        for (ns, consumer), holding in sorted(members.items()):
+            holders.add_metric([ns, consumer], len(holding))
         yield from g.values()
         yield from c.values()
         yield partitions
+        yield holders
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -151,13 +197,15 @@ class QueueMetrics(Collector):
     # -- server ----------------------------------------------------------------------------------
 
     async def serve(self, host: str, port: int) -> web.AppRunner:
-        """Serve ``GET /metrics`` on ``host:port``; returns the runner to clean up."""
+        """Serve ``GET /metrics`` and KEDA's ``GET /scaling/{namespace}/{consumer}`` on ``host:port``;
+        returns the runner to clean up."""
 
         async def metrics(request: web.Request) -> web.Response:
             return web.Response(body=self.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
         app = web.Application()
         app.router.add_get("/metrics", metrics)
+        app.router.add_get(ROUTE, scaling_handler(self))
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
         await web.TCPSite(runner, host, port).start()

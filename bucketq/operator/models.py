@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, model_validator
 from pydantic.alias_generators import to_camel
 
 from bucketq.core.keys import MAX_PARTITIONS
@@ -106,6 +106,32 @@ class TopicSpec(CrdModel):
     )
 
 
+class PushRetry(CrdModel):
+    """Exponential backoff of redeliveries after a failed push (with jitter, applied by the sidecar).
+
+    The n-th redelivery of a message waits about ``min(maxSeconds, initialSeconds * multiplier**(n-1))``.
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra=_cel(
+            "self.maxSeconds >= self.initialSeconds", "maxSeconds must be at least initialSeconds"
+        ),
+    )
+
+    initial_seconds: float = Field(
+        1.0, ge=0.01, le=3600, description="Delay before the first redelivery of a failed push."
+    )
+    max_seconds: float = Field(60.0, ge=0.01, le=86_400, description="Longest delay between redeliveries.")
+    multiplier: float = Field(2.0, ge=1.0, le=10.0, description="Growth of the delay per failed push.")
+
+    @model_validator(mode="after")
+    def _max_after_initial(self) -> PushRetry:
+        # the same rule as the CEL validation, for specs that reach the operator without it
+        if self.max_seconds < self.initial_seconds:
+            raise ValueError("maxSeconds must be at least initialSeconds")
+        return self
+
+
 class PushDelivery(CrdModel):
     """Push delivery: the sidecar POSTs messages to the app."""
 
@@ -124,6 +150,17 @@ class PushDelivery(CrdModel):
     concurrency: int = Field(16, ge=1, le=10_000, description="Concurrent push requests per pod.")
     timeout_seconds: int = Field(
         600, ge=1, le=43_200, description="How long the app may take to answer a push."
+    )
+    batch_size: int = Field(
+        1,
+        ge=1,
+        le=1000,
+        description="Messages per push request (1: one message per request, the body is the message).",
+    )
+    retry: PushRetry = Field(
+        default_factory=PushRetry,
+        description="Backoff before a message whose push failed is pushed again.",
+        json_schema_extra={"default": {}},
     )
 
 
@@ -163,6 +200,11 @@ class ConsumerSpec(CrdModel):
     )
     max_in_flight: int = Field(1000, ge=1, le=100_000, description="Leased messages per pod at most.")
     ordered: bool = Field(False, description="Deliver messages with the same key one at a time, in order.")
+    profile: Literal["latency", "balanced", "economy"] = Field(
+        "balanced",
+        description="The sidecars' latency/cost trade-off: group-commit lingers, polling and heartbeat "
+        "cadences (docs/tuning.md). A pod's bucketq.io/profile annotation overrides it.",
+    )
     delivery: Delivery = Field(
         default_factory=Delivery,
         description="pull or push delivery to the app.",
@@ -170,7 +212,8 @@ class ConsumerSpec(CrdModel):
     )
     dead_letter_policy: Name | None = Field(
         None,
-        description="Name of a DeadLetterPolicy in the same namespace; it must match its topics' policy.",
+        description="Deprecated and ignored (removed in the next API version): dead-letter settings belong "
+        "to each Topic (its spec.deadLetterPolicy) and apply to all of its consumers.",
     )
     deletion_policy: DeletionPolicy = Field(
         DeletionPolicy.RETAIN,
@@ -297,6 +340,10 @@ class Kind:
 
 
 _AGE = PrinterColumn("Age", "date", ".metadata.creationTimestamp")
+# The Ready condition's status (True/False/Unknown), as most operators show it; Phase says which way.
+_READY = PrinterColumn(
+    "Ready", "string", '.status.conditions[?(@.type=="Ready")].status', "The Ready condition."
+)
 _PHASE = PrinterColumn("Phase", "string", ".status.phase", "Pending, Ready, Degraded, Failed or Deleting.")
 
 TOPIC = Kind(
@@ -308,6 +355,7 @@ TOPIC = Kind(
     (
         PrinterColumn("Partitions", "integer", ".spec.partitions", "Partitions of the topic."),
         PrinterColumn("Backlog", "integer", ".status.backlog", "Largest backlog over the topic's consumers."),
+        _READY,
         _PHASE,
         PrinterColumn("Messages", "integer", ".status.messages", "Messages ever published.", priority=1),
         PrinterColumn("Deletion", "string", ".spec.deletionPolicy", "Retain or Delete.", priority=1),
@@ -325,6 +373,7 @@ CONSUMER = Kind(
         PrinterColumn("Delivery", "string", ".spec.delivery.mode", "pull or push."),
         PrinterColumn("Backlog", "integer", ".status.backlog", "Messages waiting."),
         PrinterColumn("In-Flight", "integer", ".status.inFlight", "Leased messages."),
+        _READY,
         _PHASE,
         PrinterColumn("Consumer-ID", "string", ".status.consumerId", "Registry id.", priority=1),
         _AGE,
@@ -341,6 +390,7 @@ DEAD_LETTER_POLICY = Kind(
             "Max-Deliveries", "integer", ".spec.maxDeliveries", "Deliveries before dead-lettering."
         ),
         PrinterColumn("Drop", "string", ".spec.dropAction", "DeadLetter or Discard."),
+        _READY,
         _PHASE,
         _AGE,
     ),

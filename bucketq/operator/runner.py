@@ -22,6 +22,11 @@ def kopf_settings(settings: OperatorSettings) -> kopf.OperatorSettings:
     """kopf's settings for this operator (persistence in ``bucketq.io`` annotations, webhook server)."""
     s = kopf.OperatorSettings()
     s.persistence.finalizer = f"{GROUP}/finalizer"
+    if settings.webhook_only:
+        # kopf removes its finalizer from every object none of its handlers needs it for: a webhook
+        # replica (an index, no deletion handler) would strip the operator's from every Consumer,
+        # and deleting one would then skip its clean-up. Its own name is one it never sets.
+        s.persistence.finalizer = f"webhook.{GROUP}/unused-finalizer"
     s.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
     s.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=GROUP,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import tempfile
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
@@ -13,6 +14,8 @@ from bucketq.config import Settings
 from bucketq.operator.certs import self_signed
 from bucketq.operator.config import OperatorSettings
 from bucketq.operator.injection import (
+    CONSUMER_LABEL,
+    INJECT_LABEL,
     TOPICS,
     InjectionError,
     annotations_of,
@@ -62,14 +65,29 @@ def webhook_server(settings: OperatorSettings) -> kopf.WebhookServer:
     )
 
 
+# The webhook's handlers: one per objectSelector (a label selector cannot say "this label OR that
+# one"). Their selectors are disjoint, so a pod is sent to one of them at most. kopf serves each
+# at /{id} and, when it manages the configuration, names the webhook "{id}.bucketq.io".
+CONSUMER_HANDLER = "inject-consumer"
+INJECT_HANDLER = "inject-sidecar"
+SELECTORS: dict[str, dict[str, Any]] = {
+    # a pod labelled with its Consumer
+    CONSUMER_HANDLER: {CONSUMER_LABEL: kopf.PRESENT},
+    # a pod labelled bucketq.io/inject: "true" and no Consumer label (publish-only, or the Consumer
+    # named by annotation)
+    INJECT_HANDLER: {INJECT_LABEL: "true", CONSUMER_LABEL: kopf.ABSENT},
+}
+_POLL_S = 0.05
+
+
 class SidecarInjector:
-    """The ``inject-sidecar`` mutating handler (pods on CREATE)."""
+    """The sidecar-injecting mutating handler (pods on CREATE)."""
 
     def __init__(self, engine: Settings, settings: OperatorSettings) -> None:
         self.engine = engine
         self.settings = settings
 
-    def mutate(
+    async def mutate(
         self,
         body: Mapping[str, Any],
         patch: kopf.Patch,
@@ -77,18 +95,18 @@ class SidecarInjector:
         consumer_index: Mapping[Any, Any],
         **_: Any,
     ) -> None:
-        """Inject the sidecar into a pod annotated ``bucketq.io/inject: "true"`` (once).
+        """Inject the sidecar into a pod that asks for it (once).
 
         A pod that already has a ``bucketq-sidecar`` is planned too: ``plan`` admits it unchanged
         only if that container is exactly the one the webhook injects, so that nobody can bring a
         sidecar of their own (another namespace's root, other credentials) past the webhook.
         """
-        if not wants_injection(body):
-            return
         namespace = (body.get("metadata") or {}).get("namespace") or "default"
         try:
+            if not wants_injection(body):
+                return
             name = consumer_name(body)
-            spec = self._consumer(consumer_index, namespace, name, warnings)
+            spec = await self._consumer(consumer_index, namespace, name, warnings)
             injection = plan(body, spec, engine=self.engine, settings=self.settings)
         except InjectionError as exc:
             raise kopf.AdmissionError(f"bucketq sidecar injection: {exc}", code=400) from None
@@ -96,25 +114,44 @@ class SidecarInjector:
             warnings.append(f"bucketq: no topics known for consumer {name!r}: the sidecar runs publish-only")
         for key, value in injection.spec.items():
             patch.spec[key] = value
+        for key, value in injection.labels.items():
+            patch.metadata.labels[key] = value
         for key, value in injection.annotations.items():
             patch.metadata.annotations[key] = value
         warnings.extend(injection.warnings)
 
-    def _consumer(
+    async def _consumer(
         self, index: Mapping[Any, Any], namespace: str, name: str | None, warnings: list[str]
     ) -> ConsumerSpec | None:
         if name is None:
             return None
-        for raw in index.get((namespace, name)) or ():
+        raw = await self._lookup(index, namespace, name)
+        if raw is not None:
             try:
-                return ConsumerSpec.model_validate(dict(raw))
+                return ConsumerSpec.model_validate(raw)
             except ValueError as exc:
                 raise InjectionError(f"Consumer {name!r} has an invalid spec: {exc}") from None
         message = (
-            f"Consumer {name!r} does not exist in namespace {namespace!r} (annotation bucketq.io/consumer): "
-            f"create it first (kubectl apply -f consumer.yaml) or fix the annotation"
+            f"Consumer {name!r} does not exist in namespace {namespace!r} (label or annotation "
+            f"bucketq.io/consumer): create it first (kubectl apply -f consumer.yaml) or fix the name"
         )
         if self.settings.missing_consumer == "reject":
             raise InjectionError(message)
         warnings.append(f"bucketq: {message}; the pod is admitted anyway")
         return None
+
+    async def _lookup(self, index: Mapping[Any, Any], namespace: str, name: str) -> dict[str, Any] | None:
+        """The Consumer's spec from the watch-fed index, waiting a little for one not seen yet.
+
+        The index trails the API server: a Consumer applied in the same ``kubectl apply`` as its
+        Deployment, or any Consumer while a webhook replica is still listing them after its start,
+        arrives moments after the first pod. Waiting (bounded, well inside the webhook's timeout)
+        turns that race into a short delay instead of a rejected pod.
+        """
+        deadline = asyncio.get_running_loop().time() + self.settings.webhook_consumer_wait_s
+        while True:
+            for raw in index.get((namespace, name)) or ():
+                return dict(raw)
+            if asyncio.get_running_loop().time() >= deadline:
+                return None
+            await asyncio.sleep(_POLL_S)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NoReturn
 
 import typer
 
@@ -32,9 +34,9 @@ def command(
     listen_host: Annotated[
         str | None, typer.Option(help="API address [127.0.0.1].", show_default=False)
     ] = None,
-    listen_port: Annotated[int | None, typer.Option(help="API port [3500].", show_default=False)] = None,
+    listen_port: Annotated[int | None, typer.Option(help="API port [3580].", show_default=False)] = None,
     metrics_port: Annotated[
-        int | None, typer.Option(help="Metrics/probes port, 0 for none [9090].", show_default=False)
+        int | None, typer.Option(help="Metrics/probes port, 0 for none [9580].", show_default=False)
     ] = None,
     log_level: Annotated[str | None, typer.Option(help="DEBUG, INFO, WARNING...", show_default=False)] = None,
 ) -> None:
@@ -71,7 +73,18 @@ def command(
     )
     logging.getLogger("bucketq").setLevel(level)  # DEBUG is ours, not botocore's
     code = asyncio.run(run(cfg))
-    raise typer.Exit(code)
+    _exit_now(code)
+
+
+def _exit_now(code: int) -> NoReturn:
+    """End the process at once: the shutdown is over and bounded by SHUTDOWN_BUDGET_S, but the
+    interpreter's own teardown (botocore's modules and caches) can take another second. Nothing is
+    left to flush but the log."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def main() -> None:

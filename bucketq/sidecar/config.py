@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
+from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from bucketq.config import Settings
@@ -33,6 +33,11 @@ CONFIG_ENV = "BUCKETQ_SIDECAR_CONFIG"
 SIDECAR_PREFIX = "BUCKETQ_SIDECAR_"
 ENGINE_PREFIX = "BUCKETQ_"
 
+# Not Dapr's (3500 API, 50001 gRPC, 9090 metrics) nor Istio's (15000-15090): both may share the pod.
+DEFAULT_API_PORT = 3580
+DEFAULT_METRICS_PORT = 9580
+MAX_RETRY_DELAY_S = 366 * 86_400.0  # the longest nack delay the API accepts
+
 Delivery = Literal["pull", "push"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
@@ -41,6 +46,7 @@ class SidecarSettings(BaseSettings):
     """What one sidecar serves: its consumer, delivery mode, listen addresses and limits."""
 
     model_config = SettingsConfigDict(env_prefix=SIDECAR_PREFIX, extra="forbid", validate_default=True)
+    _deprecations: list[str] = PrivateAttr(default_factory=list)
 
     # the consumer (none: a publish-only sidecar)
     consumer: str | None = None
@@ -57,7 +63,15 @@ class SidecarSettings(BaseSettings):
     push_concurrency: int = Field(16, ge=1, le=10_000)
     push_batch_size: int = Field(1, ge=1, le=1000)
     push_timeout_s: float = Field(600.0, gt=0)
-    push_retry_delay_s: float = Field(1.0, ge=0)
+    # The delay before the n-th redelivery of a pushed message that failed (n = its deliveries so
+    # far) is min(max, initial * multiplier**(n-1)), halved and topped up by a uniform share of the
+    # other half (equal jitter): see bucketq.sidecar.backoff. The message is nacked with that delay,
+    # so no lease is held while it waits.
+    push_retry_initial_s: float = Field(1.0, gt=0, le=MAX_RETRY_DELAY_S)
+    push_retry_max_s: float = Field(60.0, gt=0, le=MAX_RETRY_DELAY_S)
+    push_retry_multiplier: float = Field(2.0, ge=1.0, le=100.0)
+    # deprecated alias of push_retry_initial_s (a fixed delay before); a warning is logged
+    push_retry_delay_s: float | None = Field(None, gt=0, le=MAX_RETRY_DELAY_S)
     # A bearer token the sidecar sends to the app on every push (``Authorization: Bearer ...``), so
     # that the app can refuse pushes from anything else in the pod's network namespace. The file
     # wins over the inline value (a mounted Secret rotates without a restart of the operator).
@@ -66,7 +80,7 @@ class SidecarSettings(BaseSettings):
 
     # the localhost API
     listen_host: str = "127.0.0.1"
-    listen_port: int = Field(3500, ge=0, le=65535)
+    listen_port: int = Field(DEFAULT_API_PORT, ge=0, le=65535)
     token_file: Path | None = None
     max_body_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     max_batch: int = Field(1000, ge=1, le=100_000)
@@ -83,7 +97,7 @@ class SidecarSettings(BaseSettings):
 
     # metrics and probes for Prometheus and the kubelet (0: only on the API port)
     metrics_host: str = "0.0.0.0"
-    metrics_port: int = Field(9090, ge=0, le=65535)
+    metrics_port: int = Field(DEFAULT_METRICS_PORT, ge=0, le=65535)
 
     # publishing
     producer_name: str = "sidecar"
@@ -95,7 +109,10 @@ class SidecarSettings(BaseSettings):
     settle_timeout_s: float = Field(10.0, gt=0)
     s3_stall_s: float = Field(10.0, gt=0)  # not ready while an S3 request waits longer than this
 
-    # lifecycle
+    # lifecycle: from SIGTERM the process exits within shutdown_budget_s (drain, requeue of what
+    # the app holds, release of prefetched leases, flush and close together); the drain phase
+    # alone lasts at most drain_grace_s, clipped to the budget (see bucketq.sidecar.shutdown)
+    shutdown_budget_s: float = Field(25.0, gt=0, le=86_400)
     drain_grace_s: float = Field(25.0, ge=0)
     connect_retry_max_s: float = Field(10.0, gt=0)
     log_level: LogLevel = "INFO"
@@ -140,7 +157,41 @@ class SidecarSettings(BaseSettings):
         if self.publish_buffer_bytes < self.max_body_bytes:
             # else one request within the body limit could never fit the buffer
             raise ValueError("publish_buffer_bytes must be at least max_body_bytes")
+        self._apply_retry_alias()
+        if self.push_retry_max_s < self.push_retry_initial_s:
+            raise ValueError(
+                f"{SIDECAR_PREFIX}PUSH_RETRY_MAX_S ({self.push_retry_max_s:g}) must be at least "
+                f"{SIDECAR_PREFIX}PUSH_RETRY_INITIAL_S ({self.push_retry_initial_s:g})"
+            )
         return self
+
+    def _apply_retry_alias(self) -> None:
+        """PUSH_RETRY_DELAY_S (the old fixed delay) sets PUSH_RETRY_INITIAL_S, unless that is set too."""
+        old = self.push_retry_delay_s
+        if old is None:
+            return
+        if "push_retry_initial_s" in self.model_fields_set:
+            if old != self.push_retry_initial_s:
+                raise ValueError(
+                    f"{SIDECAR_PREFIX}PUSH_RETRY_DELAY_S ({old:g}) is a deprecated alias of "
+                    f"{SIDECAR_PREFIX}PUSH_RETRY_INITIAL_S ({self.push_retry_initial_s:g}) and "
+                    "they disagree: set only PUSH_RETRY_INITIAL_S"
+                )
+        else:
+            self.push_retry_initial_s = old
+            if "push_retry_max_s" not in self.model_fields_set:
+                # an old fixed delay above the default cap stays (about) what it was
+                self.push_retry_max_s = max(self.push_retry_max_s, old)
+        self._deprecations.append(
+            f"{SIDECAR_PREFIX}PUSH_RETRY_DELAY_S is deprecated: it now sets "
+            f"{SIDECAR_PREFIX}PUSH_RETRY_INITIAL_S ({old:g}s), the first of exponentially growing "
+            "retry delays (see PUSH_RETRY_MAX_S and PUSH_RETRY_MULTIPLIER)"
+        )
+
+    @property
+    def deprecations(self) -> list[str]:
+        """Warnings about deprecated settings in use (the process logs them once at startup)."""
+        return list(self._deprecations)
 
     @property
     def app_url(self) -> str:
@@ -234,6 +285,7 @@ def _without_env(data: Mapping[str, Any], prefix: str, env: Mapping[str, str]) -
 def _explain(exc: ValidationError, what: str) -> str:
     parts = []
     for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "configuration"
-        parts.append(f"{where}: {err['msg']}")
+        where = ".".join(str(p) for p in err["loc"])
+        msg = str(err["ctx"]["error"]) if err["type"] == "value_error" and "ctx" in err else err["msg"]
+        parts.append(f"{where}: {msg}" if where else msg)
     return f"invalid {what} configuration: " + "; ".join(parts)

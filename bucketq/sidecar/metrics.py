@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import platform
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from bucketq import __version__
+from bucketq.core.app import FORMAT
 from bucketq.core.partition_worker import CycleResult
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
@@ -118,6 +122,15 @@ class Metrics:
         self.draining = Gauge(
             "bucketq_sidecar_draining", "1 while the sidecar drains for shutdown.", registry=r
         )
+        # constant 1: its labels say which release runs and which bucket format it speaks, so that
+        # a dashboard can spot mixed versions during a rollout
+        self.build_info = Gauge(
+            "bucketq_build_info",
+            "Always 1; the labels name the bucketq version, Python version and storage format.",
+            ["version", "python", "format"],
+            registry=r,
+        )
+        self.build_info.labels(__version__, platform.python_version(), str(FORMAT)).set(1)
 
     def prepare(self, consumer: str, topics: list[str], *, push: bool) -> None:
         """Create the labelled series of a consumer up front, so that they read 0 before any traffic."""

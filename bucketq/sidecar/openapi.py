@@ -186,11 +186,11 @@ def build() -> dict[str, Any]:
             "title": "bucketq sidecar localhost API",
             "version": "1",
             "description": "The HTTP/1.1 + JSON API a bucketq sidecar serves to the app next to it "
-            "(default http://127.0.0.1:3500). See docs/sidecar-api.md. In push mode the "
+            "(default http://127.0.0.1:3580). See docs/sidecar-api.md. In push mode the "
             "sidecar POSTs `DeliveredMessage` (or `PushBatch`) to the app, which answers "
             "`PushReply`.",
         },
-        "servers": [{"url": "http://127.0.0.1:3500"}],
+        "servers": [{"url": "http://127.0.0.1:3580"}],
         "security": [{}, {"bearer": []}],
         "paths": paths,
         "components": {

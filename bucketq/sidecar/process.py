@@ -1,4 +1,4 @@
-"""The sidecar process: start the servers and the engine, and drain gracefully on SIGTERM."""
+"""The sidecar process: start the servers and the engine; on SIGTERM drain and exit within the budget."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import logging
 import signal
-import time
 
 from aiohttp import web
 
@@ -18,12 +17,19 @@ from bucketq.sidecar.publishing import Publisher
 from bucketq.sidecar.push import Pusher
 from bucketq.sidecar.runtime import Runtime
 from bucketq.sidecar.server import Api, build_api_app, build_metrics_app
+from bucketq.sidecar.shutdown import HARD_EXIT_AFTER_S, ShutdownPlan, Watchdog
 
 log = logging.getLogger("bucketq.sidecar")
 
-EXIT_OK = 0
-EXIT_CONFIG = 2
-SHUTDOWN_TIMEOUT_S = 2.0
+# exit codes (docs/sidecar-api.md)
+EXIT_OK = 0  # stopped cleanly: drained, everything held given back, publishes flushed
+EXIT_FAILED = 1  # could not start (not a configuration problem)
+EXIT_CONFIG = 2  # bad configuration, or a port could not be bound
+# the budget ran out, or the engine could not close (e.g. S3 unreachable): held leases expire on their own
+EXIT_INCOMPLETE = 3
+
+SHUTDOWN_TIMEOUT_S = 2.0  # aiohttp's wait for open requests when a server stops
+SERVERS_STOP_MIN_S = 0.5  # stopping the servers may overrun a spent budget by this much
 
 
 class Sidecar:
@@ -83,22 +89,50 @@ class Sidecar:
         bound = runner.addresses[-1] if runner.addresses else None
         return int(bound[1]) if isinstance(bound, tuple) else port
 
-    async def drain(self, grace: float) -> None:
-        """SIGTERM: stop claiming and publishing, flush, let in-flight work finish, release the rest."""
-        deadline = time.monotonic() + grace
-        log.info("draining (grace %.1fs)", grace)
+    async def shutdown(self, plan: ShutdownPlan) -> bool:
+        """SIGTERM: drain, give back what is held, close; all within ``plan``'s budget.
+
+        Returns True when everything finished (what the app held was requeued, prefetched leases
+        released, publishes flushed, the engine closed), False when the budget ran out first or
+        the engine could not close cleanly: the leases still held then expire on their own.
+        """
+        log.info(
+            "shutting down: drain for up to %.1fs%s, exit within %.1fs",
+            plan.drain_s,
+            f" (DRAIN_GRACE_S {plan.drain_grace_s:g}s clipped to the budget)" if plan.clipped else "",
+            plan.budget_s,
+        )
         self.runtime.begin_drain()
+        try:
+            complete = await asyncio.wait_for(self._drain_and_close(plan), plan.left())
+        except TimeoutError:
+            complete = False
+            consumer = self.runtime.current_consumer
+            log.error(
+                "shutdown budget of %.1fs spent before the engine closed; %d leases are left to "
+                "expire on their own (their messages are redelivered after the visibility timeout)",
+                plan.budget_s,
+                consumer.in_flight if consumer is not None else 0,
+            )
+        # the servers answered the app's settlements until now; a stuck connection must not hold
+        # the exit past the deadline by more than a moment
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.stop_servers(), max(plan.left(), SERVERS_STOP_MIN_S))
+        return complete
+
+    async def _drain_and_close(self, plan: ShutdownPlan) -> bool:
         if self.pusher is not None:
-            await self.pusher.stop(self._dispatcher, deadline - time.monotonic())
-        if not await self.publisher.wait_idle(deadline - time.monotonic()):
-            log.warning("%d publishes still pending at the end of the grace period", self.publisher.pending)
-        if not await self.deliveries.wait_settled(deadline - time.monotonic()):
+            # open requests may finish during the drain; the rest are cut and requeued
+            await self.pusher.stop(self._dispatcher, plan.drain_left())
+        if not await self.publisher.wait_idle(plan.drain_left()):
+            log.warning("%d publishes still pending at the end of the drain", self.publisher.pending)
+        if not await self.deliveries.wait_settled(plan.drain_left()):
             released = await self.deliveries.release_unsettled()
             log.warning("requeued %d messages the app had not settled", released)
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
-        await self.runtime.close(max(5.0, deadline - time.monotonic()))
+        return await self.runtime.close(plan.left())
 
     async def stop_servers(self) -> None:
         for runner in reversed(self._runners):
@@ -106,12 +140,20 @@ class Sidecar:
 
 
 async def run(config: SidecarConfig) -> int:
-    """Run until SIGTERM/SIGINT, then drain; returns the process exit code."""
+    """Run until SIGTERM/SIGINT, then shut down within the budget; returns the process exit code."""
+    cfg = config.sidecar
     sidecar = Sidecar(config)
     loop = asyncio.get_running_loop()
+    for warning in cfg.deprecations:
+        log.warning("%s", warning)
+    plan: ShutdownPlan | None = None
 
     def on_signal(sig: signal.Signals) -> None:
+        nonlocal plan
         log.info("received %s", sig.name)
+        if plan is None:  # the first signal starts the one budget; a repeat does not extend it
+            plan = ShutdownPlan(cfg.shutdown_budget_s, cfg.drain_grace_s)
+            Watchdog(plan.deadline + HARD_EXIT_AFTER_S, EXIT_INCOMPLETE).arm()
         sidecar.stop_requested.set()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -129,13 +171,17 @@ async def run(config: SidecarConfig) -> int:
     if connect.done() and not connect.cancelled() and connect.exception() is not None:
         failure = connect.exception()
         log.error("cannot start: %s", failure)
-        code = EXIT_CONFIG if isinstance(failure, ConfigError | InvalidName) else 1
+        code = EXIT_CONFIG if isinstance(failure, ConfigError | InvalidName) else EXIT_FAILED
     else:
         await stop
     connect.cancel()
     with contextlib.suppress(asyncio.CancelledError, Exception):
         await connect
-    await sidecar.drain(0.0 if code else config.sidecar.drain_grace_s)
-    await sidecar.stop_servers()
-    log.info("stopped")
+    if plan is None:  # no signal: the start failed, nothing was delivered, no drain
+        plan = ShutdownPlan(cfg.shutdown_budget_s, 0.0)
+        Watchdog(plan.deadline + HARD_EXIT_AFTER_S, code or EXIT_INCOMPLETE).arm()
+    complete = await sidecar.shutdown(plan)
+    if code == EXIT_OK and not complete:
+        code = EXIT_INCOMPLETE
+    log.info("stopped (exit code %d)", code)
     return code

@@ -5,6 +5,11 @@ The app answers SUCCESS, RETRY or DROP: JSON ``{"status": ...}`` (or per message
 anything else retry. DROP dead-letters the message (when the topic has a dead-letter topic).
 A connection refused means the app is not listening yet: the same delivery is retried, the lease
 kept alive, and no delivery is counted.
+
+A RETRY nacks the message with a delay that grows with its delivery count
+(:class:`~bucketq.sidecar.backoff.RetryBackoff`): the lease is given up at once and the message is
+invisible until the delay has passed, so a waiting retry holds nothing and can never get stuck;
+if the nack itself cannot be written, the lease expires and the message comes back all the same.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from bucketq.api_models import PushBatch, PushStatus
 from bucketq.core.consumer import Consumer
 from bucketq.core.message import Message
 from bucketq.errors import BucketqError, Closed, LeaseLost
+from bucketq.sidecar.backoff import RetryBackoff
 from bucketq.sidecar.delivery import Deliveries, to_wire
 from bucketq.sidecar.errors import ApiError
 from bucketq.sidecar.metrics import Metrics
@@ -112,6 +118,9 @@ class Pusher:
         self._stopping = False
         # read once at startup like the API token: the app can require it on every push
         self._token = self.cfg.push_token()
+        self.backoff = RetryBackoff(
+            self.cfg.push_retry_initial_s, self.cfg.push_retry_max_s, self.cfg.push_retry_multiplier
+        )
 
     @property
     def in_flight(self) -> int:
@@ -183,8 +192,11 @@ class Pusher:
         try:
             statuses = await self._post(messages)
         except asyncio.CancelledError:
+            # shutdown cut the request short: the app did not fail, so the messages go back without
+            # a retry delay (another member can take them at once)
             keeper.cancel()
-            await asyncio.shield(self._settle_all(messages, dict.fromkeys((m.id for m in messages), "RETRY")))
+            retry: dict[str, PushStatus] = dict.fromkeys((m.id for m in messages), "RETRY")
+            await asyncio.shield(self._settle_all(messages, retry, backoff=False))
             raise
         finally:
             keeper.cancel()
@@ -223,10 +235,14 @@ class Pusher:
                 log.warning("push to %s failed (%s): the message will be retried", self.cfg.app_url, exc)
                 return dict.fromkeys(ids, "RETRY")
 
-    async def _settle_all(self, messages: list[Message], statuses: dict[str, PushStatus]) -> None:
-        await asyncio.gather(*(self._settle(m, statuses.get(m.id, "RETRY")) for m in messages))
+    async def _settle_all(
+        self, messages: list[Message], statuses: dict[str, PushStatus], *, backoff: bool = True
+    ) -> None:
+        await asyncio.gather(
+            *(self._settle(m, statuses.get(m.id, "RETRY"), backoff=backoff) for m in messages)
+        )
 
-    async def _settle(self, msg: Message, status: PushStatus) -> None:
+    async def _settle(self, msg: Message, status: PushStatus, *, backoff: bool = True) -> None:
         self.metrics.push_outcomes.labels(msg.topic, status.lower()).inc()
         try:
             if status == "SUCCESS":
@@ -234,7 +250,10 @@ class Pusher:
             elif status == "DROP":
                 await self.deliveries.nack(msg.receipt, requeue=False, reason="dropped by the app")
             else:
-                await self.deliveries.nack(msg.receipt, requeue=True, delay=self.cfg.push_retry_delay_s)
+                # msg.deliveries counts this failed attempt: 1 after the first push
+                delay = self.backoff.delay(msg.deliveries) if backoff else 0.0
+                log.debug("push of %s failed (delivery %d): retry in %.2fs", msg.id, msg.deliveries, delay)
+                await self.deliveries.nack(msg.receipt, requeue=True, delay=delay)
         except ApiError as exc:
             log.warning("could not settle %s (%s) after push: %s", msg.id, status, exc.message)
 

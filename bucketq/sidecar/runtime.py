@@ -183,15 +183,21 @@ class Runtime:
         if self._consumer is not None:
             self._consumer.pause()
 
-    async def close(self, timeout: float) -> None:
-        """Close consumer (releasing prefetched messages uncounted) and producers (flushing)."""
+    async def close(self, timeout: float) -> bool:
+        """Close consumer (releasing prefetched messages uncounted) and producers (flushing).
+
+        Bounded by ``timeout``; True when the engine closed cleanly within it.
+        """
         bq = self.bq
         self.state = "stopped"
         if bq is None:
-            return
+            return True
         try:
-            await asyncio.wait_for(bq.close(), max(1.0, timeout))
+            await asyncio.wait_for(bq.close(), max(0.0, timeout))
         except TimeoutError:
             log.error("closing the engine took longer than %.1fs; exiting anyway", timeout)
+            return False
         except Exception as exc:
             log.error("closing the engine failed: %s", exc)
+            return False
+        return True

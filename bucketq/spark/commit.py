@@ -46,6 +46,7 @@ from bucketq.core.txn import (
     rewrite_txn,
     txn_id,
 )
+from bucketq.core.wake import touch_wake
 from bucketq.errors import AlreadyExists, StorageError
 from bucketq.spark.options import WriteConfig
 from bucketq.spark.runtime import keys_of, storage_for
@@ -418,6 +419,7 @@ async def _commit_record(
             f"({stored.reason or 'unknown reason'}); nothing of the job is visible, run it again"
         )
     body = report.to_json()
+    await touch_wake(storage, keys, cfg.topic, f"job/{cfg.job}")  # idle readers look now (advisory)
     try:
         await storage.overwrite(keys.spark_job(cfg.job), json.dumps(body).encode())
     except StorageError as exc:  # the record is the truth; the report is a convenience

@@ -14,6 +14,14 @@ from bucketq.cli import app
 from bucketq.cli.bench import parse_tuning
 from bucketq.cli.errors import CliError
 
+# S3 Standard list prices per 1,000 requests (DELETE free)
+USD_PER_1000 = {"PUT": 0.005, "LIST": 0.005, "GET": 0.0004, "HEAD": 0.0004, "DELETE": 0.0}
+
+
+def bill(by_op: dict[str, int]) -> float:
+    return sum(n * USD_PER_1000[op] / 1000 for op, n in by_op.items())
+
+
 REQUIRED = {
     "scenario",
     "backend",
@@ -32,6 +40,9 @@ REQUIRED = {
     "lost",
     "seconds",
     "via",
+    "profile",
+    "counted_at",
+    "usd",
 }
 
 
@@ -72,6 +83,10 @@ def test_bench_runs_every_scenario_without_loss(tmp_path: Path, backend: str) ->
         assert run["s3_requests_per_message"] == pytest.approx(run["s3_requests"] / run["messages"], rel=1e-3)
         assert run["bytes_moved"] > 0 and run["msgs_per_s"] > 0
         assert run["p50_ms"] is not None and run["p99_ms"] >= run["p50_ms"]
+        # no server log to read on these backends: the client's counts are billed, and say so
+        assert (run["counted_at"], run["server_requests"], run["profile"]) == ("client", None, "balanced")
+        assert run["usd"] == pytest.approx(bill(run["requests_by_op"]), rel=1e-12) and run["usd"] > 0
+        assert run["usd_per_million_messages"] == pytest.approx(run["usd"] / run["messages"] * 1e6, rel=1e-12)
     by_name = {r["scenario"]: r for r in runs}
     assert by_name["publish"]["consumers"] == 0 and by_name["consume"]["producers"] == 0
     assert by_name["e2e"]["messages"] == by_name["e2e"]["acked"] == 300
@@ -133,6 +148,7 @@ def test_percentile_nearest_rank() -> None:
         ("_registry/members/t/c/m.json", "member"),
         ("_registry/producers/x.json", "registry"),
         ("t/.topic", "topic"),
+        ("t/.wake", "wake"),
         ("_probe/abc.probe", "probe"),
         ("t/p0000/seg/0000000000000001.jsonl.claim", "claim"),
         ("root/t/p0000/floor.json", "fence"),

@@ -345,7 +345,7 @@ def scenario(kubectl: Kubectl, processes: Processes) -> None:
             "-o",
             "jsonpath={.spec.initContainers[0].env[?(@.name=='BUCKETQ_SIDECAR_LISTEN_PORT')].value}",
         )
-        api_port, metrics_port = int(env or 3500), 9090
+        api_port, metrics_port = int(env or 3580), 9580
         with (
             port_forward(kubectl, processes, f"pod/{pod}", NAMESPACE, api_port) as api,
             port_forward(kubectl, processes, f"pod/{pod}", NAMESPACE, metrics_port) as sidecar_metrics,

@@ -5,18 +5,21 @@ What a cluster would do, done here by the test, and nothing else:
 * the apiserver: the kmock-based emulator of the operator tests, on 127.0.0.1; the chart's CRDs and
   the example custom resources go in with ``kubectl apply``, their status is read with ``kubectl get``
   (namespaces and Secrets are set up through the API: kubectl cannot create built-in kinds there);
-* the chart: ``helm template`` renders it; the operator Deployment's container is started as a
-  process with exactly its args and environment (Secrets resolved from the emulator, the webhook
-  certificate Secret "mounted" into a folder);
+* the chart: ``helm template`` renders it; the operator Deployment's and the webhook Deployment's
+  containers are started as processes with exactly their args and environment (Secrets resolved
+  from the emulator, the webhook certificate Secret "mounted" into a folder), each with the
+  identity of its own ServiceAccount;
 * the admission chain: the example worker pod goes through the chart's MutatingWebhookConfiguration
-  selectors (namespace, object, CEL match condition), then to the operator's webhook over HTTPS,
-  verified with the configuration's caBundle under the Service's DNS name; the JSON patch is applied;
+  selectors (namespace, object, CEL match conditions): exactly one webhook takes it, and calls the
+  webhook process over HTTPS, verified with the configuration's caBundle under the Service's DNS
+  name; the JSON patch is applied;
 * the kubelet: the mutated pod's native sidecar and app container run as processes with the
   environment the spec gives them (fieldRef, secretKeyRef, $(VAR) expansion), probes polled;
 * Prometheus: the real server, scraping the operator and the sidecar.
 
-At the end, every API call the operator made (the emulator's request log) must be granted by the
-chart's RBAC, and every grant but ``events: create`` (kopf posts events only about failures) used.
+At the end, every API call the operator and the webhook made (the emulator's request log, told apart
+by their tokens) must be granted by the chart's RBAC to their ServiceAccounts, and every grant but
+``events: create`` (kopf posts events only about failures) used.
 
 Storage is SeaweedFS. The example push worker stands in for the example Deployment's app image.
 """
@@ -37,6 +40,7 @@ from typing import Any
 import celpy
 import jsonpatch
 import pytest
+import yaml
 
 from bucketq.config import Settings
 from tests.e2e.e2e_helpers import (
@@ -66,6 +70,7 @@ from tests.operator.harness import Kube, wait_for
 from tests.operator.k8s_emulator import EmulatorThread
 from tests.ship.chart_tools import (
     CHART,
+    component,
     container_env,
     granted,
     one,
@@ -74,6 +79,7 @@ from tests.ship.chart_tools import (
     secret_data,
     selector_matches,
     tool,
+    webhook_container,
 )
 from tests.support.servers import S3Server, free_ports
 
@@ -236,12 +242,23 @@ def admit(webhook: dict[str, Any], port: int, pod: dict[str, Any]) -> dict[str, 
     return mutated
 
 
-def api_calls(emulator: EmulatorThread, agent: str) -> set[tuple[str, str, str]]:
-    """(group, resource[/subresource], verb) of every resource request the emulator got from ``agent``."""
+def identity(kubectl: Kubectl, service_account: str, path: Path) -> Path:
+    """A kubeconfig like kubectl's whose bearer token names ``service_account`` (one per process)."""
+    config = yaml.safe_load(kubectl.kubeconfig.read_text())
+    for user in config["users"]:
+        user["user"] = {"token": service_account}
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def api_calls(emulator: EmulatorThread, agent: str, token: str) -> set[tuple[str, str, str]]:
+    """(group, resource[/subresource], verb) of every resource request from ``agent`` with ``token``."""
     assert emulator.emulator is not None
     calls = set()
     for request in list(emulator.emulator._requests):
         if agent not in (request.headers.get("User-Agent") or "") or request.resource is None:
+            continue
+        if request.headers.get("Authorization") != f"Bearer {token}":
             continue
         if request.resource.plural is None:
             continue  # discovery: allowed to every authenticated user (system:discovery)
@@ -315,30 +332,32 @@ def run_scenario(
     )
 
     # -- the operator, as the chart's Deployment runs it ------------------------------------------------
-    op_metrics, op_health, webhook_port, sc_api, sc_metrics = free_ports(5)
+    op_metrics, op_health, webhook_port, wh_health, sc_api, sc_metrics = free_ports(6)
     values = {
         "s3": {"bucket": bucket, "endpointUrl": s3.endpoint_url},
         "operator": {
             "statusIntervalSeconds": 1,
             "metricsPort": op_metrics,
             "healthPort": op_health,
-            "extraEnv": [
-                {"name": "BUCKETQ_OPERATOR_METRICS_HOST", "value": "127.0.0.1"},
-                {"name": "BUCKETQ_OPERATOR_WEBHOOK_ADDR", "value": "127.0.0.1"},
-            ],
+            "extraEnv": [{"name": "BUCKETQ_OPERATOR_METRICS_HOST", "value": "127.0.0.1"}],
         },
-        "webhook": {"port": webhook_port},
+        "webhook": {
+            "port": webhook_port,
+            "healthPort": wh_health,
+            "extraEnv": [{"name": "BUCKETQ_OPERATOR_WEBHOOK_ADDR", "value": "127.0.0.1"}],
+        },
         "sidecar": {"apiPort": sc_api, "metricsPort": sc_metrics},
     }
     docs = render(values, namespace=RELEASE_NS, release=RELEASE)
-    deployment = one(docs, "Deployment")
+    deployment = component(docs, "Deployment", "operator")
     pod_spec = deployment["spec"]["template"]["spec"]
     container = operator_container(docs)
     secrets = {"bucketq-s3": read_secret(kube, "bucketq-s3", RELEASE_NS)}
     mounts = mount_volumes(pod_spec, container, docs, tmp_path / "operator-volumes")
     env = remap(container_env(container, secrets), mounts)
+    op_identity = identity(kubectl, pod_spec["serviceAccountName"], tmp_path / "operator.kubeconfig")
     operator = processes.start(
-        "operator", [*BUCKETQ, *container["args"]], clean_env(**env, KUBECONFIG=str(kubectl.kubeconfig))
+        "operator", [*BUCKETQ, *container["args"]], clean_env(**env, KUBECONFIG=str(op_identity))
     )
     probe = container["startupProbe"]["httpGet"]
     health = f"http://127.0.0.1:{op_health}{probe['path']}"
@@ -349,6 +368,26 @@ def run_scenario(
 
     wait_for(operator_up, "the operator's health and metrics endpoints", timeout=60, interval=0.3)
 
+    # -- one replica of the webhook, as the chart's webhook Deployment runs it (no Secret but its TLS) ---
+    wh_pod_spec = component(docs, "Deployment", "webhook")["spec"]["template"]["spec"]
+    wh_container = webhook_container(docs)
+    wh_mounts = mount_volumes(wh_pod_spec, wh_container, docs, tmp_path / "webhook-volumes")
+    wh_env = remap(container_env(wh_container), wh_mounts)
+    wh_identity = identity(kubectl, wh_pod_spec["serviceAccountName"], tmp_path / "webhook.kubeconfig")
+    webhook_proc = processes.start(
+        "webhook", [*BUCKETQ, *wh_container["args"]], clean_env(**wh_env, KUBECONFIG=str(wh_identity))
+    )
+    assert wh_container["readinessProbe"]["tcpSocket"]["port"] == "webhook"
+
+    def webhook_up() -> bool:
+        webhook_proc.alive()
+        with socket.socket() as sock:
+            sock.settimeout(1)
+            listening = sock.connect_ex(("127.0.0.1", webhook_port)) == 0
+        return listening and http_ok(f"http://127.0.0.1:{wh_health}/healthz")
+
+    wait_for(webhook_up, "the webhook's port and health endpoint", timeout=60, interval=0.3)
+
     # -- the example custom resources ------------------------------------------------------------------
     files = [a for name in CUSTOM_RESOURCES for a in ("-f", str(EXAMPLES / name))]
     kubectl("apply", "--validate=false", "-n", NAMESPACE, *files)
@@ -358,13 +397,15 @@ def run_scenario(
 
     # -- the worker pod through the admission chain ----------------------------------------------------
     pod = pod_from_template(example(WORKER), NAMESPACE)
-    (webhook,) = one(docs, "MutatingWebhookConfiguration")["webhooks"]
     namespace_labels = kube.request("GET", f"/api/v1/namespaces/{NAMESPACE}")["metadata"].get("labels") or {}
-    reasons = sent_to_webhook(webhook, pod, namespace_labels)
-    assert not reasons, (
-        f"the apiserver would not send the pod of examples/{WORKER} to the chart's webhook: {reasons} "
-        '(its pod template needs the label bucketq.io/inject: "true" next to the annotation)'
+    webhooks = one(docs, "MutatingWebhookConfiguration")["webhooks"]
+    reasons = {w["name"]: sent_to_webhook(w, pod, namespace_labels) for w in webhooks}
+    taking = [w for w in webhooks if not reasons[w["name"]]]
+    assert len(taking) == 1, (
+        f"the apiserver must send the pod of examples/{WORKER} to exactly one of the chart's webhooks "
+        f"(its pod template needs the label bucketq.io/consumer): {reasons}"
     )
+    (webhook,) = taking
     mutated = admit(webhook, webhook_port, pod)
     pod_name = f"{pod['metadata']['generateName']}x7k2p"
     spec = mutated["spec"]
@@ -427,19 +468,23 @@ def run_scenario(
         )
         check_metrics(prom, orders)
 
-    # -- RBAC: what the operator called is what the chart grants ---------------------------------------
-    calls = api_calls(emulator, "kopf/")
-    grants = granted(docs, pod_spec["serviceAccountName"], RELEASE_NS)
-    assert set(grants) == {None}, "a cluster-wide operator has cluster-wide grants only"
-    assert calls <= grants[None], (
-        f"the operator called what the chart does not grant: {sorted(calls - grants[None])}"
-    )
-    unused = grants[None] - calls
-    assert unused <= {("", "events", "create")}, (
-        f"the chart grants what the operator never called: {sorted(unused)}"
-    )
+    # -- RBAC: what the operator and the webhook called is what the chart grants each ------------------
+    for who, spec_of in (("operator", pod_spec), ("webhook", wh_pod_spec)):
+        account = spec_of["serviceAccountName"]
+        calls = api_calls(emulator, "kopf/", account)
+        assert calls, f"no API call of the {who} was seen"
+        grants = granted(docs, account, RELEASE_NS)
+        assert set(grants) == {None}, f"a cluster-wide {who} has cluster-wide grants only"
+        assert calls <= grants[None], (
+            f"the {who} called what the chart does not grant: {sorted(calls - grants[None])}"
+        )
+        unused = grants[None] - calls
+        assert unused <= {("", "events", "create")}, (
+            f"the chart grants what the {who} never called: {sorted(unused)}"
+        )
 
     # -- graceful shutdown, as on pod deletion -----------------------------------------------------------
     assert worker.stop() in (0, -15), f"the worker did not stop cleanly:\n{worker.log()}"
     assert sidecar_proc.stop(grace=30) == 0, f"the sidecar did not drain and exit 0:\n{sidecar_proc.log()}"
     assert operator.stop(grace=30) == 0, f"the operator did not exit 0 on SIGTERM:\n{operator.log()}"
+    assert webhook_proc.stop(grace=30) == 0, f"the webhook did not exit 0 on SIGTERM:\n{webhook_proc.log()}"

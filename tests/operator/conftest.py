@@ -64,6 +64,9 @@ def shared_operator(
         metrics_host="127.0.0.1",
         metrics_port=shared_ports["metrics"],
         sidecar_image="bucketq:test",
+        # long enough for a Consumer created just after its pod to arrive through the watch, short
+        # enough that a pod naming a missing one is refused quickly
+        webhook_consumer_wait_s=2.0,
     )
     running = start_operator(emulator.url, shared_engine, settings)
     _shared_operators.append(running)

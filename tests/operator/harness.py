@@ -29,6 +29,8 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "deadletterpolicies": ("bucketq.io/v1alpha1", True),
     "namespaces": ("v1", False),
     "pods": ("v1", True),
+    "events": ("v1", True),
+    "mutatingwebhookconfigurations": ("admissionregistration.k8s.io/v1", False),
     "customresourcedefinitions": ("apiextensions.k8s.io/v1", False),
 }
 PLURALS = {
@@ -92,6 +94,9 @@ class Kube:
         return dict(
             self.request("PATCH", self.path(plural, namespace, name), patch, "application/merge-patch+json")
         )
+
+    def list(self, plural: str, namespace: str | None = None) -> list[dict[str, Any]]:
+        return list(self.request("GET", self.path(plural, namespace))["items"])
 
     def delete(self, plural: str, namespace: str | None, name: str) -> None:
         self.request("DELETE", self.path(plural, namespace, name))

@@ -169,9 +169,9 @@ class CelRules:
                 continue
             if rule["rule"] not in self.programs:
                 self.programs[rule["rule"]] = self.env.program(self.env.compile(rule["rule"]))
-            activation = {"self": celpy.json_to_cel(new)}
+            activation = {"self": celpy.json_to_cel(typed(schema, new))}
             if old is not None:
-                activation["oldSelf"] = celpy.json_to_cel(old)
+                activation["oldSelf"] = celpy.json_to_cel(typed(schema, old))
             try:
                 ok = bool(self.programs[rule["rule"]].evaluate(activation))
             except Exception as exc:  # an evaluation error fails the rule, as in Kubernetes
@@ -188,6 +188,18 @@ class CelRules:
                 yield from self.errors(schema["items"], item, None, f"{path}[{i}]")
 
 
+def typed(schema: dict[str, Any], value: Any) -> Any:
+    """``value`` with the CEL types Kubernetes gives it: ``type: number`` is a double even when written 1."""
+    if schema.get("type") == "number" and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, dict):
+        properties = schema.get("properties", {})
+        return {k: typed(properties[k], v) if k in properties else v for k, v in value.items()}
+    if isinstance(value, list) and "items" in schema:
+        return [typed(schema["items"], v) for v in value]
+    return value
+
+
 def age(timestamp: str | None) -> str:
     if not timestamp:
         return "<unknown>"
@@ -199,11 +211,32 @@ def age(timestamp: str | None) -> str:
     return f"{seconds}s"
 
 
+# A field, optionally with a filter on a list of objects: ``conditions[?(@.type=="Ready")]``.
+_PATH_STEP = re.compile(
+    r'(?P<field>[A-Za-z0-9_-]+)(?:\[\?\(@\.(?P<key>[A-Za-z0-9_-]+)=="(?P<value>[^"]*)"\)\])?'
+)
+
+
 def json_path(obj: Any, path: str) -> Any:
-    for part in path.strip(".").split("."):
-        if not isinstance(obj, dict) or part not in obj:
+    """The printer-column JSONPath subset: dotted fields and equality filters on lists.
+
+    A filter selects the first matching list item, as the apiserver's table printer shows the
+    first result of a path. Anything else in a path is an error (so that a column the emulator
+    cannot evaluate fails a test instead of showing nothing).
+    """
+    steps = re.findall(r"[^.\[]+(?:\[[^\]]*\])?", path.strip("."))
+    for step in steps:
+        match = _PATH_STEP.fullmatch(step)
+        if match is None:
+            raise ValueError(f"unsupported JSONPath step {step!r} in {path!r}")
+        if not isinstance(obj, dict) or match["field"] not in obj:
             return None
-        obj = obj[part]
+        obj = obj[match["field"]]
+        if match["key"] is not None:
+            found = [i for i in obj or () if isinstance(i, dict) and i.get(match["key"]) == match["value"]]
+            if not found:
+                return None
+            obj = found[0]
     return obj
 
 

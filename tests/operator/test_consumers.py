@@ -12,7 +12,7 @@ from bucketq.config import Settings
 from bucketq.core.app import Bucketq
 from bucketq.core.keys import namespace_root
 from tests.operator.harness import Kube, RunningOperator, condition, wait_for
-from tests.operator.test_topics import ready, topic
+from tests.operator.test_topics import policy, ready, topic
 
 pytestmark = pytest.mark.s3  # the operator reconciles against the moto server
 
@@ -135,3 +135,39 @@ def test_consumer_deletion_policy_delete_removes_cursors(
     assert not [k for k in keys if k.startswith(f"{prefix}jobs/subs/gone/")], keys
     assert f"{prefix}_registry/consumers/{gone_id}.json" not in keys
     assert [k for k in keys if k.startswith(f"{prefix}jobs/subs/stays/")], "Retain keeps the cursors"
+
+
+def test_a_consumers_dead_letter_policy_is_deprecated_and_never_blocks(
+    kube: Kube, shared_ns: str, shared_operator: RunningOperator
+) -> None:
+    """Dead-letter settings are the topic's: a Consumer's policy can only repeat or contradict it."""
+    kube.create(policy(shared_ns, "strict", maxDeliveries=2))
+    kube.create(topic(shared_ns, "bills", deadLetterPolicy="strict"))
+    kube.create(consumer(shared_ns, "plain", topics=["bills"]))
+    kube.create(consumer(shared_ns, "same", topics=["bills"], deadLetterPolicy="strict"))
+    # naming a policy that does not even exist: the field is ignored, the Consumer does not wait
+    kube.create(consumer(shared_ns, "other", topics=["bills"], deadLetterPolicy="missing"))
+    found = {
+        name: wait_for(lambda n=name: ready(kube, "consumers", shared_ns, n), f"Consumer {name} to be Ready")
+        for name in ("plain", "same", "other")
+    }
+    plain = condition(found["plain"], "DeadLetterPolicyResolved")
+    assert (plain["status"], plain["reason"]) == ("True", "TopicPolicies")
+    same = condition(found["same"], "DeadLetterPolicyResolved")
+    assert (same["status"], same["reason"]) == ("True", "Deprecated")
+    assert "deprecated and ignored" in same["message"] and "'strict'" in same["message"]
+    other = condition(found["other"], "DeadLetterPolicyResolved")
+    assert (other["status"], other["reason"]) == ("False", "PolicyMismatch")
+    assert "deprecated and ignored" in other["message"] and "bills uses strict" in other["message"]
+
+    def warned() -> set[str]:
+        return {
+            e["involvedObject"]["name"]
+            for e in kube.list("events", shared_ns)
+            if e.get("reason") == "DeprecatedField" and e.get("type") == "Warning"
+        }
+
+    assert wait_for(lambda: warned() == {"same", "other"} and warned(), "deprecation warning events") == {
+        "same",
+        "other",
+    }

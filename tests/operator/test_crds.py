@@ -133,6 +133,34 @@ def test_defaults_fill_a_minimal_topic() -> None:
             "greater than the maximum",
         ),
         ("Consumer", {"topics": ["t"], "visibilityTimeoutSeconds": 0}, "less than the minimum"),
+        (
+            "Consumer",
+            {"topics": ["t"], "delivery": {"mode": "push", "push": {"retry": {"initialSeconds": 120}}}},
+            "maxSeconds must be at least initialSeconds",  # maxSeconds defaults to 60
+        ),
+        (
+            "Consumer",
+            {
+                "topics": ["t"],
+                "delivery": {"mode": "push", "push": {"retry": {"initialSeconds": 9.5, "maxSeconds": 9}}},
+            },
+            "maxSeconds must be at least initialSeconds",  # an integer is a number, as in Kubernetes' CEL
+        ),
+        (
+            "Consumer",
+            {"topics": ["t"], "delivery": {"mode": "push", "push": {"retry": {"multiplier": 0.5}}}},
+            "less than the minimum",
+        ),
+        (
+            "Consumer",
+            {"topics": ["t"], "delivery": {"mode": "push", "push": {"retry": {"initialSeconds": 0}}}},
+            "less than the minimum",
+        ),
+        (
+            "Consumer",
+            {"topics": ["t"], "delivery": {"mode": "push", "push": {"batchSize": 1001}}},
+            "greater than the maximum",
+        ),
         ("DeadLetterPolicy", {"maxDeliveries": 0}, "less than the minimum"),
         (
             "DeadLetterPolicy",
@@ -181,4 +209,29 @@ def test_printer_columns_and_names() -> None:
         for c in all_crds()[0]["spec"]["versions"][0]["additionalPrinterColumns"]
         if not c.get("priority")
     ]
-    assert topic_columns == ["Partitions", "Backlog", "Phase", "Age"]
+    assert topic_columns == ["Partitions", "Backlog", "Ready", "Phase", "Age"]
+    for crd in all_crds():
+        (ready,) = [c for c in crd["spec"]["versions"][0]["additionalPrinterColumns"] if c["name"] == "Ready"]
+        assert ready["jsonPath"] == '.status.conditions[?(@.type=="Ready")].status'
+        assert ready["type"] == "string" and not ready.get("priority")
+
+
+def test_push_retry_defaults_and_model_rule() -> None:
+    """The schema fills in the retry defaults; the model applies the CEL rule's check itself."""
+    from pydantic import ValidationError
+
+    from bucketq.operator.models import ConsumerSpec
+
+    obj = apply_defaults(
+        SCHEMAS["Consumer"],
+        {"metadata": {"name": "c"}, "spec": {"topics": ["t"], "delivery": {"mode": "push", "push": {}}}},
+    )
+    push = obj["spec"]["delivery"]["push"]
+    assert push["batchSize"] == 1
+    assert push["retry"] == {"initialSeconds": 1.0, "maxSeconds": 60.0, "multiplier": 2.0}
+    spec = ConsumerSpec.model_validate(obj["spec"])
+    assert spec.delivery.push is not None and spec.delivery.push.retry.max_seconds == 60.0
+    with pytest.raises(ValidationError, match="maxSeconds must be at least initialSeconds"):
+        ConsumerSpec.model_validate(
+            {"topics": ["t"], "delivery": {"mode": "push", "push": {"retry": {"initialSeconds": 90}}}}
+        )

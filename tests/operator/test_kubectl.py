@@ -61,17 +61,21 @@ def test_kubectl_applies_the_examples_and_shows_the_columns(
     wait_for(lambda: ready(kube, "topics", shared_ns, "orders"), "the example Topic to be Ready")
     wait_for(lambda: ready(kube, "consumers", shared_ns, "billing"), "the example Consumer to be Ready")
 
-    def table() -> list[str]:
-        lines = kubectl("get", "topics").stdout.splitlines()
-        return lines if len(lines) == 2 and len(lines[1].split()) == 5 else []
+    def table(kind: str, columns: int) -> list[list[str]]:
+        lines = [line.split() for line in kubectl("get", kind).stdout.splitlines()]
+        return lines if len(lines) == 2 and len(lines[1]) == columns else []
 
-    header, row = wait_for(table, "kubectl get topics to show the backlog")
-    assert header.split() == ["NAME", "PARTITIONS", "BACKLOG", "PHASE", "AGE"]
-    assert row.split()[:4] == ["orders", "4", "0", "Ready"]
+    header, row = wait_for(lambda: table("topics", 6), "kubectl get topics to show the backlog")
+    assert header == ["NAME", "PARTITIONS", "BACKLOG", "READY", "PHASE", "AGE"]
+    assert row[:5] == ["orders", "4", "0", "True", "Ready"], "READY is the Ready condition's status"
     wide = kubectl("get", "bqt", "-o", "wide").stdout
     assert "MESSAGES" in wide and "Retain" in wide
-    consumers = kubectl("get", "consumers").stdout
-    assert "billing" in consumers and "push" in consumers
+    header, row = wait_for(lambda: table("consumers", 8), "kubectl get consumers to show the figures")
+    assert header == ["NAME", "TOPICS", "DELIVERY", "BACKLOG", "IN-FLIGHT", "READY", "PHASE", "AGE"]
+    assert row[:3] == ["billing", '["orders"]', "push"] and row[5:7] == ["True", "Ready"]
+    header, row = wait_for(lambda: table("deadletterpolicies", 6), "kubectl get deadletterpolicies")
+    assert header == ["NAME", "MAX-DELIVERIES", "DROP", "READY", "PHASE", "AGE"]
+    assert row[:5] == ["orders-dlp", "5", "DeadLetter", "True", "Ready"]
     assert "unchanged" in kubectl("apply", "--validate=false", "-f", "examples/topic.yaml").stdout
 
 

@@ -84,10 +84,25 @@ def one(docs: Iterable[Doc], kind: str, name: str | None = None) -> Doc:
     return found[0]
 
 
+def component(docs: Iterable[Doc], kind: str, name: str) -> Doc:
+    """The one object of ``kind`` labelled app.kubernetes.io/component ``name`` (operator, webhook)."""
+    found = [
+        d for d in find(docs, kind) if d["metadata"]["labels"].get("app.kubernetes.io/component") == name
+    ]
+    assert len(found) == 1, f"expected one {kind} of component {name}, found {len(found)}"
+    return found[0]
+
+
 def operator_container(docs: Iterable[Doc]) -> Doc:
-    deployment = one(docs, "Deployment")
+    deployment = component(docs, "Deployment", "operator")
     containers = deployment["spec"]["template"]["spec"]["containers"]
     return next(c for c in containers if c["name"] == "operator")
+
+
+def webhook_container(docs: Iterable[Doc]) -> Doc:
+    deployment = component(docs, "Deployment", "webhook")
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    return next(c for c in containers if c["name"] == "webhook")
 
 
 def container_env(

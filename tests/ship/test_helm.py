@@ -27,6 +27,7 @@ from tests.ship.chart_tools import (
     RELEASE,
     REPO,
     Doc,
+    component,
     container_env,
     find,
     granted,
@@ -40,6 +41,7 @@ from tests.ship.chart_tools import (
     secret_data,
     selector_matches,
     template,
+    webhook_container,
 )
 from tests.support import tools
 
@@ -128,6 +130,7 @@ BUILTIN_APIS = {
     "admissionregistration.k8s.io/v1",
     "apiextensions.k8s.io/v1",
     "networking.k8s.io/v1",
+    "policy/v1",
 }
 CUSTOM_APIS = {"monitoring.coreos.com/v1", "cert-manager.io/v1", "keda.sh/v1alpha1"}
 
@@ -287,7 +290,8 @@ def test_notes_explain_the_install(tmp_path: Path) -> None:
         '"Resource": "arn:aws:s3:::bucketq/NAMESPACE/*"',
         '"Condition": {"StringLike": {"s3:prefix": ["NAMESPACE/*"]}}',
         "Never copy the operator's Secret",
-        "bucketq.io/api-token-secret",
+        "bucketq.io/consumer: billing",
+        "bucketq.io/token-secret",
         "bucketq_subscription_backlog",
         "kubectl apply -f examples/",
     ):
@@ -308,6 +312,8 @@ def test_notes_explain_the_install(tmp_path: Path) -> None:
         ({"operatr": {"namespaces": []}}, "operatr"),
         ({"webhook": {"port": 70000}}, "/webhook/port"),
         ({"webhook": {"insecure": True}}, "insecure"),
+        ({"webhook": {"replicas": 1}}, "/webhook/replicas"),
+        ({"webhook": {"objectSelector": {"matchLabels": {"a": "b"}}}}, "objectSelector"),
         ({"s3": {"bucket": ""}}, "/s3/bucket"),
         ({"s3": {"strategy": "yolo"}}, "/s3/strategy"),
         ({"operator": {"namespaces": ["Not_A_Namespace"]}}, "/operator/namespaces/0"),
@@ -365,15 +371,46 @@ def test_operator_reads_every_setting_the_chart_gives_it(
     engine = Settings.load()
     assert container["args"][0] == "operator"
     assert engine.backend == "s3" and engine.s3_bucket == (values.get("s3") or {}).get("bucket", "bucketq")
-    assert settings.webhook == ((values.get("webhook") or {}).get("enabled", True))
-    assert not settings.webhook_insecure, "the chart never runs the webhook without TLS"
-    assert settings.webhook_managed is False, "the chart owns the MutatingWebhookConfiguration"
+    assert settings.webhook is False and not settings.webhook_only, "the webhook Deployment serves it"
     assert settings.peering is None
 
 
+@pytest.mark.parametrize("scenario", sorted(SCENARIOS))
+def test_webhook_replicas_read_every_setting_the_chart_gives_them(
+    scenario: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The webhook container: webhook-only, TLS, the chart's failurePolicy, and no S3 credentials."""
+    from bucketq.config import Settings
+
+    values, apis = SCENARIOS[scenario]
+    docs = render(values, api_versions=apis)
+    enabled = (values.get("webhook") or {}).get("enabled", True)
+    if not enabled:
+        assert not [d for d in find(docs, "Deployment") if "webhook" in d["metadata"]["name"]]
+        return
+    container = webhook_container(docs)
+    env = container_env(container)  # no secretKeyRef at all: it would fail here
+    settings = operator_settings_from_env(env)
+    engine_fields = {f"BUCKETQ_{name.upper()}" for name in Settings.model_fields}
+    for name in env:
+        assert name.startswith("BUCKETQ_OPERATOR_") or name in engine_fields, f"{name} is no bucketq setting"
+    assert container["args"][:2] == ["operator", "--webhook-only"]
+    assert settings.webhook and settings.webhook_only and settings.peering is None
+    assert not settings.webhook_insecure, "the chart never runs the webhook without TLS"
+    assert settings.webhook_managed is False, "the chart owns the MutatingWebhookConfiguration"
+    assert settings.metrics_port == 0
+    for webhook in one(docs, "MutatingWebhookConfiguration")["webhooks"]:
+        assert webhook["failurePolicy"] == settings.webhook_failure_policy
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    engine = Settings.load()
+    assert engine.s3_access_key_id is None and engine.s3_secret_access_key is None
+
+
 def test_operator_is_a_single_hardened_replica(defaults: list[Doc]) -> None:
-    deployment = one(defaults, "Deployment")
+    deployment = component(defaults, "Deployment", "operator")
     spec = deployment["spec"]
+    # the reconcilers run once: an upgrade stops the old pod before the new one starts
     assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate"
     pod = spec["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
@@ -385,8 +422,47 @@ def test_operator_is_a_single_hardened_replica(defaults: list[Doc]) -> None:
         and sc["capabilities"]["drop"] == ["ALL"]
     )
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
-    assert ports == {"metrics": 9090, "health": 8080, "webhook": 9443}
+    assert ports == {"metrics": 9090, "health": 8080}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert not find(defaults, "PodDisruptionBudget", deployment["metadata"]["name"]), (
+        "a budget on a single replica would block every node drain"
+    )
+
+
+@pytest.mark.parametrize("values", [{}, {"webhook": {"replicas": 3}}])
+def test_webhook_is_served_by_several_replicas_through_disruptions(values: dict[str, Any]) -> None:
+    docs = render(values)
+    deployment = component(docs, "Deployment", "webhook")
+    spec = deployment["spec"]
+    assert spec["replicas"] == (values.get("webhook") or {}).get("replicas", 2) >= 2
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }, "an upgrade adds a ready replica before it removes one"
+    pod = spec["template"]
+    budget = component(docs, "PodDisruptionBudget", "webhook")
+    assert budget["spec"]["minAvailable"] == 1
+    assert budget["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    assert selector_matches(budget["spec"]["selector"], pod["metadata"]["labels"])
+    operator_pod = component(docs, "Deployment", "operator")["spec"]["template"]
+    assert not selector_matches(budget["spec"]["selector"], operator_pod["metadata"]["labels"])
+    (spread,) = pod["spec"]["topologySpreadConstraints"]
+    assert (
+        spread["topologyKey"] == "kubernetes.io/hostname" and spread["whenUnsatisfiable"] == "ScheduleAnyway"
+    )
+    assert selector_matches(spread["labelSelector"], pod["metadata"]["labels"])
+    container = webhook_container(docs)
+    sc = container["securityContext"]
+    assert sc["readOnlyRootFilesystem"] and not sc["allowPrivilegeEscalation"]
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert container["readinessProbe"]["tcpSocket"] == {"port": "webhook"}
+    # the Service selects these pods, and only these
+    service = one(docs, "Service", f"{FULLNAME}-webhook")
+    assert selector_matches({"matchLabels": service["spec"]["selector"]}, pod["metadata"]["labels"])
+    assert not selector_matches(
+        {"matchLabels": service["spec"]["selector"]}, operator_pod["metadata"]["labels"]
+    )
+    assert pod["spec"]["serviceAccountName"] != operator_pod["spec"]["serviceAccountName"]
 
 
 def test_images_default_to_the_released_version(defaults: list[Doc], full: list[Doc]) -> None:
@@ -400,11 +476,13 @@ def test_images_default_to_the_released_version(defaults: list[Doc], full: list[
     image = f"ghcr.io/bucketq/bucketq:{version}"
     assert image == DEFAULT_SIDECAR_IMAGE
     container = operator_container(defaults)
-    assert container["image"] == image
-    assert container_env(container, _secrets_for(container))["BUCKETQ_OPERATOR_SIDECAR_IMAGE"] == image
+    assert container["image"] == image == webhook_container(defaults)["image"]
+    assert container_env(webhook_container(defaults))["BUCKETQ_OPERATOR_SIDECAR_IMAGE"] == image
     pinned = operator_container(full)
-    assert pinned["image"] == f"registry.example.com/team/bucketq@{DIGEST}"
-    assert container_env(pinned, _secrets_for(pinned))["BUCKETQ_OPERATOR_SIDECAR_IMAGE"] == pinned["image"]
+    assert (
+        pinned["image"] == f"registry.example.com/team/bucketq@{DIGEST}" == webhook_container(full)["image"]
+    )
+    assert container_env(webhook_container(full))["BUCKETQ_OPERATOR_SIDECAR_IMAGE"] == pinned["image"]
 
 
 def test_sidecar_defaults_reach_the_injected_container(full: list[Doc]) -> None:
@@ -412,7 +490,7 @@ def test_sidecar_defaults_reach_the_injected_container(full: list[Doc]) -> None:
     from bucketq.config import Settings
     from bucketq.operator.injection import Wiring, sidecar_container
 
-    container = operator_container(full)
+    container = webhook_container(full)
     env = container_env(container, _secrets_for(container))
     settings = operator_settings_from_env(env)
     engine = Settings.from_dict(
@@ -445,18 +523,56 @@ def test_rbac_grants_exactly_what_the_operator_calls(scenario: str) -> None:
     container = operator_container(docs)
     settings = operator_settings_from_env(container_env(container, _secrets_for(container)))
     needed = operator_permissions(settings)
-    sa = one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"]
+    sa = component(docs, "Deployment", "operator")["spec"]["template"]["spec"]["serviceAccountName"]
+    _check_grants(docs, sa, settings.namespaces, needed)
+    if (values.get("webhook") or {}).get("enabled", True):
+        container = webhook_container(docs)
+        settings = operator_settings_from_env(container_env(container))
+        sa = component(docs, "Deployment", "webhook")["spec"]["template"]["spec"]["serviceAccountName"]
+        _check_grants(docs, sa, settings.namespaces, webhook_permissions(settings))
+
+
+def webhook_permissions(settings: Any) -> dict[bool, set[Any]]:
+    """What a webhook-only operator calls: list/watch of what it indexes, kopf's scanning; no writes.
+
+    kopf writes nothing for index handlers (no finalizer, no annotations) and posts no events
+    for them or for admission handlers (their loggers are local).
+    """
+    import kopf
+
+    from bucketq.config import Settings
+    from bucketq.operator.handlers import Operator
+    from bucketq.operator.runner import kopf_settings
+
+    registry: Any = Operator(Settings.from_dict({"backend": "memory"}), settings).register(
+        kopf.OperatorRegistry()
+    )
+    assert not any(
+        r.get_all_handlers() for r in (registry._watching, registry._changing, registry._spawning)
+    ), "a webhook-only operator handles nothing but its index and admission reviews"
+    namespaced = {
+        (h.selector.group, h.selector.any_name, verb)
+        for h in registry._indexing.get_all_handlers()
+        for verb in ("list", "watch")
+    }
+    ks = kopf_settings(settings)
+    assert ks.peering.standalone and not ks.admission.managed and not ks.scanning.disabled
+    cluster = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")}
+    if settings.namespaces:
+        cluster |= {("", "namespaces", v) for v in ("list", "watch")}
+    return {True: namespaced, False: cluster}
+
+
+def _check_grants(docs: list[Doc], sa: str, namespaces: list[str], needed: dict[bool, set[Any]]) -> None:
     assert one(docs, "ServiceAccount", sa)
     grants = granted(docs, sa, NAMESPACE)
-    if settings.namespaces:
-        assert grants[None] == needed[False], (
-            "cluster-wide grants differ from the operator's cluster-wide calls"
-        )
-        for ns in settings.namespaces:
-            assert grants.get(ns) == needed[True], f"grants in {ns} differ from the operator's calls there"
-        assert set(grants) == {None, *settings.namespaces}, f"grants in namespaces not served: {set(grants)}"
+    if namespaces:
+        assert grants[None] == needed[False], f"{sa}: cluster-wide grants differ from its cluster-wide calls"
+        for ns in namespaces:
+            assert grants.get(ns) == needed[True], f"{sa}: grants in {ns} differ from its calls there"
+        assert set(grants) == {None, *namespaces}, f"{sa}: grants in namespaces not served: {set(grants)}"
     else:
-        assert grants == {None: needed[True] | needed[False]}
+        assert grants == {None: needed[True] | needed[False]}, sa
 
 
 def test_rbac_has_no_secret_access_or_escalation(defaults: list[Doc], full: list[Doc]) -> None:
@@ -471,60 +587,121 @@ def test_rbac_has_no_secret_access_or_escalation(defaults: list[Doc], full: list
 
 
 def _mwc(docs: list[Doc]) -> Doc:
-    (webhook,) = one(docs, "MutatingWebhookConfiguration")["webhooks"]
-    return dict(webhook)
+    """The first webhook of the configuration (both share service, TLS, policy and namespaces)."""
+    webhooks = one(docs, "MutatingWebhookConfiguration")["webhooks"]
+    assert len(webhooks) == 2
+    return dict(webhooks[0])
 
 
-def test_webhook_reaches_the_operators_handler(defaults: list[Doc]) -> None:
+def _webhooks(docs: list[Doc]) -> dict[str, Doc]:
+    return {w["name"]: w for w in one(docs, "MutatingWebhookConfiguration")["webhooks"]}
+
+
+def _managed_webhooks(settings: Any, service: Doc) -> dict[str, Doc]:
+    """What the operator itself writes as its MutatingWebhookConfiguration (kopf's managed mode)."""
     import kopf
+    from kopf._cogs.structs.references import Resource
+    from kopf._core.engines.admission import build_webhooks
 
     from bucketq.config import Settings
     from bucketq.operator.handlers import Operator
 
-    webhook = _mwc(defaults)
-    service = webhook["clientConfig"]["service"]
-    svc = one(defaults, "Service", service["name"])
-    assert service["namespace"] == NAMESPACE
-    (port,) = [p for p in svc["spec"]["ports"] if p["port"] == service["port"]]
-    container = operator_container(defaults)
-    target = next(p for p in container["ports"] if p["name"] == port["targetPort"])
-    env = container_env(container, _secrets_for(container))
-    assert str(target["containerPort"]) == env["BUCKETQ_OPERATOR_WEBHOOK_PORT"]
-    assert selector_matches(
-        {"matchLabels": svc["spec"]["selector"]},
-        one(defaults, "Deployment")["spec"]["template"]["metadata"]["labels"],
-    )
-    # kopf serves each admission handler at /{id}
-    settings = operator_settings_from_env(env)
     registry = Operator(Settings.from_dict({"backend": "memory"}), settings).register(kopf.OperatorRegistry())
-    ids = [h.id for h in registry._webhooks.get_all_handlers()]
-    assert service["path"] == f"/{ids[0]}" and len(ids) == 1
-    assert webhook["rules"] == [
-        {
-            "apiGroups": [""],
-            "apiVersions": ["v1"],
-            "operations": ["CREATE"],
-            "resources": ["pods"],
-            "scope": "Namespaced",
-        }
-    ]
-    assert webhook["sideEffects"] == "None" and webhook["failurePolicy"] == "Fail"
+    pods = Resource(group="", version="v1", plural="pods", kind="Pod", namespaced=True)
+    client = {"service": {"name": service["name"], "namespace": service["namespace"], "port": 443}}
+    built = build_webhooks(
+        registry._webhooks.get_all_handlers(),
+        resources=[pods],
+        name_suffix="bucketq.io",
+        client_config=client,
+    )
+    return {w["name"]: w for w in built}
+
+
+@pytest.mark.parametrize("scenario", ["defaults", "everything-changed"])
+def test_chart_and_operator_configure_the_same_webhooks(scenario: str) -> None:
+    """One failurePolicy, one set of selectors: the chart's configuration is the operator's own."""
+    values, apis = SCENARIOS[scenario]
+    docs = render(values, api_versions=apis)
+    chart = _webhooks(docs)
+    container = webhook_container(docs)
+    settings = operator_settings_from_env(container_env(container))
+    service = next(iter(chart.values()))["clientConfig"]["service"]
+    managed = _managed_webhooks(settings, service)
+    assert set(chart) == set(managed) == {"inject-consumer.bucketq.io", "inject-sidecar.bucketq.io"}
+    expected_policy = (values.get("webhook") or {}).get("failurePolicy", "Fail")
+    for name, ours in chart.items():
+        theirs = managed[name]
+        assert ours["failurePolicy"] == theirs["failurePolicy"] == expected_policy, name
+        assert ours["objectSelector"] == theirs["objectSelector"], name
+        assert ours["sideEffects"] == theirs["sideEffects"] == "None", name
+        assert ours["clientConfig"]["service"]["path"] == theirs["clientConfig"]["service"]["path"], name
+        assert ours["rules"] == [
+            {
+                "apiGroups": [""],
+                "apiVersions": ["v1"],
+                "operations": ["CREATE"],
+                "resources": ["pods"],
+                "scope": "Namespaced",
+            }
+        ]
+        assert [r["operations"] for r in theirs["rules"]] == [["CREATE"]]
+    # and the operator's own default is the chart's default
+    from bucketq.operator.config import OperatorSettings
+
+    assert OperatorSettings().webhook_failure_policy == "Fail"
+
+
+def test_webhook_reaches_the_operators_handler(defaults: list[Doc]) -> None:
+    for webhook in _webhooks(defaults).values():
+        service = webhook["clientConfig"]["service"]
+        svc = one(defaults, "Service", service["name"])
+        assert service["namespace"] == NAMESPACE
+        (port,) = [p for p in svc["spec"]["ports"] if p["port"] == service["port"]]
+        container = webhook_container(defaults)
+        target = next(p for p in container["ports"] if p["name"] == port["targetPort"])
+        env = container_env(container)
+        assert str(target["containerPort"]) == env["BUCKETQ_OPERATOR_WEBHOOK_PORT"]
+        assert selector_matches(
+            {"matchLabels": svc["spec"]["selector"]},
+            component(defaults, "Deployment", "webhook")["spec"]["template"]["metadata"]["labels"],
+        )
     assert _mwc(render(FULL, api_versions=ALL_APIS))["failurePolicy"] == "Ignore"
 
 
-def test_only_pods_asking_for_a_sidecar_are_sent_to_the_webhook(defaults: list[Doc], full: list[Doc]) -> None:
-    webhook = _mwc(defaults)
-    selector = webhook["objectSelector"]
-    assert selector_matches(selector, {"bucketq.io/inject": "true", "app": "w"})
-    assert not selector_matches(selector, {"app": "w"})
-    assert not selector_matches(selector, {"bucketq.io/inject": "false"})
-    (condition,) = webhook["matchConditions"]
-    assert "'bucketq.io/inject' in object.metadata.annotations" in condition["expression"]
-    assert not selector_matches(webhook["namespaceSelector"], {"kubernetes.io/metadata.name": "kube-system"})
-    assert selector_matches(webhook["namespaceSelector"], {"kubernetes.io/metadata.name": "shop"})
-    scoped = _mwc(full)["namespaceSelector"]
-    assert selector_matches(scoped, {"kubernetes.io/metadata.name": "billing"})
-    assert not selector_matches(scoped, {"kubernetes.io/metadata.name": "default"})
+@pytest.mark.parametrize(
+    ("labels", "path"),
+    [
+        ({"bucketq.io/consumer": "billing", "app": "w"}, "/inject-consumer"),  # the label alone
+        ({"bucketq.io/consumer": "billing", "bucketq.io/inject": "true"}, "/inject-consumer"),
+        ({"bucketq.io/inject": "true", "app": "w"}, "/inject-sidecar"),
+        ({"app": "w"}, None),
+        ({"bucketq.io/inject": "false"}, None),
+    ],
+)
+def test_only_pods_asking_for_a_sidecar_are_sent_to_the_webhook(
+    labels: dict[str, str], path: str | None, defaults: list[Doc]
+) -> None:
+    webhooks = _webhooks(defaults).values()
+    sent = [
+        w["clientConfig"]["service"]["path"]
+        for w in webhooks
+        if selector_matches(w["objectSelector"], labels)
+    ]
+    assert sent == ([path] if path else []), "at most one webhook per pod, none for unlabelled pods"
+    for webhook in webhooks:
+        assert "matchConditions" not in webhook, "the labels alone decide: annotations are optional"
+
+
+def test_webhooks_skip_system_and_unserved_namespaces(defaults: list[Doc], full: list[Doc]) -> None:
+    for webhook in _webhooks(defaults).values():
+        selector = webhook["namespaceSelector"]
+        assert not selector_matches(selector, {"kubernetes.io/metadata.name": "kube-system"})
+        assert selector_matches(selector, {"kubernetes.io/metadata.name": "shop"})
+    for webhook in _webhooks(full).values():
+        scoped = webhook["namespaceSelector"]
+        assert selector_matches(scoped, {"kubernetes.io/metadata.name": "billing"})
+        assert not selector_matches(scoped, {"kubernetes.io/metadata.name": "default"})
 
 
 def test_webhook_tls_from_the_chart_generated_ca(defaults: list[Doc]) -> None:
@@ -532,7 +709,7 @@ def test_webhook_tls_from_the_chart_generated_ca(defaults: list[Doc]) -> None:
     from cryptography.hazmat.primitives import serialization
 
     webhook = _mwc(defaults)
-    deployment = one(defaults, "Deployment")
+    deployment = component(defaults, "Deployment", "webhook")
     volume = next(v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == "webhook-tls")
     secret = one(defaults, "Secret", volume["secret"]["secretName"])
     assert secret["type"] == "kubernetes.io/tls"
@@ -549,11 +726,13 @@ def test_webhook_tls_from_the_chart_generated_ca(defaults: list[Doc]) -> None:
     )
     service = webhook["clientConfig"]["service"]
     assert f"{service['name']}.{service['namespace']}.svc" in sans
-    env = container_env(operator_container(defaults), _secrets_for(operator_container(defaults)))
-    mount = next(m for m in operator_container(defaults)["volumeMounts"] if m["name"] == "webhook-tls")
+    # every replica mounts this one Secret: one caBundle trusts them all
+    env = container_env(webhook_container(defaults))
+    mount = next(m for m in webhook_container(defaults)["volumeMounts"] if m["name"] == "webhook-tls")
     assert env["BUCKETQ_OPERATOR_WEBHOOK_CERT_FILE"] == f"{mount['mountPath']}/tls.crt"
     assert env["BUCKETQ_OPERATOR_WEBHOOK_KEY_FILE"] == f"{mount['mountPath']}/tls.key"
-    # the Deployment's checksum is of this very certificate: a new one restarts the operator
+    assert deployment["spec"]["replicas"] >= 2
+    # the Deployment's checksum is of this very certificate: a new one rolls the replicas
     annotations = deployment["spec"]["template"]["metadata"]["annotations"]
     material = json.dumps(dict(sorted(secret["data"].items())), separators=(",", ":")).encode()
     assert annotations["checksum/webhook-tls"] == hashlib.sha256(material).hexdigest()
@@ -572,7 +751,7 @@ def test_webhook_tls_from_cert_manager(full: list[Doc]) -> None:
     assert f"{service['name']}.{service['namespace']}.svc" in certificate["spec"]["dnsNames"]
     volume = next(
         v
-        for v in one(full, "Deployment")["spec"]["template"]["spec"]["volumes"]
+        for v in component(full, "Deployment", "webhook")["spec"]["template"]["spec"]["volumes"]
         if v["name"] == "webhook-tls"
     )
     assert certificate["spec"]["secretName"] == volume["secret"]["secretName"]
@@ -609,8 +788,12 @@ def test_webhook_is_only_ever_rendered_with_tls(scenario: str) -> None:
             svc = one(docs, "Service", client["service"]["name"])
             assert [p["name"] for p in svc["spec"]["ports"]] == ["https"]
     env = container_env(operator_container(docs), _secrets_for(operator_container(docs)))
-    assert env["BUCKETQ_OPERATOR_WEBHOOK"] == str(enabled).lower()
-    assert "BUCKETQ_OPERATOR_WEBHOOK_INSECURE" not in env
+    assert env["BUCKETQ_OPERATOR_WEBHOOK"] == "false", "the operator never serves the webhook"
+    assert len(find(docs, "Deployment")) == (2 if enabled else 1)
+    if enabled:
+        env = container_env(webhook_container(docs))
+        assert env["BUCKETQ_OPERATOR_WEBHOOK"] == "true"
+        assert "BUCKETQ_OPERATOR_WEBHOOK_INSECURE" not in env
 
 
 # -- monitoring, dashboard, KEDA ---------------------------------------------------------------------------
@@ -628,7 +811,9 @@ def test_prometheus_operator_objects_only_when_the_api_exists(defaults: list[Doc
     )
     pod_monitor = one(docs, "PodMonitor")
     assert pod_monitor["spec"]["namespaceSelector"] == {"any": True}
-    assert selector_matches(pod_monitor["spec"]["selector"], {"bucketq.io/inject": "true"})
+    # the label the webhook puts on every pod it injects, whichever label asked for the sidecar
+    assert selector_matches(pod_monitor["spec"]["selector"], {"bucketq.io/injected": "true"})
+    assert not selector_matches(pod_monitor["spec"]["selector"], {"bucketq.io/consumer": "billing"})
     off = render(
         {"metrics": {"serviceMonitor": {"enabled": False}, "podMonitor": {"enabled": False}}},
         api_versions=MONITORING_APIS,
@@ -641,8 +826,8 @@ def test_pod_monitor_scrapes_the_port_the_operator_injects(defaults: list[Doc]) 
     from bucketq.operator.injection import Wiring, sidecar_container
 
     docs = render(api_versions=MONITORING_APIS)
-    container = operator_container(docs)
-    settings = operator_settings_from_env(container_env(container, _secrets_for(container)))
+    container = webhook_container(docs)  # the webhook replicas inject the sidecars
+    settings = operator_settings_from_env(container_env(container))
     sidecar = sidecar_container(
         Wiring(None, [], "pull", None, None, None),
         {},
@@ -713,15 +898,141 @@ def test_dashboard_configmap_is_optional(defaults: list[Doc], full: list[Doc]) -
     assert configmap["metadata"]["labels"]["grafana_dashboard"] == "1"
 
 
-def test_keda_scaled_object_scales_on_the_consumers_backlog(full: list[Doc]) -> None:
+def test_keda_scaled_object_scales_on_the_operators_replicas_answer(full: list[Doc]) -> None:
     (so,) = find(full, "ScaledObject")
     assert so["metadata"]["namespace"] == "billing"
     assert so["spec"]["scaleTargetRef"] == {"name": "billing-worker"} and so["spec"]["maxReplicaCount"] == 20
     (trigger,) = so["spec"]["triggers"]
-    assert trigger["type"] == "prometheus" and trigger["metadata"]["threshold"] == "50"
-    assert (
-        'bucketq_subscription_backlog{namespace="billing",consumer="billing"}' in trigger["metadata"]["query"]
+    # the default trigger needs no Prometheus: the operator answers the replicas, KEDA targets 1 each
+    assert trigger["type"] == "metrics-api" and trigger["metricType"] == "AverageValue"
+    meta = trigger["metadata"]
+    assert (meta["format"], meta["valueLocation"], meta["targetValue"], meta["activationTargetValue"]) == (
+        "json",
+        "replicas",
+        "1",
+        "0",
     )
+    service = one(full, "Service", f"{FULLNAME}-metrics")
+    (port,) = [p["port"] for p in service["spec"]["ports"] if p["name"] == "metrics"]
+    assert meta["url"] == (
+        f"http://{FULLNAME}-metrics.{NAMESPACE}.svc:{port}/scaling/billing/billing"
+        "?messagesPerReplica=50&activation=0"
+    ), "backlogPerReplica, the former name, still sets messagesPerReplica"
+
+
+def _scaled_objects(keda: dict[str, Any]) -> list[Doc]:
+    return find(render({"keda": keda}, api_versions=ALL_APIS), "ScaledObject")
+
+
+def test_keda_prometheus_trigger_scales_on_pending_and_lease_holders() -> None:
+    objects = [{"name": "w", "namespace": "shop", "consumer": "billing", "scaleTargetRef": {"name": "w"}}]
+    (so,) = _scaled_objects(
+        {
+            "trigger": "prometheus",
+            "prometheusServerAddress": "http://prom.example:9090",
+            "scaledObjects": [{**objects[0], "messagesPerReplica": 40, "activationMessages": 5}],
+        }
+    )
+    pending, holders = so["spec"]["triggers"]
+    assert {pending["type"], holders["type"]} == {"prometheus"}
+    assert pending["metadata"]["query"] == (
+        'sum(bucketq_subscription_pending{namespace="shop",consumer="billing"}) or vector(0)'
+    )
+    assert (pending["metadata"]["threshold"], pending["metadata"]["activationThreshold"]) == ("40", "5")
+    # the HPA takes the larger proposal: never fewer replicas than members holding leases
+    assert holders["metadata"]["query"] == (
+        'max(bucketq_consumer_lease_holders{namespace="shop",consumer="billing"}) or vector(0)'
+    )
+    assert (holders["metadata"]["threshold"], holders["metadata"]["activationThreshold"]) == ("1", "0")
+    assert {t["metadata"]["serverAddress"] for t in (pending, holders)} == {"http://prom.example:9090"}
+    # one object may differ from the default trigger; the operator's URL can be given
+    mixed = _scaled_objects(
+        {
+            "operatorUrl": "http://metrics.example:9999/",
+            "scaledObjects": [
+                {**objects[0], "name": "a"},
+                {**objects[0], "name": "b", "trigger": "prometheus"},
+            ],
+        }
+    )
+    assert [[t["type"] for t in so["spec"]["triggers"]] for so in mixed] == [
+        ["metrics-api"],
+        ["prometheus", "prometheus"],
+    ]
+    url = mixed[0]["spec"]["triggers"][0]["metadata"]["url"]
+    assert url == "http://metrics.example:9999/scaling/shop/billing?messagesPerReplica=100&activation=0"
+
+
+_SO = {"name": "w", "consumer": "c", "scaleTargetRef": {"name": "w"}}
+
+
+@pytest.mark.parametrize(
+    ("keda", "complaint"),
+    [
+        ({"trigger": "cpu"}, "/keda/trigger"),
+        ({"operatorUrl": "bq-bucketq-metrics:9090"}, "/keda/operatorUrl"),
+        ({"scaledObjects": [{**_SO, "messagesPerReplica": 0}]}, "messagesPerReplica"),
+        ({"scaledObjects": [{**_SO, "trigger": "kafka"}]}, "trigger"),
+        ({"networkPolicy": {"podSelector": {"app": "keda"}}}, "/keda/networkPolicy/podSelector"),
+    ],
+)
+def test_keda_values_are_checked(keda: dict[str, Any], complaint: str) -> None:
+    result = template({"keda": keda}, api_versions=ALL_APIS, check=False)
+    assert result.returncode != 0, f"the chart accepted {keda}"
+    assert complaint in result.stderr, f"the error does not name {complaint!r}:\n{result.stderr}"
+
+
+def test_keda_metrics_api_url_is_answered_by_the_operator(full: list[Doc]) -> None:
+    """The rendered URL, asked of the operator's real metrics server, yields the value KEDA reads."""
+    import asyncio
+    import urllib.parse
+
+    import aiohttp
+
+    from bucketq.core.models import TopicConfig
+    from bucketq.core.stats import SubscriptionStats
+    from bucketq.core.topics import TopicInfo
+    from bucketq.operator.metrics import QueueMetrics
+    from bucketq.operator.topics import TopicFigures
+    from tests.support.servers import free_ports
+
+    (so,) = find(full, "ScaledObject")
+    meta = so["spec"]["triggers"][0]["metadata"]
+    url = urllib.parse.urlsplit(meta["url"])
+    sub = SubscriptionStats(
+        topic="orders",
+        consumer="billing",
+        messages=120,
+        backlog=118,
+        in_flight=2,
+        delayed=0,
+        acked=0,
+        dead_lettered=0,
+        redelivered=0,
+        oldest_age_s=1.0,
+        partitions=[],
+        holders=["m1", "m2"],
+    )
+    info = TopicInfo(name="orders", config=TopicConfig(), created_at=0.0, consumers=["billing"])
+
+    async def ask() -> tuple[int, Any]:
+        metrics = QueueMetrics()
+        metrics.set_topic("billing", "orders", TopicFigures(info, [sub]))
+        (port,) = free_ports(1)
+        runner = await metrics.serve("127.0.0.1", port)
+        try:
+            async with (
+                aiohttp.ClientSession() as session,
+                session.get(f"http://127.0.0.1:{port}{url.path}?{url.query}") as resp,
+            ):
+                return resp.status, await resp.json()
+        finally:
+            await runner.cleanup()
+
+    status, body = asyncio.run(ask())
+    assert status == 200, body
+    value = body[meta["valueLocation"]]
+    assert value == 3, "ceil(120 pending / 50 per replica) = 3, above the 2 lease holders"
 
 
 # -- NetworkPolicy ------------------------------------------------------------------------------------------
@@ -742,27 +1053,60 @@ def test_network_policy_is_off_by_default(defaults: list[Doc]) -> None:
 
 
 def test_network_policy_admits_only_the_apiserver_and_the_scrapers(full: list[Doc]) -> None:
-    policy = one(full, "NetworkPolicy")
-    pod = one(full, "Deployment")["spec"]["template"]
+    policy = one(full, "NetworkPolicy", FULLNAME)
+    pod = component(full, "Deployment", "operator")["spec"]["template"]
     assert selector_matches(policy["spec"]["podSelector"], pod["metadata"]["labels"])
     assert policy["spec"]["policyTypes"] == ["Ingress"], "egress (apiserver, S3) stays open"
     ports = {p["name"]: p["containerPort"] for p in operator_container(full)["ports"]}
     allowed = _ingress_ports(policy)
-    assert set(allowed) == {ports["webhook"], ports["metrics"]}, "the health port is the kubelet's only"
-    assert allowed[ports["webhook"]] == FULL["networkPolicy"]["apiServer"]["from"]
+    assert set(allowed) == {ports["metrics"]}, "the health port is the kubelet's only"
+    webhook_policy = one(full, "NetworkPolicy", f"{FULLNAME}-webhook")
+    webhook_pod = component(full, "Deployment", "webhook")["spec"]["template"]
+    assert selector_matches(webhook_policy["spec"]["podSelector"], webhook_pod["metadata"]["labels"])
+    assert not selector_matches(webhook_policy["spec"]["podSelector"], pod["metadata"]["labels"])
+    assert webhook_policy["spec"]["policyTypes"] == ["Ingress"]
+    webhook_port = next(p for p in webhook_container(full)["ports"] if p["name"] == "webhook")[
+        "containerPort"
+    ]
+    assert _ingress_ports(webhook_policy) == {webhook_port: FULL["networkPolicy"]["apiServer"]["from"]}
     metrics = FULL["networkPolicy"]["metrics"]
     assert allowed[ports["metrics"]] == [
-        {"namespaceSelector": metrics["namespaceSelector"], "podSelector": metrics["podSelector"]}
-    ], "one peer: the pod selector AND the namespace selector"
+        {"namespaceSelector": metrics["namespaceSelector"], "podSelector": metrics["podSelector"]},
+        # a ScaledObject with the metrics-api trigger: KEDA's operator calls the scaling endpoint
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "keda"}},
+            "podSelector": {"matchLabels": {"app.kubernetes.io/name": "keda-operator"}},
+        },
+    ], "one peer each: the pod selector AND the namespace selector"
+
+
+def test_network_policy_admits_keda_only_for_metrics_api_triggers() -> None:
+    so = {"name": "w", "consumer": "billing", "scaleTargetRef": {"name": "w"}}
+    keda = {
+        "trigger": "prometheus",
+        "scaledObjects": [so],
+        "networkPolicy": {"podSelector": {"matchLabels": {"app": "keda-operator"}}},
+    }
+    values: dict[str, Any] = {"networkPolicy": {"enabled": True}, "keda": keda}
+    peers = _ingress_ports(one(render(values, api_versions=ALL_APIS), "NetworkPolicy", FULLNAME))[9090]
+    assert peers is not None and len(peers) == 1, "Prometheus queries the operator's metrics, not KEDA"
+    keda["scaledObjects"] = [so, {**so, "name": "v", "trigger": "metrics-api"}]
+    peers = _ingress_ports(one(render(values, api_versions=ALL_APIS), "NetworkPolicy", FULLNAME))[9090]
+    assert peers is not None and peers[1] == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "keda"}},
+        "podSelector": {"matchLabels": {"app": "keda-operator"}},
+    }
 
 
 @pytest.mark.parametrize("webhook", [True, False])
 def test_network_policy_defaults_when_enabled(webhook: bool) -> None:
     docs = render({"networkPolicy": {"enabled": True}, "webhook": {"enabled": webhook}})
-    allowed = _ingress_ports(one(docs, "NetworkPolicy"))
+    allowed = _ingress_ports(one(docs, "NetworkPolicy", FULLNAME))
     if webhook:
         # The apiserver cannot be selected by labels: any source, but on the webhook port only.
-        assert allowed.pop(9443) is None
+        assert _ingress_ports(one(docs, "NetworkPolicy", f"{FULLNAME}-webhook")) == {9443: None}
+    else:
+        assert len(find(docs, "NetworkPolicy")) == 1
     assert allowed == {
         9090: [
             {

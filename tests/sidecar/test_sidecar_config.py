@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from bucketq.client._common import URL_ENV, default_url
 from bucketq.errors import ConfigError
 from bucketq.sidecar.config import load_config
 
@@ -63,9 +64,80 @@ def test_env_only_with_comma_separated_topics(clean_env: pytest.MonkeyPatch) -> 
     assert cfg.sidecar.topics == ["a", "b"] and cfg.sidecar.log_level == "DEBUG"
     assert (cfg.sidecar.listen_host, cfg.sidecar.listen_port, cfg.sidecar.delivery) == (
         "127.0.0.1",
-        3500,
+        3580,
         "pull",
     )
+
+
+def test_default_ports_avoid_other_meshes_and_match_the_client(clean_env: pytest.MonkeyPatch) -> None:
+    """3580/9580: Dapr's sidecar takes 3500 (API) and 9090 (metrics), Istio's 15000-15090."""
+    clean_env.setenv("BUCKETQ_S3_BUCKET", "q")
+    sc = load_config().sidecar
+    assert (sc.listen_port, sc.metrics_port) == (3580, 9580)
+    clean_env.delenv(URL_ENV, raising=False)
+    assert default_url() == f"http://127.0.0.1:{sc.listen_port}"
+    clean_env.setenv(URL_ENV, "http://127.0.0.1:4000/")
+    assert default_url() == "http://127.0.0.1:4000"
+
+
+def test_push_retry_and_shutdown_defaults(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("BUCKETQ_S3_BUCKET", "q")
+    sc = load_config().sidecar
+    assert (sc.push_retry_initial_s, sc.push_retry_max_s, sc.push_retry_multiplier) == (1.0, 60.0, 2.0)
+    assert (sc.shutdown_budget_s, sc.drain_grace_s) == (25.0, 25.0)
+    assert sc.deprecations == []
+
+
+def test_deprecated_retry_delay_is_an_alias_of_the_initial_delay(clean_env: pytest.MonkeyPatch) -> None:
+    clean_env.setenv("BUCKETQ_S3_BUCKET", "q")
+    clean_env.setenv("BUCKETQ_SIDECAR_PUSH_RETRY_DELAY_S", "0.25")
+    sc = load_config().sidecar
+    assert (sc.push_retry_initial_s, sc.push_retry_max_s) == (0.25, 60.0)
+    (warning,) = sc.deprecations
+    assert "PUSH_RETRY_DELAY_S is deprecated" in warning and "PUSH_RETRY_INITIAL_S" in warning
+
+    # an old fixed delay above the default cap raises the cap: the delay stays what it was
+    clean_env.setenv("BUCKETQ_SIDECAR_PUSH_RETRY_DELAY_S", "120")
+    sc = load_config().sidecar
+    assert (sc.push_retry_initial_s, sc.push_retry_max_s) == (120.0, 120.0)
+
+    # both given and equal: accepted (with the warning); the new name is the one to keep
+    clean_env.setenv("BUCKETQ_SIDECAR_PUSH_RETRY_DELAY_S", "30")
+    clean_env.setenv("BUCKETQ_SIDECAR_PUSH_RETRY_INITIAL_S", "30")
+    sc = load_config().sidecar
+    assert (sc.push_retry_initial_s, len(sc.deprecations)) == (30.0, 1)
+
+
+@pytest.mark.parametrize(
+    ("env", "problem"),
+    [
+        (
+            {"BUCKETQ_SIDECAR_PUSH_RETRY_INITIAL_S": "10", "BUCKETQ_SIDECAR_PUSH_RETRY_MAX_S": "5"},
+            r"BUCKETQ_SIDECAR_PUSH_RETRY_MAX_S \(5\) must be at least BUCKETQ_SIDECAR_PUSH_RETRY_INITIAL_S \(10\)",
+        ),
+        (
+            {"BUCKETQ_SIDECAR_PUSH_RETRY_DELAY_S": "2", "BUCKETQ_SIDECAR_PUSH_RETRY_INITIAL_S": "3"},
+            r"PUSH_RETRY_DELAY_S \(2\) is a deprecated alias of BUCKETQ_SIDECAR_PUSH_RETRY_INITIAL_S \(3\)",
+        ),
+        (
+            {"BUCKETQ_SIDECAR_PUSH_RETRY_INITIAL_S": "0"},
+            "push_retry_initial_s: Input should be greater than 0",
+        ),
+        ({"BUCKETQ_SIDECAR_PUSH_RETRY_DELAY_S": "0"}, "push_retry_delay_s: Input should be greater than 0"),
+        ({"BUCKETQ_SIDECAR_PUSH_RETRY_MULTIPLIER": "0.5"}, "push_retry_multiplier: Input should be greater"),
+        ({"BUCKETQ_SIDECAR_PUSH_RETRY_MAX_S": "1e9"}, "push_retry_max_s: Input should be less"),
+        ({"BUCKETQ_SIDECAR_SHUTDOWN_BUDGET_S": "0"}, "shutdown_budget_s: Input should be greater than 0"),
+        ({"BUCKETQ_SIDECAR_SHUTDOWN_BUDGET_S": "soon"}, "shutdown_budget_s: Input should be a valid number"),
+    ],
+)
+def test_invalid_retry_and_budget_settings_are_named(
+    clean_env: pytest.MonkeyPatch, env: dict[str, str], problem: str
+) -> None:
+    clean_env.setenv("BUCKETQ_S3_BUCKET", "q")
+    for name, value in env.items():
+        clean_env.setenv(name, value)
+    with pytest.raises(ConfigError, match=problem):
+        load_config()
 
 
 @pytest.mark.parametrize(

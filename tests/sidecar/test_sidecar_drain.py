@@ -12,11 +12,14 @@ from bucketq import Bucketq
 from bucketq.client import DeliveredMessage, Unavailable, message
 from bucketq.config import Settings
 from tests.sidecar.sidecar_procs import SidecarFactory, aeventually, create_topics
+from tests.support.servers import S3Server
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 
 
-async def test_sigterm_drain_loses_nothing(moto_settings: Settings, sidecars: SidecarFactory) -> None:
+async def test_sigterm_drain_loses_nothing(
+    moto_server: S3Server, moto_settings: Settings, sidecars: SidecarFactory
+) -> None:
     await create_topics(moto_settings, "drain")
     a = sidecars(
         moto_settings,
@@ -26,7 +29,6 @@ async def test_sigterm_drain_loses_nothing(moto_settings: Settings, sidecars: Si
         max_in_flight=50,
         drain_grace_s=20,
         visibility_timeout_s=4,  # bounds the wait if prefetched leases were not released
-        BUCKETQ_PRODUCER__LINGER_MS=1500,  # keeps the last publish pending when SIGTERM arrives
     )
     async with a.aclient() as client:
         first = await client.publish_batch("drain", [message({"n": i}) for i in range(60)])
@@ -42,18 +44,24 @@ async def test_sigterm_drain_loses_nothing(moto_settings: Settings, sidecars: Si
             lambda: a.status()["leases_held"] >= 50, 20, "sidecar a to prefetch up to max_in_flight"
         )
 
-        in_flight = asyncio.create_task(
-            client.publish_batch("drain", [message({"late": i}) for i in range(10)])
-        )
-        await aeventually(lambda: a.status()["publish_pending"] == 10, 10, "the late batch to be pending")
-        a.signal(signal.SIGTERM)
-        await aeventually(lambda: a.status()["state"] == "draining", 10, "sidecar a to start draining")
+        # S3 stalls (the server is frozen, requests wait for it): the late batch is accepted and
+        # still pending when SIGTERM arrives; it must be made durable during the drain
+        moto_server.process.send_signal(signal.SIGSTOP)
+        try:
+            in_flight = asyncio.create_task(
+                client.publish_batch("drain", [message({"late": i}) for i in range(10)])
+            )
+            await aeventually(lambda: a.status()["publish_pending"] == 10, 10, "the late batch to be pending")
+            a.signal(signal.SIGTERM)
+            await aeventually(lambda: a.status()["state"] == "draining", 10, "sidecar a to start draining")
 
-        with pytest.raises(Unavailable) as refused:
-            await client.publish("drain", {"too": "late"})
-        assert refused.value.code == "draining"
-        with pytest.raises(Unavailable):
-            await client.pull(max_messages=1)
+            with pytest.raises(Unavailable) as refused:
+                await client.publish("drain", {"too": "late"})
+            assert refused.value.code == "draining"
+            with pytest.raises(Unavailable):
+                await client.pull(max_messages=1)
+        finally:
+            moto_server.process.send_signal(signal.SIGCONT)
 
         late = await in_flight  # accepted before SIGTERM: made durable, not dropped
         assert late.failed == 0, late

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import platform
 import subprocess
 import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from bucketq import __version__
 from bucketq.client import message
 from bucketq.config import Settings
+from bucketq.core.app import FORMAT
 from tests.sidecar.sidecar_procs import SidecarFactory, create_topics, eventually
 from tests.support import tools
 
@@ -34,6 +37,7 @@ EXPECTED = {
     "bucketq_push_duration_seconds",
     "bucketq_push_deliveries",
     "bucketq_sidecar_ready",
+    "bucketq_build_info",
 }
 
 
@@ -63,6 +67,9 @@ async def test_metrics_parse_and_pass_promtool(moto_settings: Settings, sidecars
     assert samples[("bucketq_messages_published_total", (("topic", "metered"),))] == 20
     assert samples[("bucketq_sidecar_ready", ())] == 1
     assert samples[("bucketq_publish_buffer_depth", ())] == 0
+    build = (("format", str(FORMAT)), ("python", platform.python_version()), ("version", __version__))
+    assert samples[("bucketq_build_info", build)] == 1
+    assert len(families["bucketq_build_info"].samples) == 1  # one series: this process's build
     assert sum(v for (name, _), v in samples.items() if name == "bucketq_s3_requests_total") > 0
     assert families["bucketq_s3_request_duration_seconds"].type == "histogram"
 

@@ -71,7 +71,7 @@ async def test_push_success_retry_drop_and_lease_extension(
             delivery="push",
             app_port=app.port,
             push_concurrency=4,
-            push_retry_delay_s=0,
+            push_retry_initial_s=0.05,
             visibility_timeout_s=3.0,
         )
         async with sc.aclient() as client:
@@ -138,7 +138,7 @@ async def test_batch_push_with_per_message_statuses(
             app_path="events",
             push_batch_size=10,
             push_concurrency=2,
-            push_retry_delay_s=0,
+            push_retry_delay_s=0.05,  # the deprecated name still works (and says so in the log)
         )
         async with sc.aclient() as client:
             await client.publish_batch("bulk", [message({"n": i}) for i in range(40)])
@@ -148,6 +148,7 @@ async def test_batch_push_with_per_message_statuses(
     assert sorted(deliveries) == list(range(40))
     assert {n: d for n, d in deliveries.items() if d != ([1, 2] if n % 5 == 0 else [1])} == {}
     assert max(batches) > 1, f"messages were not batched: {batches}"
+    assert "PUSH_RETRY_DELAY_S is deprecated" in sc.log(200), sc.log()
 
 
 @pytest.mark.s3

@@ -197,8 +197,24 @@ def _consumer_settings(rng: random.Random, **over: Any) -> dict[str, Any]:
         "foreign_poll_ms": 2000.0,
         "foreign_poll_max_s": 30.0,
     }
+    settings.update(_economy(rng, consumer=True))
     settings.update(over)
     return settings
+
+
+def _economy(rng: random.Random, *, consumer: bool) -> dict[str, Any]:
+    """Group-commit lingers, idle cadences and wake polling as the profiles set them (config.py
+    PROFILES), drawn from a generator derived from ``rng``'s state without consuming it: the
+    schedules of the seeds recorded before these settings existed stay the same."""
+    extra = random.Random(repr(rng.getstate()))
+    if not consumer:
+        return {"linger_ms": extra.choice([0.0, 5.0, 20.0, 300.0, 1500.0])}
+    return {
+        "commit_linger_ms": extra.choice([0.0, 5.0, 200.0, 1000.0]),
+        "wake_poll_ms": extra.choice([500.0, 2000.0, 6000.0]),
+        "heartbeat_idle_s": extra.choice([5.0, 30.0, 60.0]),
+        "poll_idle_ms": extra.choice([1000.0, 2000.0, 30_000.0]),
+    }
 
 
 def _producer_settings(rng: random.Random, **over: Any) -> dict[str, Any]:
@@ -207,6 +223,7 @@ def _producer_settings(rng: random.Random, **over: Any) -> dict[str, Any]:
         "max_batch_messages": rng.choice([1, 10, 1000]),
         "publish_timeout_s": rng.choice([5.0, 20.0, 60.0]),
     }
+    settings.update(_economy(rng, consumer=False))
     settings.update(over)
     return settings
 

@@ -109,3 +109,80 @@ cert-manager
 {{- include "bucketq.webhookTls" . | sha256sum -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The webhook Deployment's pods (their own component: the operator's selector stays as it was). */}}
+{{- define "bucketq.webhookSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "bucketq.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: webhook
+{{- end -}}
+
+{{- define "bucketq.webhookDeploymentName" -}}
+{{- printf "%s-webhook" (include "bucketq.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* The webhook's own ServiceAccount: it reads Consumers and nothing else (no S3 identity either). */}}
+{{- define "bucketq.webhookServiceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- printf "%s-webhook" (include "bucketq.serviceAccountName" .) | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- include "bucketq.serviceAccountName" . -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The engine settings every bucketq process gets (no credentials: each adds its own). */}}
+{{- define "bucketq.engineEnv" -}}
+{{- $s3 := .Values.s3 -}}
+- name: BUCKETQ_BACKEND
+  value: s3
+- name: BUCKETQ_S3_BUCKET
+  value: {{ $s3.bucket | quote }}
+{{- with $s3.endpointUrl }}
+- name: BUCKETQ_S3_ENDPOINT_URL
+  value: {{ . | quote }}
+{{- end }}
+- name: BUCKETQ_S3_REGION
+  value: {{ $s3.region | quote }}
+- name: BUCKETQ_S3_PATH_STYLE
+  value: {{ $s3.pathStyle | quote }}
+- name: BUCKETQ_ROOT
+  value: {{ $s3.root | quote }}
+- name: BUCKETQ_STRATEGY
+  value: {{ $s3.strategy | quote }}
+{{- end -}}
+
+{{/* What the webhook injects: the sidecar's image, ports, resources and credentials Secret. */}}
+{{- define "bucketq.sidecarEnv" -}}
+{{- $s3 := .Values.s3 -}}
+{{- $sc := .Values.sidecar -}}
+- name: BUCKETQ_OPERATOR_SIDECAR_IMAGE
+  value: {{ default (include "bucketq.image" .) $sc.image | quote }}
+- name: BUCKETQ_OPERATOR_SIDECAR_IMAGE_PULL_POLICY
+  value: {{ $sc.pullPolicy | quote }}
+- name: BUCKETQ_OPERATOR_SIDECAR_NATIVE
+  value: {{ $sc.native | quote }}
+- name: BUCKETQ_OPERATOR_SIDECAR_API_PORT
+  value: {{ $sc.apiPort | quote }}
+- name: BUCKETQ_OPERATOR_SIDECAR_METRICS_PORT
+  value: {{ $sc.metricsPort | quote }}
+- name: BUCKETQ_OPERATOR_SIDECAR_SECRET
+  value: {{ default (default "none" $s3.existingSecret) $sc.s3Secret | quote }}
+- name: BUCKETQ_OPERATOR_SIDECAR_SECRET_ACCESS_KEY_ID_KEY
+  value: {{ $s3.accessKeyIdKey | quote }}
+- name: BUCKETQ_OPERATOR_SIDECAR_SECRET_SECRET_ACCESS_KEY_KEY
+  value: {{ $s3.secretAccessKeyKey | quote }}
+{{- with $sc.s3EndpointUrl }}
+- name: BUCKETQ_OPERATOR_SIDECAR_S3_ENDPOINT_URL
+  value: {{ . | quote }}
+{{- end }}
+- name: BUCKETQ_OPERATOR_SIDECAR_CPU_REQUEST
+  value: {{ dig "requests" "cpu" "" $sc.resources | quote }}
+- name: BUCKETQ_OPERATOR_SIDECAR_MEMORY_REQUEST
+  value: {{ dig "requests" "memory" "" $sc.resources | quote }}
+- name: BUCKETQ_OPERATOR_SIDECAR_CPU_LIMIT
+  value: {{ dig "limits" "cpu" "" $sc.resources | quote }}
+- name: BUCKETQ_OPERATOR_SIDECAR_MEMORY_LIMIT
+  value: {{ dig "limits" "memory" "" $sc.resources | quote }}
+- name: BUCKETQ_OPERATOR_SIDECAR_RUN_AS_USER
+  value: {{ $sc.runAsUser | quote }}
+{{- end -}}

@@ -1,0 +1,141 @@
+"""Group commit without a fixed wait: when a producer's batch is worth lingering for, and how long.
+
+A producer writes one segment at a time per partition, and whatever arrives meanwhile rides in the
+next one (database-style group commit). (The consumer's settlements use a simpler rule: they ride
+along with the next claim delta unless the app waits on them; ``Consumer._settle_due``.)
+Waiting longer than that only pays when more arrivals are coming *independently* of the write:
+
+* open-loop traffic (a paced producer, acks of messages the app handles in parallel) keeps
+  arriving while a batch is open or in flight: at rate ``r``, lingering up to ``L`` gathers
+  ``r * L`` more items per request, which is what makes a light load cheap;
+* closed-loop callers (tasks each awaiting their own publish or ack) stop arriving once they all
+  wait: lingering then only adds latency, so a batch is closed after a short silence.
+
+:class:`Batcher` measures ``r`` as the arrivals seen while a batch was open or being written,
+divided by that busy time, exponentially decayed so it follows the load. It lingers only when at
+least one more arrival is expected within ``L``, and closes the batch at ``L`` after its first
+item, or after a silence of ``SILENCE_GAPS`` mean gaps (the stream paused or every caller waits).
+A closed loop (including one task awaiting each call) thus never measures arrivals while it
+waits, and is written at once: no fixed linger ever delays an awaited call.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+# The estimate follows the load over about this long (wall time).
+DECAY_S = 5.0
+# Below this much busy time the estimate has too little evidence: no lingering.
+MIN_EVIDENCE_S = 0.002
+# A batch closes after this many mean inter-arrival gaps without an arrival.
+SILENCE_GAPS = 2.0
+# ... but never waits for silence less than this (timer resolution, scheduling jitter).
+MIN_SILENCE_S = 0.001
+# close_at's answer for "write it now": before any monotonic reading.
+AT_ONCE = float("-inf")
+# Without evidence, a batch lingers at most this often, as a probe: a paced stream whose items
+# never happen to arrive during a write would otherwise never show itself (its next item comes
+# during the probe), while a closed loop pays one short silence per probe.
+PROBE_EVERY_S = 1.0
+
+
+class Batcher:
+    """When to close the open batch of one writer (one partition's appender or cursor log)."""
+
+    def __init__(self, linger_s: float) -> None:
+        self.linger_s = linger_s
+        self._arrivals = 0.0  # decayed count of arrivals while busy
+        self._busy_s = 0.0  # decayed busy seconds
+        self._decayed_at = float("-inf")
+        self._busy_since: float | None = None  # a batch is open or being written
+        self.first_at: float | None = None  # first arrival of the open batch
+        self.last_at: float | None = None  # latest arrival
+        self._gap_s: float | None = None  # mean gap between any two arrivals (decayed)
+        self._next_probe = 0.0
+        self._probing: float | None = None  # first_at of the batch being probed
+
+    # -- observations ----------------------------------------------------------------------------
+
+    def _decay(self, now: float) -> None:
+        if now > self._decayed_at:
+            keep = math.exp(-(now - self._decayed_at) / DECAY_S)
+            self._arrivals *= keep
+            self._busy_s *= keep
+            self._decayed_at = now
+
+    def _account_busy(self, now: float) -> None:
+        if self._busy_since is not None and now > self._busy_since:
+            self._decay(now)
+            self._busy_s += now - self._busy_since
+            self._busy_since = now
+
+    def arrived(self, now: float | None = None) -> None:
+        """An item joined the open batch (opening it when none was)."""
+        now = time.monotonic() if now is None else now
+        if self.last_at is not None:
+            gap = min(max(now - self.last_at, 0.0), 10.0)
+            self._gap_s = gap if self._gap_s is None else 0.8 * self._gap_s + 0.2 * gap
+        if self._busy_since is None:
+            self._busy_since = now  # the opening arrival is not evidence of a stream
+            if now - self._decayed_at > DECAY_S:  # quiet for long: what was measured is history
+                self._arrivals = self._busy_s = 0.0
+                self._decayed_at = now
+        else:
+            self._account_busy(now)
+            self._arrivals += 1
+        if self.first_at is None:
+            self.first_at = now
+        self.last_at = now
+
+    def taken(self) -> None:
+        """The open batch was handed to the writer (what arrives next opens another)."""
+        self.first_at = None
+
+    def take(self) -> float | None:
+        """:meth:`taken`, returning when the batch opened (for :meth:`reopen`)."""
+        opened, self.first_at = self.first_at, None
+        return opened
+
+    def reopen(self, opened_at: float | None) -> None:
+        """Items handed to the writer came back unwritten: the batch is open since ``opened_at``."""
+        if opened_at is not None:
+            self.first_at = opened_at if self.first_at is None else min(self.first_at, opened_at)
+
+    def idle(self, now: float | None = None) -> None:
+        """Nothing is open or in flight any more."""
+        now = time.monotonic() if now is None else now
+        self._account_busy(now)
+        self._busy_since = None
+        self.first_at = None
+
+    # -- decisions -------------------------------------------------------------------------------
+
+    def rate(self, now: float | None = None) -> float:
+        """Arrivals per second while busy (0 without enough evidence)."""
+        now = time.monotonic() if now is None else now
+        self._account_busy(now)
+        self._decay(now)
+        if self._busy_s < MIN_EVIDENCE_S:
+            return 0.0
+        return self._arrivals / self._busy_s
+
+    def close_at(self, now: float | None = None) -> float:
+        """The monotonic time at which the open batch should be written (:data:`AT_ONCE`: now)."""
+        now = time.monotonic() if now is None else now
+        if self.first_at is None or self.last_at is None or self.linger_s <= 0:
+            return AT_ONCE
+        rate = self.rate(now)
+        if rate * self.linger_s >= 1.0:
+            silence = max(MIN_SILENCE_S, min(self.linger_s, SILENCE_GAPS / rate))
+            return min(self.first_at + self.linger_s, self.last_at + silence)
+        # not even one more arrival expected while busy: waiting buys nothing, except as a probe
+        gap = self._gap_s
+        if gap is None or gap <= 0 or gap > self.linger_s:
+            return AT_ONCE
+        if self._probing != self.first_at:
+            if now < self._next_probe:
+                return AT_ONCE
+            self._probing, self._next_probe = self.first_at, now + PROBE_EVERY_S
+        silence = max(MIN_SILENCE_S, min(self.linger_s, SILENCE_GAPS * gap))
+        return min(self.first_at + self.linger_s, self.last_at + silence)

@@ -1,0 +1,214 @@
+"""Group commit without a fixed wait (core/batching.py): when a batch lingers, and for how long.
+
+The decisions are pure functions of arrival times, checked here on explicit clocks; the engine
+tests below check that the producer and the consumer follow them (memory store, no timing bounds
+tighter than a linger of seconds).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+
+import pytest
+
+from bucketq.bench.metered import MeteredStore
+from bucketq.core.batching import AT_ONCE, PROBE_EVERY_S, Batcher
+from bucketq.storage.memory import MemoryStore
+from tests.support.engine_helpers import Backend
+
+WRITE_S = 0.005  # what one write takes in these clocks
+
+
+def _stream(batcher: Batcher, gap_s: float, count: int, start: float = 100.0) -> list[int]:
+    """Feed ``count`` arrivals ``gap_s`` apart to a writer that writes one batch at a time (each
+    write takes WRITE_S) when ``close_at`` says so; returns the sizes of the batches written."""
+    arrivals = deque(start + i * gap_s for i in range(count))
+    sizes: list[int] = []
+    open_items = 0
+    write_end: float | None = None
+    now = start
+    while arrivals or open_items or write_end is not None:
+        events: list[tuple[float, int, str]] = []  # (time, tie order, kind)
+        if write_end is not None:
+            events.append((write_end, 0, "end"))
+        elif open_items:
+            events.append((max(now, batcher.close_at(now)), 2, "write"))
+        if arrivals:
+            events.append((arrivals[0], 1, "arrive"))
+        now, _, kind = min(events)
+        if kind == "arrive":
+            arrivals.popleft()
+            batcher.arrived(now)
+            open_items += 1
+        elif kind == "end":
+            write_end = None
+            if not open_items:
+                batcher.idle(now)
+        else:
+            batcher.take()
+            sizes.append(open_items)
+            open_items = 0
+            write_end = now + WRITE_S
+    return sizes
+
+
+def test_nothing_lingers_without_evidence_of_a_stream() -> None:
+    batcher = Batcher(0.3)
+    batcher.arrived(10.0)
+    assert batcher.close_at(10.0) == AT_ONCE
+
+
+def test_a_zero_linger_never_waits() -> None:
+    batcher = Batcher(0.0)
+    for t in range(50):
+        batcher.arrived(10.0 + t * 0.001)
+    assert batcher.close_at(10.05) == AT_ONCE
+
+
+def test_one_caller_awaiting_each_call_is_written_at_once() -> None:
+    """A closed loop of one: each arrival comes after the previous write ended, never while busy.
+    Only a probe (at most one per PROBE_EVERY_S) waits, and only a couple of gaps."""
+    batcher = Batcher(0.3)
+    now = start = 10.0
+    probes = 0
+    for _ in range(400):
+        batcher.arrived(now)
+        due = batcher.close_at(now)
+        if due != AT_ONCE:
+            probes += 1
+            assert due - now <= 3 * (WRITE_S + 0.0001)
+            now = due
+        batcher.take()
+        now += WRITE_S
+        batcher.idle(now)
+        now += 0.0001  # the caller publishes again right away
+    assert probes <= (now - start) / PROBE_EVERY_S + 1
+    assert batcher.rate(now) == 0.0
+
+
+def test_an_open_loop_stream_lingers_and_fills_batches() -> None:
+    """12.5 arrivals/s (50 msg/s over 4 producers): written in batches of about linger x rate."""
+    sizes = _stream(Batcher(0.3), gap_s=0.08, count=400)
+    assert sum(sizes) == 400
+    steady = sizes[len(sizes) // 2 :]
+    assert min(steady) >= 3 and sum(steady) / len(steady) >= 3.5, sizes
+
+
+def test_a_slow_stream_is_not_held_back() -> None:
+    """One arrival every 2 s: not even one more expected within the linger, so no waiting."""
+    sizes = _stream(Batcher(0.3), gap_s=2.0, count=30)
+    assert sizes == [1] * 30
+
+
+def test_a_burst_closes_after_a_short_silence() -> None:
+    """Eight callers that each await their call arrive together, then all wait: the batch closes
+    a few gaps after the burst, not at the linger."""
+    batcher = Batcher(0.3)
+    now = 10.0
+    for _ in range(50):  # rounds: 8 arrivals 50 µs apart, a write, again
+        for k in range(8):
+            batcher.arrived(now + k * 0.00005)
+        last = now + 7 * 0.00005
+        due = batcher.close_at(last)
+        assert due == AT_ONCE or due - last <= 0.003
+        batcher.take()
+        now = max(due, last) + WRITE_S
+        batcher.idle(now)
+        now += 0.0001
+
+
+def test_the_estimate_follows_the_load_down() -> None:
+    batcher = Batcher(0.3)
+    _stream(batcher, gap_s=0.01, count=300, start=10.0)
+    assert batcher.rate(13.1) > 10
+    batcher.arrived(60.0)  # a minute later: the stream is long gone
+    assert batcher.close_at(60.0) == AT_ONCE
+
+
+def test_a_batch_that_came_back_keeps_its_age() -> None:
+    batcher = Batcher(0.3)
+    for k in range(20):
+        batcher.arrived(10.0 + k * 0.01)
+    opened = batcher.take()
+    assert opened == 10.0 and batcher.first_at is None
+    batcher.reopen(opened)
+    assert batcher.first_at == 10.0
+    assert batcher.close_at(10.2) <= 10.0 + 0.3
+
+
+# -- the engine follows them ---------------------------------------------------------------------
+
+
+def _backend() -> Backend:
+    return Backend("memory", {"backend": "memory", "strategy": "conditional_write"}, MemoryStore())
+
+
+@pytest.mark.parametrize("tasks", [1, 8])
+async def test_awaited_publishes_are_never_held_by_the_linger(tasks: int) -> None:
+    """A closed loop of ``tasks`` callers with a 5 s linger: each publish returns in far less."""
+    b = _backend()
+    bq = await b.connect(producer={"linger_ms": 5000})
+    await bq.create_topic("t", partitions=1)
+    producer = await bq.register_producer("p")
+    slowest = 0.0
+
+    async def caller(n: int) -> None:
+        nonlocal slowest
+        for i in range(25):
+            started = time.monotonic()
+            await producer.publish("t", f"{n}-{i}")
+            slowest = max(slowest, time.monotonic() - started)
+
+    await asyncio.gather(*(caller(n) for n in range(tasks)))
+    await b.close_all()
+    assert slowest < 2.5, f"an awaited publish waited {slowest:.2f}s: the linger held a closed loop"
+
+
+async def test_an_open_loop_stream_shares_segments() -> None:
+    """Publishes launched every 20 ms without awaiting each other: far fewer segments than messages."""
+    store = MeteredStore(MemoryStore())
+    b = Backend("memory", {"backend": "memory", "strategy": "conditional_write"}, store)
+    bq = await b.connect(producer={"linger_ms": 300})
+    await bq.create_topic("t", partitions=1)
+    producer = await bq.register_producer("p")
+    pending = []
+    for i in range(60):
+        pending.append(asyncio.ensure_future(producer.publish("t", i)))
+        await asyncio.sleep(0.02)
+    results = await asyncio.gather(*pending)
+    await b.close_all()
+    segments = {r.seq for r in results}
+    assert len(segments) <= 25, f"{len(segments)} segments for 60 paced messages: no batching"
+
+
+async def test_acks_of_parallel_handlers_share_deltas() -> None:
+    """Acks arriving while a delta is open or in flight ride together (and with claims)."""
+    store = MeteredStore(MemoryStore())
+    b = Backend("memory", {"backend": "memory", "strategy": "conditional_write"}, store)
+    bq = await b.connect(consumer={"commit_linger_ms": 300})
+    await bq.create_topic("t", partitions=1)
+    producer = await bq.register_producer("p")
+    consumer = await bq.register_consumer("c", "t")
+    acked = 0
+
+    async def handle(msg) -> None:  # type: ignore[no-untyped-def]
+        nonlocal acked
+        await asyncio.sleep(0.01)
+        acked += 1
+
+    stop = asyncio.Event()
+    listener = asyncio.ensure_future(consumer.listen(handle, concurrency=16, stop=stop))
+    for i in range(80):
+        await producer.publish("t", i) if i % 10 == 0 else asyncio.ensure_future(producer.publish("t", i))
+        await asyncio.sleep(0.01)
+    deadline = time.monotonic() + 20
+    while acked < 80 and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    stop.set()
+    await listener
+    deltas = consumer.counters.commits
+    await b.close_all()
+    assert acked == 80
+    assert deltas < 80, f"{deltas} deltas for 80 claims and 80 acks: settlements did not share them"
