@@ -347,7 +347,7 @@ def wait_consumed(
     kubectl: Kubectl, orders: Orders, worker_log: Callable[[], str], timeout: float = 90
 ) -> None:
     """Every good order processed by the worker; the Consumer's status shows nothing left, one dead letter."""
-    wanted = {o["id"] for o in orders.good}
+    wanted = {str(o["id"]) for o in orders.good}  # the log shows ids as text, whatever their JSON type
     wait_for(
         lambda: wanted <= processed_ids(worker_log()),
         f"the worker to process all {len(wanted)} orders",

@@ -10,7 +10,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -205,3 +205,21 @@ class RunningOperator:
 
 def start_operator(url: str, engine: Settings, settings: OperatorSettings) -> RunningOperator:
     return RunningOperator(Operator(engine, settings), url).start()
+
+
+async def eventually(check: Callable[[], Awaitable[T | None]], what: str, timeout: float = 60.0) -> T:
+    """Await ``check`` until it returns something truthy; the event loop keeps running meanwhile
+    (the async twin of :func:`wait_for`)."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while True:
+        try:
+            result = await check()
+            if result:
+                return result
+            last = result
+        except AssertionError as exc:
+            last = exc
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; last seen: {last!r}")
+        await asyncio.sleep(0.1)

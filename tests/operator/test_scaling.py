@@ -11,7 +11,7 @@ import platform
 import random
 import shutil
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -30,7 +30,7 @@ from bucketq.operator.metrics import QueueMetrics
 from bucketq.operator.scaling import desired_replicas
 from bucketq.operator.topics import topic_figures
 from bucketq.storage import MemoryStore
-from tests.operator.harness import Kube, RunningOperator
+from tests.operator.harness import Kube, RunningOperator, eventually
 from tests.operator.test_consumers import consumer as consumer_resource
 from tests.operator.test_topics import ready, topic
 from tests.support.engine_helpers import Backend
@@ -41,23 +41,6 @@ LEASE_S = 120.0  # no lease runs out during a test
 
 
 # -- helpers ---------------------------------------------------------------------------------------------
-
-
-async def eventually(check: Callable[[], Awaitable[T | None]], what: str, timeout: float = 60.0) -> T:
-    """Await ``check`` until it returns something truthy; the event loop keeps running meanwhile."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while True:
-        try:
-            result = await check()
-            if result:
-                return result
-            last = result
-        except AssertionError as exc:
-            last = exc
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}; last seen: {last!r}")
-        await asyncio.sleep(0.1)
 
 
 async def get_json(session: aiohttp.ClientSession, url: str) -> tuple[int, Any]:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import base64
 import os
 import subprocess
+import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from tests.support import tools
@@ -259,3 +261,12 @@ def operator_permissions(settings: Any) -> dict[bool, set[Permission]]:
         namespaced |= {("kopf.dev", "kopfpeerings", v) for v in ("list", "watch", "patch")}
         cluster |= {("kopf.dev", "clusterkopfpeerings", v) for v in ("list", "watch", "patch")}
     return {True: namespaced, False: cluster}
+
+
+def kubernetes_validator() -> list[str]:
+    """The command line of kubernetes-validate (a dev dependency; its absence fails the test)."""
+    try:
+        import kubernetes_validate  # type: ignore[import-untyped, unused-ignore]  # noqa: F401
+    except ImportError:
+        pytest.fail("kubernetes-validate (a dev dependency) is not installed: run `make venv`", pytrace=False)
+    return [sys.executable, "-m", "kubernetes_validate"]

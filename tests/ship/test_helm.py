@@ -11,7 +11,6 @@ import hashlib
 import json
 import re
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from tests.ship.chart_tools import (
     find,
     granted,
     helm,
+    kubernetes_validator,
     one,
     operator_container,
     operator_permissions,
@@ -159,14 +159,6 @@ def test_helm_lint_strict(scenario: str, tmp_path: Path) -> None:
     assert "0 chart(s) failed" in result.stdout, result.stdout
 
 
-def _validator() -> list[str]:
-    try:
-        import kubernetes_validate  # type: ignore[import-untyped, unused-ignore]  # noqa: F401
-    except ImportError:
-        pytest.fail("kubernetes-validate (a dev dependency) is not installed: run `make venv`", pytrace=False)
-    return [sys.executable, "-m", "kubernetes_validate"]
-
-
 @pytest.mark.parametrize("kube_version", [OLDEST_KUBE, NEWEST_KUBE])
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_every_builtin_object_is_valid_kubernetes(scenario: str, kube_version: str, tmp_path: Path) -> None:
@@ -178,7 +170,7 @@ def test_every_builtin_object_is_valid_kubernetes(scenario: str, kube_version: s
     path = tmp_path / "rendered.yaml"
     path.write_text(yaml.safe_dump_all(builtin))
     result = subprocess.run(
-        [*_validator(), "--strict", "-k", kube_version, str(path)],
+        [*kubernetes_validator(), "--strict", "-k", kube_version, str(path)],
         capture_output=True,
         text=True,
         timeout=120,
@@ -197,7 +189,7 @@ def test_kubernetes_versions_below_the_supported_range_are_refused() -> None:
 
 
 def test_kubernetes_validate_knows_the_versions_we_claim() -> None:
-    _validator()
+    kubernetes_validator()
     from kubernetes_validate.utils import all_versions  # type: ignore[import-untyped, unused-ignore]
 
     known = {v.rsplit(".", 1)[0] if v.count(".") == 2 else v for v in all_versions()}

@@ -18,7 +18,6 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -37,6 +36,7 @@ from tests.ship.chart_tools import (
     container_env,
     find,
     helm,
+    kubernetes_validator,
     one,
     operator_settings_from_env,
     selector_matches,
@@ -242,14 +242,6 @@ def test_the_doc_names_the_charts_image_version() -> None:
 # -- validation ------------------------------------------------------------------------------------------
 
 
-def _validator() -> list[str]:
-    try:
-        import kubernetes_validate  # type: ignore[import-untyped, unused-ignore]  # noqa: F401
-    except ImportError:
-        pytest.fail("kubernetes-validate (a dev dependency) is not installed: run `make venv`", pytrace=False)
-    return [sys.executable, "-m", "kubernetes_validate"]
-
-
 @pytest.mark.parametrize("kube_version", [OLDEST_KUBE, NEWEST_KUBE])
 def test_builtin_objects_are_valid_kubernetes(kube_version: str, tmp_path: Path) -> None:
     docs = [d for d in all_objects() if not d["apiVersion"].startswith("bucketq.io/")]
@@ -257,7 +249,7 @@ def test_builtin_objects_are_valid_kubernetes(kube_version: str, tmp_path: Path)
     path = tmp_path / "builtins.yaml"
     path.write_text(yaml.safe_dump_all(docs))
     result = subprocess.run(
-        [*_validator(), "--strict", "-k", kube_version, str(path)],
+        [*kubernetes_validator(), "--strict", "-k", kube_version, str(path)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -33,3 +33,11 @@ def moto_settings(moto_server: S3Server) -> Settings:
     """A fresh bucket on the shared moto server."""
     settings: Settings = moto_server.settings()
     return settings
+
+
+@pytest.fixture
+def seaweedfs_settings(seaweedfs_server: S3Server) -> Settings:
+    """A fresh bucket on the shared SeaweedFS server: for members racing on the same objects
+    (moto's conditional writes are not atomic under concurrency; SeaweedFS's are)."""
+    settings: Settings = seaweedfs_server.settings()
+    return settings
