@@ -554,7 +554,13 @@ def test_every_webhook_only_replica_serves_and_none_reconciles(
     created_version = kube.create(owned)["metadata"]["resourceVersion"]
     original = pod(labels={"bucketq.io/consumer": "billing"})
     for port in webhook_replicas:
-        response = review(port, copy.deepcopy(original), namespace)
+        # each replica learns of Consumers from its watch; under load that can lag the replica's
+        # own wait for an unseen Consumer: ask until it has seen this one (then it must admit)
+        response = wait_for(
+            lambda port=port: (r := review(port, copy.deepcopy(original), namespace))["allowed"] and r,
+            f"webhook replica on port {port} to know Consumer billing",
+            timeout=30,
+        )
         sidecar = admitted(response, copy.deepcopy(original))["spec"]["initContainers"][0]
         env = env_of(sidecar)
         assert env["BUCKETQ_SIDECAR_DELIVERY"] == "push" and env["BUCKETQ_SIDECAR_APP_PORT"] == "8080"
