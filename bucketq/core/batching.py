@@ -92,16 +92,6 @@ class Batcher:
         """The open batch was handed to the writer (what arrives next opens another)."""
         self.first_at = None
 
-    def take(self) -> float | None:
-        """:meth:`taken`, returning when the batch opened (for :meth:`reopen`)."""
-        opened, self.first_at = self.first_at, None
-        return opened
-
-    def reopen(self, opened_at: float | None) -> None:
-        """Items handed to the writer came back unwritten: the batch is open since ``opened_at``."""
-        if opened_at is not None:
-            self.first_at = opened_at if self.first_at is None else min(self.first_at, opened_at)
-
     def idle(self, now: float | None = None) -> None:
         """Nothing is open or in flight any more."""
         now = time.monotonic() if now is None else now

@@ -46,7 +46,14 @@ from tests.e2e.e2e_helpers import (
     wait_consumed,
 )
 from tests.operator.harness import wait_for
-from tests.ship.chart_tools import CHART, OLDEST_KUBE, REPO, kubernetes_validator, one, tool
+from tests.ship.chart_tools import (
+    CHART,
+    OLDEST_KUBE,
+    REPO,
+    one,
+    tool,
+    validate_kubernetes,
+)
 from tests.ship.test_quickstart import (
     blocks,
     files_of,
@@ -192,15 +199,7 @@ def test_kind_manifests_are_valid_kubernetes(tmp_path: Path) -> None:
     values = [p for r in runs if r[:1] == ["helm"] for p in files_of(r)]
     assert values == ["examples/quickstart/values.yaml"], f"helm gets {values} (keda-values needs KEDA)"
     docs = [d for p in applied for d in manifests(p) if not d["apiVersion"].startswith("bucketq.io/")]
-    path = tmp_path / "kind-e2e.yaml"
-    path.write_text(yaml.safe_dump_all(docs))
-    result = subprocess.run(
-        [*kubernetes_validator(), "--strict", "-k", OLDEST_KUBE, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = validate_kubernetes(docs, OLDEST_KUBE, tmp_path / "kind-e2e.yaml")
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("passed for resource") == len(docs)
     assert {d["kind"] for d in docs} >= {"Namespace", "Secret", "Deployment", "Service", "ConfigMap"}

@@ -47,7 +47,7 @@ def _stream(batcher: Batcher, gap_s: float, count: int, start: float = 100.0) ->
             if not open_items:
                 batcher.idle(now)
         else:
-            batcher.take()
+            batcher.taken()
             sizes.append(open_items)
             open_items = 0
             write_end = now + WRITE_S
@@ -80,7 +80,7 @@ def test_one_caller_awaiting_each_call_is_written_at_once() -> None:
             probes += 1
             assert due - now <= 3 * (WRITE_S + 0.0001)
             now = due
-        batcher.take()
+        batcher.taken()
         now += WRITE_S
         batcher.idle(now)
         now += 0.0001  # the caller publishes again right away
@@ -113,7 +113,7 @@ def test_a_burst_closes_after_a_short_silence() -> None:
         last = now + 7 * 0.00005
         due = batcher.close_at(last)
         assert due == AT_ONCE or due - last <= 0.003
-        batcher.take()
+        batcher.taken()
         now = max(due, last) + WRITE_S
         batcher.idle(now)
         now += 0.0001
@@ -125,17 +125,6 @@ def test_the_estimate_follows_the_load_down() -> None:
     assert batcher.rate(13.1) > 10
     batcher.arrived(60.0)  # a minute later: the stream is long gone
     assert batcher.close_at(60.0) == AT_ONCE
-
-
-def test_a_batch_that_came_back_keeps_its_age() -> None:
-    batcher = Batcher(0.3)
-    for k in range(20):
-        batcher.arrived(10.0 + k * 0.01)
-    opened = batcher.take()
-    assert opened == 10.0 and batcher.first_at is None
-    batcher.reopen(opened)
-    assert batcher.first_at == 10.0
-    assert batcher.close_at(10.2) <= 10.0 + 0.3
 
 
 # -- the engine follows them ---------------------------------------------------------------------

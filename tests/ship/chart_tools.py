@@ -270,3 +270,18 @@ def kubernetes_validator() -> list[str]:
     except ImportError:
         pytest.fail("kubernetes-validate (a dev dependency) is not installed: run `make venv`", pytrace=False)
     return [sys.executable, "-m", "kubernetes_validate"]
+
+
+def validate_kubernetes(
+    docs: list[dict[str, Any]], kube_version: str, path: Path
+) -> subprocess.CompletedProcess[str]:
+    """Write ``docs`` to ``path`` and run ``kubernetes-validate --strict`` on them for
+    ``kube_version``; the caller asserts on the result."""
+    path.write_text(yaml.safe_dump_all(docs))
+    return subprocess.run(
+        [*kubernetes_validator(), "--strict", "-k", kube_version, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )

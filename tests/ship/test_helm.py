@@ -41,6 +41,7 @@ from tests.ship.chart_tools import (
     secret_data,
     selector_matches,
     template,
+    validate_kubernetes,
     webhook_container,
 )
 from tests.support import tools
@@ -167,15 +168,7 @@ def test_every_builtin_object_is_valid_kubernetes(scenario: str, kube_version: s
     builtin = [d for d in docs if d["apiVersion"] in BUILTIN_APIS]
     others = {d["apiVersion"] for d in docs} - BUILTIN_APIS
     assert others <= CUSTOM_APIS, f"objects of unexpected APIs: {others}"
-    path = tmp_path / "rendered.yaml"
-    path.write_text(yaml.safe_dump_all(builtin))
-    result = subprocess.run(
-        [*kubernetes_validator(), "--strict", "-k", kube_version, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = validate_kubernetes(builtin, kube_version, tmp_path / "rendered.yaml")
     passed = re.findall(r"passed for resource (\S+)", result.stdout + result.stderr)
     assert result.returncode == 0, (
         f"kubernetes-validate --strict -k {kube_version}:\n{result.stdout}{result.stderr}"

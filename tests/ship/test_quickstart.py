@@ -36,10 +36,10 @@ from tests.ship.chart_tools import (
     container_env,
     find,
     helm,
-    kubernetes_validator,
     one,
     operator_settings_from_env,
     selector_matches,
+    validate_kubernetes,
 )
 
 DOC = REPO / "docs" / "quickstart-kubernetes.md"
@@ -246,15 +246,7 @@ def test_the_doc_names_the_charts_image_version() -> None:
 def test_builtin_objects_are_valid_kubernetes(kube_version: str, tmp_path: Path) -> None:
     docs = [d for d in all_objects() if not d["apiVersion"].startswith("bucketq.io/")]
     assert {d["kind"] for d in docs} >= {"Namespace", "Secret", "Deployment", "Service", "ConfigMap"}
-    path = tmp_path / "builtins.yaml"
-    path.write_text(yaml.safe_dump_all(docs))
-    result = subprocess.run(
-        [*kubernetes_validator(), "--strict", "-k", kube_version, str(path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = validate_kubernetes(docs, kube_version, tmp_path / "builtins.yaml")
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("passed for resource") == len(docs), result.stdout
 
