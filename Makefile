@@ -75,22 +75,24 @@ tools: $(HELM) $(KUBECTL) ## Install what the tests use beyond .venv: helm and k
 		$$SUDO apt-get update -qq && \
 		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(APT_TOOLS); }
 
-# The suite runs as two pytest processes side by side: the Spark and operator tests in one, in
-# order (they share one SparkSession, and one emulated API server and operator, each stopped
-# after its last test), everything else on TEST_JOBS xdist workers (most tests wait on servers
-# and timers). The first one's output is printed after the other's. TEST_JOBS=0: one process.
+# The suite runs as pytest processes side by side: the Spark tests in one and the operator tests in
+# another, each in order (they share one SparkSession, or one emulated API server and operator,
+# stopped after its last test), everything else on TEST_JOBS xdist workers (most tests wait on
+# servers and timers, so the two cores stay busy). The ordered runs' output is printed after the
+# others'. TEST_JOBS=0: one process.
 TEST_JOBS ?= 2
 SERIAL_TESTS := tests/spark tests/operator
-SERIAL_LOG := .pytest-serial.log
 test: lint tools ## Lint, type-check, then run the whole test suite (Spark and operator beside TEST_JOBS workers)
 ifeq ($(TEST_JOBS),0)
 	$(BIN)/pytest -q
 else
-	@$(BIN)/pytest -q $(SERIAL_TESTS) > $(SERIAL_LOG) 2>&1 & serial=$$!; \
+	@pids=""; for t in $(SERIAL_TESTS); do \
+		$(BIN)/pytest -q $$t > .pytest-$$(basename $$t).log 2>&1 & pids="$$pids $$!"; \
+	done; \
 	$(BIN)/pytest -q -n $(TEST_JOBS) $(foreach t,$(SERIAL_TESTS),--ignore=$(t)); rest=$$?; \
-	wait $$serial; serial_rc=$$?; \
-	echo "== $(SERIAL_TESTS)"; cat $(SERIAL_LOG); \
-	test $$rest = 0 && test $$serial_rc = 0
+	failed=0; for pid in $$pids; do wait $$pid || failed=1; done; \
+	for t in $(SERIAL_TESTS); do echo "== $$t"; cat .pytest-$$(basename $$t).log; done; \
+	test $$rest = 0 && test $$failed = 0
 endif
 
 # The quick check while editing: no S3 server, no Spark, no real processes, nothing slow

@@ -54,7 +54,7 @@ class ConsumerSettings(BaseModel):
     # wake_poll_ms (producers touch it when they start publishing; docs/protocol.md I13)
     poll_idle_ms: float = Field(120_000.0, gt=0)
     idle_after_s: float = Field(10.0, ge=0)
-    wake_poll_ms: float = Field(2000.0, gt=0)
+    wake_poll_ms: float = Field(1500.0, gt=0)
     foreign_poll_ms: float = Field(2000.0, gt=0)
     foreign_poll_max_s: float = Field(60.0, gt=0)
     steal_after_s: float = Field(2.0, ge=0)
@@ -95,7 +95,7 @@ PROFILES: dict[Profile, dict[str, dict[str, float]]] = {
             "commit_linger_ms": 600.0,
             "poll_max_ms": 100.0,
             "poll_idle_ms": 120_000.0,
-            "wake_poll_ms": 2000.0,
+            "wake_poll_ms": 1500.0,
             "heartbeat_idle_s": 30.0,
         },
     },

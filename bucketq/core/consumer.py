@@ -24,7 +24,7 @@ from bucketq.core.producer import Producer
 from bucketq.core.segment import Record
 from bucketq.core.topics import TopicCatalog
 from bucketq.core.waiting import wait_event
-from bucketq.core.wake import WAKE_ACTIVE_S, WakeWatch
+from bucketq.core.wake import WAKE_ACTIVE_S, WakeWatch, next_wake_turn, touch_wake
 from bucketq.errors import (
     BucketqError,
     Closed,
@@ -83,7 +83,10 @@ class _TopicSub:
         # the topic counts as active (partitions polled at poll_max_ms) until then (monotonic):
         # a find on any partition, or a changed wake object, extends it
         self.active_until = time.monotonic() + active_s
-        self.next_wake_poll = 0.0
+        self.next_wake_poll = 0.0  # wall time of this member's next turn at the wake object
+        # the wake object changed on this member's turn while other members may sleep until
+        # theirs: the next tick sweeps the partitions they own once (core/wake.py)
+        self.sweep = False
         self.partitions = partitions
         self.membership = membership
         self.incarnation = incarnation
@@ -163,6 +166,9 @@ class Consumer:
                 await self._ensure_dead_letter_topic(sub.dead_letter_topic)
             await membership.heartbeat()
             await membership.refresh()
+            # idle members re-read the member list on their next turn (their rotation at the
+            # wake object and partition ownership include this member from then on)
+            await touch_wake(self.storage, self.keys, topic, self.member, "members")
             for p in range(config.partitions):
                 sub.workers[p] = self._worker(sub, p)
             # load every cursor first: a partition added after the subscription began must see its
@@ -276,6 +282,7 @@ class Consumer:
                 worker.intents = []
         for sub in self._subs.values():
             await sub.membership.leave()
+            await touch_wake(self.storage, self.keys, sub.topic, self.member, "members")
 
     def pause(self) -> None:
         """Stop claiming new leases (settlements still commit); :meth:`resume` undoes it.
@@ -334,6 +341,7 @@ class Consumer:
             delay = self._poll_delay
             if not failed:
                 delay = min(delay, max(0.0, self._next_settle() - time.monotonic()))
+                delay = min(delay, max(0.0, self._next_wake_turn() - time.time()))
             if not await wait_event(self._wake, delay):
                 self._poll_delay = min(self._poll_delay * 2, self._poll_ceiling())
 
@@ -362,22 +370,44 @@ class Consumer:
             return max(self.settings.heartbeat_interval_s, self.settings.heartbeat_idle_s)
         return self.settings.heartbeat_interval_s
 
-    async def _watch_wake(self) -> None:
-        """While a topic is idle, look at its wake object every wake_poll_ms (one GET per topic);
-        a change wakes every partition of it and refreshes the membership at once."""
+    def _next_wake_turn(self) -> float:
+        """When (wall time) this member next looks at an idle topic's wake object (inf: none idle)."""
         now = time.monotonic()
+        return min(
+            (s.next_wake_poll for s in self._subs.values() if s.gone is None and now >= s.active_until),
+            default=float("inf"),
+        )
+
+    async def _watch_wake(self) -> bool:
+        """While a topic is idle, look at its wake object on this member's turns (one GET per topic;
+        the idle members of the group take turns, core/wake.py). A change wakes every partition of
+        it; True when one did (the partitions are read before anything else)."""
+        now, wall = time.monotonic(), time.time()
+        woke = False
         for sub in self._subs.values():
-            if sub.gone is not None or now < sub.active_until or now < sub.next_wake_poll:
+            if sub.gone is not None or now < sub.active_until or wall < sub.next_wake_poll:
                 continue
-            sub.next_wake_poll = now + self.settings.wake_poll_ms / 1000
-            if await sub.wake.changed():
-                sub.active_until = time.monotonic() + WAKE_ACTIVE_S
+            members = sub.membership.members
+            rank = members.index(self.member) if self.member in members else 0
+            poll_s = self.settings.wake_poll_ms / 1000
+            sub.next_wake_poll = next_wake_turn(wall, poll_s, rank, len(members))
+            why = await sub.wake.look()
+            if why is not None:
+                if why == "publish":
+                    sub.active_until = time.monotonic() + WAKE_ACTIVE_S
+                sub.sweep = len(members) > 1
                 for worker in sub.workers.values():
                     worker.wake_up()
-                self._last_refresh = 0.0
+                woke = True
+        return woke
 
     async def _housekeeping(self) -> None:
-        await self._watch_wake()
+        if await self._watch_wake():
+            # read the woken partitions first; the membership and config refresh (and the
+            # heartbeat, now due at the active cadence) follow at the next tick
+            self._last_refresh = 0.0
+            self._wake.set()
+            return
         now = time.monotonic()
         interval = self._heartbeat_interval()
         if now - self._last_heartbeat >= interval:
@@ -387,7 +417,10 @@ class Consumer:
             for sub in self._subs.values():
                 with contextlib.suppress(StorageError):
                     await sub.membership.heartbeat(self._help_wanted(sub), ttl_s=ttl)
-        if now - self._last_refresh >= interval:
+        # while idle the member list is re-read at half the heartbeat pace: joins and graceful
+        # leaves touch the wake object (an at-once refresh), so only a crashed member waits for it
+        refresh_every = 2 * interval if self._all_idle() else interval
+        if now - self._last_refresh >= refresh_every:
             self._last_refresh = now
             for sub in self._subs.values():
                 await sub.membership.refresh()
@@ -483,11 +516,13 @@ class Consumer:
         await self._housekeeping()
         demand = self.demand()
         jobs: list[tuple[PartitionWorker, int, bool]] = []
+        eager: set[PartitionWorker] = set()  # foreign jobs that claim without steal_after_s
         now = time.monotonic()
         for sub in self._subs.values():
             if sub.gone is not None:
                 continue
             mine = set(owned_partitions(self.member, sub.membership.members, sub.partitions))
+            sweep, sub.sweep = sub.sweep, False
             for p, worker in sub.workers.items():
                 settle = self._settle_due(worker, now)
                 if p in mine:
@@ -495,6 +530,12 @@ class Consumer:
                         jobs.append((worker, demand, False))
                 elif settle:
                     jobs.append((worker, 0, True))
+                elif demand > 0 and sweep:
+                    # the topic just woke and its owner may sleep until its turn at the wake
+                    # object: claim what is there now, once (ownership is affinity, claims are
+                    # conditional writes: never a shared lease, I3)
+                    eager.add(worker)
+                    jobs.append((worker, demand, True))
                 elif demand > 0 and p in sub.membership.help_wanted and now >= worker.next_foreign_poll:
                     jobs.append((worker, demand, True))  # work stealing: its owner asked for help
         if not jobs:
@@ -507,7 +548,7 @@ class Consumer:
         # after gather gave up (as plain gather does) outlived close(), holding settlements it had
         # taken, which then were neither committed nor failed (simulation seed 1974).
         results = await asyncio.gather(
-            *(self._cycle(w, d, foreign, self._settle_due(w, now)) for w, d, foreign in jobs),
+            *(self._cycle(w, d, foreign, self._settle_due(w, now), w in eager) for w, d, foreign in jobs),
             return_exceptions=True,
         )
         failure = next((r for r in results if isinstance(r, BaseException)), None)
@@ -547,11 +588,11 @@ class Consumer:
         return not self._claiming or worker.settle_at() <= now or self._app_blocked()
 
     async def _cycle(
-        self, worker: PartitionWorker, demand: int, foreign: bool, settle: bool = True
+        self, worker: PartitionWorker, demand: int, foreign: bool, settle: bool = True, eager: bool = False
     ) -> CycleResult:
         started = time.perf_counter()
         try:
-            res = await worker.cycle(demand, foreign=foreign, settle=settle)
+            res = await worker.cycle(demand, foreign=foreign, settle=settle, eager=eager)
         except StorageError:
             worker.failed_cycles += 1
             if worker.failed_cycles == FAILED_CYCLES_FOR_HELP and not foreign:

@@ -51,9 +51,11 @@ class Membership:
         """Overwrite this member's heartbeat; ``help_wanted`` lists owned partitions it cannot keep
         up with; ``ttl_s`` how long peers count it live without a newer one (a quiet member
         heartbeats rarely and says so; readers take the longer of it and their own TTL)."""
+        # No timestamp in the body: liveness is the object's LastModified (LIST), so an unchanged
+        # heartbeat keeps its ETag and peers' refreshes skip its GET (an idle group's members
+        # re-read nothing but the LIST)
         fields: dict[str, object] = {
             "member": self.member,
-            "at": time.time(),
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "help": sorted(help_wanted or []),

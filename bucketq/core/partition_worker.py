@@ -160,6 +160,11 @@ class PartitionWorker:
         # message, a release): claim again at the next tick, without a discovery GET
         self.recheck = False
         self.last_found = time.monotonic()
+        # seconds between the last two arrivals, finds separated by a look that reached the tail
+        # (inf: none yet; reading a backlog is not a stream): a partition receiving a stream gets
+        # claim deltas that settlements can ride along with
+        self.find_gap = float("inf")
+        self.tail_reached = False
         self.log_read = time.monotonic()  # when the log was last read to its tip
         self._lock = asyncio.Lock()
 
@@ -253,25 +258,39 @@ class PartitionWorker:
         if self.settle_opened is None:
             return 0.0
         linger = min(self.settings.commit_linger_ms / 1000, self.settings.visibility_timeout_s / 10)
+        if not self._claims_expected(linger):
+            return self.settle_opened  # no company is coming: waiting would only delay the app
         return self.settle_opened + linger
 
-    async def cycle(self, demand: int, *, foreign: bool = False, settle: bool = True) -> CycleResult:
+    def _claims_expected(self, within: float) -> bool:
+        """Is a claim delta likely within ``within`` seconds? Only while segments keep arriving:
+        the last two finds were that close and the last is that recent. A batch read once and
+        settled one awaited ack after another (``for m in batch: await m.ack()``) gets none, so
+        its settlements are written at once, as the group commit of one."""
+        return self.find_gap <= within and time.monotonic() - self.last_found <= within
+
+    async def cycle(
+        self, demand: int, *, foreign: bool = False, settle: bool = True, eager: bool = False
+    ) -> CycleResult:
         """One group commit: pending intents, dead letters, new segments and up to ``demand`` claims.
 
         On a partition another member owns (``foreign``), the member first catches up with the
-        log, claims only messages that waited longer than ``steal_after_s``, and writes nothing
-        when it has nothing to claim or settle. Without ``settle`` the waiting settlements only
-        ride along with a delta the cycle writes anyway (new segments, claims, dead letters).
+        log, claims only messages that waited longer than ``steal_after_s`` (any message when
+        ``eager``: the sweep of a topic that just woke), and writes nothing when it has nothing
+        to claim or settle. Without ``settle`` the waiting settlements only ride along with a
+        delta the cycle writes anyway (new segments, claims, dead letters).
         """
         async with self._lock:
-            return await self._cycle(demand, foreign, settle)
+            return await self._cycle(demand, foreign, settle, eager)
 
     def _log_refresh_s(self) -> float:
         if self.topic_idle():
             return max(LOG_REFRESH_S, self.settings.poll_idle_ms / 1000)
         return LOG_REFRESH_S
 
-    async def _cycle(self, demand: int, foreign: bool, settle: bool = True) -> CycleResult:
+    async def _cycle(
+        self, demand: int, foreign: bool, settle: bool = True, eager: bool = False
+    ) -> CycleResult:
         result = CycleResult()
         if demand > 0:
             self.recheck = False
@@ -287,14 +306,19 @@ class PartitionWorker:
             result.discovered = await self.discover()
             if result.discovered:  # track the arrival interval: quarter on a find, double on a miss
                 self.discovery_backoff = max(self.settings.poll_min_ms / 1000, self.discovery_backoff / 4)
+                if self.tail_reached:
+                    self.find_gap = now - self.last_found
                 self.last_found = now
-            elif self.topic_idle():  # the whole topic: only the fallback; the wake object wakes it
-                self.discovery_backoff = max(self.settings.poll_max_ms, self.settings.poll_idle_ms) / 1000
-            else:  # quiet partitions are polled more slowly (the cost of an idle queue)
-                ceiling = self.settings.poll_max_ms / 1000
-                if now - self.last_found > self.settings.idle_after_s:  # this partition only
-                    ceiling = max(ceiling, self.settings.wake_poll_ms / 1000)
-                self.discovery_backoff = min(self.discovery_backoff * 2, ceiling)
+                self.tail_reached = result.discovered < MAX_DISCOVER_PER_CYCLE  # ended on a 404
+            else:
+                self.tail_reached = True
+                if self.topic_idle():  # the whole topic: only the fallback; the wake object wakes it
+                    self.discovery_backoff = max(self.settings.poll_max_ms, self.settings.poll_idle_ms) / 1000
+                else:  # quiet partitions are polled more slowly (the cost of an idle queue)
+                    ceiling = self.settings.poll_max_ms / 1000
+                    if now - self.last_found > self.settings.idle_after_s:  # this partition only
+                        ceiling = max(ceiling, self.settings.wake_poll_ms / 1000)
+                    self.discovery_backoff = min(self.discovery_backoff * 2, ceiling)
             self.next_discovery = now + self.discovery_backoff
         await self._ensure_window()
         if not foreign:
@@ -302,7 +326,7 @@ class PartitionWorker:
         intents, self.intents = self.intents, []
         opened_at, self.settle_opened = self.settle_opened, None
         leftover: list[bool] = [False]
-        min_age = self.settings.steal_after_s if foreign else None
+        min_age = self.settings.steal_after_s if foreign and not eager else None
 
         def build(state: CursorState) -> list[Op]:
             expire = self._expire_op(state)

@@ -8,6 +8,7 @@ while they work (docs/operator.md, "Scaling").
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -16,6 +17,7 @@ from bucketq.config import ConsumerSettings
 from bucketq.core.cursor import CursorState
 from bucketq.core.cursor_log import CursorLog
 from bucketq.core.keys import Keys
+from bucketq.core.membership import MAX_TTL_S
 from bucketq.core.segment import decode_segment
 from bucketq.core.topics import TopicCatalog, find_tail
 from bucketq.storage import Storage
@@ -131,14 +133,25 @@ async def _oldest_age(
 async def live_members(
     storage: Storage, keys: Keys, topic: str, consumer: str, member_ttl_s: float = MEMBER_TTL_S
 ) -> list[str]:
-    """Members of the group whose heartbeat is younger than ``member_ttl_s`` (by LIST times)."""
+    """Members of the group whose heartbeat is younger (by LIST times) than ``member_ttl_s`` or
+    the ``"ttl"`` it announced (an idle member heartbeats rarely and says so; capped at MAX_TTL_S),
+    as consumers count them (core/membership.py)."""
     prefix = keys.members_prefix(topic, consumer)
     now = time.time()
-    live = [
-        info.key[len(prefix) :].removesuffix(".json")
-        async for info in storage.list(prefix)
-        if now - info.last_modified <= member_ttl_s
-    ]
+    live = []
+    async for info in storage.list(prefix):
+        age = now - info.last_modified
+        if age > MAX_TTL_S:
+            continue
+        if age > member_ttl_s:
+            blob = await storage.get(info.key)
+            try:
+                ttl = float(json.loads(blob.data).get("ttl", 0.0)) if blob is not None else 0.0
+            except (ValueError, TypeError, AttributeError):
+                ttl = 0.0
+            if age > min(ttl, MAX_TTL_S):
+                continue
+        live.append(info.key[len(prefix) :].removesuffix(".json"))
     return sorted(live)
 
 

@@ -6,6 +6,11 @@ partitions only at a slow fallback cadence. Producers overwrite the object after
 when they have not done so for WAKE_REFRESH_S, so a topic that starts receiving messages wakes its
 idle readers within one wake poll; a ``seek`` touches it too, so an idle group reads the new op.
 
+A member joining or leaving the group touches it too, marked ``"why": "members"``: the idle
+members then re-read the member list and look at the partitions once, on their next turn, without
+turning the topic active (a touch of either kind may hide the other, so each kind looks at every
+partition once).
+
 The object is advisory: a lost or failed touch only delays pickup until the fallback poll, never
 loses or duplicates anything (correctness rests on the segments and cursor logs alone).
 """
@@ -14,7 +19,9 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
+from typing import Literal
 
 from bucketq.core.keys import Keys
 from bucketq.errors import StorageError
@@ -26,11 +33,35 @@ log = logging.getLogger("bucketq.wake")
 # reader that saw a touch stays active WAKE_ACTIVE_S and never misses a producer that is busy.
 WAKE_REFRESH_S = 20.0
 WAKE_ACTIVE_S = 3 * WAKE_REFRESH_S
+# The idle members of a group take turns at the wake object: each polls it once per round of
+# min(members, WAKE_SHARE_MAX) wake polls, so the group polls it once per wake poll however many
+# members it has, while the round (how long a member may sleep through a wake) stays bounded.
+WAKE_SHARE_MAX = 5
 
 
-async def touch_wake(storage: Storage, keys: Keys, topic: str, by: str) -> bool:
+def next_wake_turn(now: float, poll_s: float, rank: int, members: int) -> float:
+    """The wall time of the next turn of the member at ``rank`` (in the sorted member list) among
+    ``members`` idle members polling a wake object every ``poll_s`` as a group.
+
+    Turns are slots of ``poll_s`` on the wall clock, dealt out in rotation to
+    ``min(members, WAKE_SHARE_MAX)`` seats: members' views and clocks agreeing puts one poll in
+    each slot; disagreeing only moves a pickup by a slot or two, never loses anything (I13).
+    """
+    seats = max(1, min(members, WAKE_SHARE_MAX))
+    seat = rank % seats
+    slot = math.floor(now / poll_s) + 1
+    slot += (seat - slot) % seats
+    return slot * poll_s
+
+
+# Why a wake object changed: "publish" (a producer appended, a job committed, a seek moved the
+# cursors: the topic turns active) or "members" (the group changed: look once, stay idle).
+WakeReason = Literal["publish", "members"]
+
+
+async def touch_wake(storage: Storage, keys: Keys, topic: str, by: str, why: WakeReason = "publish") -> bool:
     """Overwrite the topic's wake object; False (logged) when the store refused (advisory only)."""
-    body = json.dumps({"at": time.time(), "by": by}).encode()
+    body = json.dumps({"at": time.time(), "by": by, "why": why}).encode()
     try:
         await storage.overwrite(keys.wake(topic), body)
     except StorageError as exc:
@@ -40,7 +71,7 @@ async def touch_wake(storage: Storage, keys: Keys, topic: str, by: str) -> bool:
 
 
 class WakeWatch:
-    """One reader's view of a topic's wake object: did it change since the last look?"""
+    """One reader's view of a topic's wake object: did it change since the last look, and why?"""
 
     def __init__(self, storage: Storage, keys: Keys, topic: str) -> None:
         self.storage = storage
@@ -48,15 +79,34 @@ class WakeWatch:
         self.etag: str | None = None
         self.read = False  # read at least once
 
-    async def changed(self) -> bool:
-        """GET the object; True when it differs from the last read (the first read included, so a
-        touch made before this reader started or while it was busy is not missed). Store errors
-        count as unchanged (the fallback poll covers them)."""
+    async def look(self) -> WakeReason | None:
+        """GET the object; its reason when it differs from the last read, else None.
+
+        The first read counts as a change (a touch made before this reader started is not
+        missed), as "publish" only while that touch is younger than WAKE_ACTIVE_S. A body this
+        version cannot read (a later writer's) counts as "publish". Store errors count as
+        unchanged (the fallback poll covers them).
+        """
         try:
             blob = await self.storage.get(self.key)
         except StorageError:
-            return False
-        etag = blob.etag if blob is not None else None
-        changed = etag is not None and (etag != self.etag or not self.read)
-        self.etag, self.read = etag, True
-        return changed
+            return None
+        first = not self.read
+        self.read = True
+        if blob is None:
+            self.etag = None
+            return None
+        if blob.etag == self.etag and not first:
+            return None
+        self.etag = blob.etag
+        try:
+            body = json.loads(blob.data)
+            why = body.get("why", "publish")
+            at = float(body.get("at", 0.0))
+        except (ValueError, TypeError, AttributeError):
+            return "publish"
+        if why == "members":
+            return "members"
+        if first and time.time() - at > WAKE_ACTIVE_S:
+            return "members"  # an old touch: look once, the topic need not turn active
+        return "publish"

@@ -201,3 +201,25 @@ async def test_acks_of_parallel_handlers_share_deltas() -> None:
     await b.close_all()
     assert acked == 80
     assert deltas < 80, f"{deltas} deltas for 80 claims and 80 acks: settlements did not share them"
+
+
+async def test_a_batch_acked_one_awaited_ack_at_a_time_is_not_held_by_the_linger() -> None:
+    """poll() a batch, then ``for m in batch: await m.ack()``: no segment is arriving, so no claim
+    delta will come for the acks to ride with; each is written at once instead of waiting out
+    ``commit_linger_ms`` (here 2 s: ten acks would take 20 s)."""
+    b = Backend("memory", {"backend": "memory", "strategy": "conditional_write"}, MemoryStore())
+    bq = await b.connect(consumer={"commit_linger_ms": 2000, "visibility_timeout_s": 60})
+    await bq.create_topic("t", partitions=1)
+    producer = await bq.register_producer("p")
+    for i in range(10):
+        await producer.publish("t", i)
+    consumer = await bq.register_consumer("c", "t")
+    batch = []
+    while len(batch) < 10:
+        batch += await consumer.poll(10, 2.0)
+    started = time.monotonic()
+    for msg in batch:
+        await msg.ack()
+    took = time.monotonic() - started
+    await b.close_all()
+    assert took < 2.0, f"ten awaited acks took {took:.2f}s: each waited for company that never came"

@@ -9,12 +9,15 @@ pickup to the fallback poll.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections import Counter
 
 from bucketq.bench.metered import MeteredStore
-from bucketq.core.membership import Membership
-from bucketq.core.wake import WakeWatch, touch_wake
+from bucketq.core.membership import Membership, owned_partitions
+from bucketq.core.producer import partition_for_key
+from bucketq.core.stats import live_members
+from bucketq.core.wake import WAKE_SHARE_MAX, WakeWatch, next_wake_turn, touch_wake
 from bucketq.errors import StorageError
 from bucketq.storage.memory import MemoryStore
 from tests.support.engine_helpers import Backend
@@ -99,17 +102,28 @@ async def test_a_busy_producer_touches_the_wake_object_rarely() -> None:
     assert _kinds(store)["PUT wake"] == 1  # once per WAKE_REFRESH_S per topic and producer
 
 
-async def test_wake_watch_sees_changes() -> None:
+async def test_wake_watch_sees_changes_and_why() -> None:
     b = Backend("memory", {"backend": "memory", "strategy": "conditional_write"}, MemoryStore())
     bq = await b.connect()
     watch = WakeWatch(bq.storage, bq.keys, "t")
-    assert not await watch.changed()  # nothing there yet
+    assert await watch.look() is None  # nothing there yet
     assert await touch_wake(bq.storage, bq.keys, "t", "me")
-    assert await watch.changed()
-    assert not await watch.changed()
+    assert await watch.look() == "publish"
+    assert await watch.look() is None
+    await asyncio.sleep(0.01)
+    await touch_wake(bq.storage, bq.keys, "t", "member-2", "members")
+    assert await watch.look() == "members"
     await asyncio.sleep(0.01)
     await touch_wake(bq.storage, bq.keys, "t", "me")
-    assert await watch.changed()
+    assert await watch.look() == "publish"
+    # a reader's first look counts an old producer touch as a change to look at once, not as
+    # a topic turning busy; a fresh one as busy; an unreadable body as busy
+    late = WakeWatch(bq.storage, bq.keys, "t")
+    assert await late.look() == "publish"
+    await bq.storage.overwrite(bq.keys.wake("t"), b'{"at": 0, "by": "p", "why": "publish"}')
+    assert await WakeWatch(bq.storage, bq.keys, "t").look() == "members"
+    await bq.storage.overwrite(bq.keys.wake("t"), b"not json")
+    assert await watch.look() == "publish"
     await b.close_all()
 
 
@@ -125,4 +139,123 @@ async def test_a_quiet_member_stays_live_for_the_ttl_it_announced() -> None:
     assert await reader.refresh() == ["quiet", "reader"]
     await asyncio.sleep(1.5)
     assert await reader.refresh() == ["reader"]
+    await b.close_all()
+
+
+# -- idle members take turns at the wake object -------------------------------------------------
+
+
+def test_idle_members_take_turns_one_poll_per_slot() -> None:
+    """With up to WAKE_SHARE_MAX members, every slot has exactly one member's turn; each member
+    polls once per round of min(members, WAKE_SHARE_MAX) slots."""
+    poll = 2.0
+    for members in range(1, WAKE_SHARE_MAX + 3):
+        seats = min(members, WAKE_SHARE_MAX)
+        turns: dict[int, list[float]] = {}
+        for rank in range(members):
+            at, mine = 1000.3, []
+            for _ in range(6):
+                at = next_wake_turn(at, poll, rank, members)
+                mine.append(at)
+            turns[rank] = mine
+            gaps = {round(b - a, 6) for a, b in itertools.pairwise(mine)}
+            assert gaps == {seats * poll}, (members, rank, gaps)
+        slots = Counter(round(t / poll) for ts in turns.values() for t in ts if t <= 1000.3 + 6 * poll)
+        per_slot = -(-members // seats)  # more members than seats share them
+        assert set(slots.values()) <= {per_slot, per_slot - 1} and max(slots.values()) == per_slot, slots
+
+
+def test_a_turn_is_always_ahead() -> None:
+    for now in (0.0, 1.9999, 2.0, 2.0001, 1e9 + 0.5):
+        for members in (1, 2, 7):
+            for rank in range(members):
+                turn = next_wake_turn(now, 2.0, rank, members)
+                assert now < turn <= now + min(members, WAKE_SHARE_MAX) * 2.0
+
+
+async def _idle_group(store: MeteredStore, size: int, seconds: float) -> Counter[str]:
+    b = Backend("memory", {"backend": "memory", "strategy": "conditional_write"}, store)
+    bq = await b.connect(consumer=IDLE)
+    await bq.create_topic("t", partitions=4)
+    members = [await bq.register_consumer("c", "t") for _ in range(size)]
+    try:
+        await asyncio.sleep(1.5)  # idle, and every member sees the others
+        before = _kinds(store)
+        await asyncio.sleep(seconds)
+        return _kinds(store) - before
+    finally:
+        for m in members:
+            await m.close()
+        await b.close_all()
+
+
+async def test_an_idle_group_polls_the_wake_object_once_per_slot_not_once_per_member() -> None:
+    one = await _idle_group(MeteredStore(MemoryStore()), 1, 2.0)
+    three = await _idle_group(MeteredStore(MemoryStore()), 3, 2.0)
+    # 2 s of 100 ms slots: ~20 polls whether one member or three share them (not ~60)
+    assert 12 <= one["GET wake"] <= 24, one
+    assert three["GET wake"] <= 1.3 * one["GET wake"] + 2, (one, three)
+
+
+async def test_a_woken_member_claims_on_partitions_of_a_member_not_yet_awake() -> None:
+    """The member whose turn sees the wake claims once on every partition of the topic, so a
+    message on a partition whose owner sleeps until its turn (here: never) is not left waiting
+    for it; the sleeping owner asks for no help, so only this sweep can take it."""
+    store = MeteredStore(MemoryStore())
+    b = Backend("memory", {"backend": "memory", "strategy": "conditional_write"}, store)
+    bq = await b.connect(consumer=IDLE)
+    await bq.create_topic("t", partitions=4)
+    asleep = Membership(bq.storage, bq.keys, "t", "c", "zz-asleep", ttl_s=60)
+    await asleep.heartbeat(ttl_s=60)
+    producer = await bq.register_producer("p")
+    awake = await bq.register_consumer("c", "t")
+    try:
+        await awake.poll(1, 1.0)
+        await asyncio.sleep(1.0)  # idle, and the sleeping member counted (it owns some partitions)
+        theirs = [
+            p for p in range(4) if p not in owned_partitions(awake.member, ["zz-asleep", awake.member], 4)
+        ]
+        assert theirs, "the sleeping member owns no partition: pick another member id"
+        started = time.monotonic()
+        key = next(f"k{i}" for i in range(1000) if partition_for_key(f"k{i}", 4) == theirs[0])
+        await producer.publish("t", "on a sleeping owner's partition", key=key)
+        got = await awake.poll(1, 5.0)
+        took = time.monotonic() - started
+        assert [m.payload for m in got] == ["on a sleeping owner's partition"], took
+        assert took < 1.5, f"picked up after {took:.2f}s (steal_after_s or the owner's turn, not the sweep)"
+        await got[0].ack()
+    finally:
+        await awake.close()
+        await b.close_all()
+
+
+async def test_an_unchanged_heartbeat_keeps_its_etag_and_is_not_read_again() -> None:
+    store = MeteredStore(MemoryStore())
+    b = Backend("memory", {"backend": "memory", "strategy": "conditional_write"}, store)
+    bq = await b.connect()
+    quiet = Membership(bq.storage, bq.keys, "t", "g", "quiet", ttl_s=5.0)
+    reader = Membership(bq.storage, bq.keys, "t", "g", "reader", ttl_s=5.0)
+    await quiet.heartbeat(ttl_s=30)
+    assert await reader.refresh() == ["quiet", "reader"]
+    reads = _kinds(store)["GET member"]
+    for _ in range(3):
+        await quiet.heartbeat(ttl_s=30)
+        assert await reader.refresh() == ["quiet", "reader"]
+    assert _kinds(store)["GET member"] == reads  # same body, same ETag: LIST alone
+    await quiet.heartbeat([2], ttl_s=30)  # asks for help: a new body, read once
+    await reader.refresh()
+    assert reader.help_wanted == {2}
+    assert _kinds(store)["GET member"] == reads + 1
+    await b.close_all()
+
+
+async def test_status_counts_a_quiet_member_for_the_ttl_it_announced() -> None:
+    b = Backend("memory", {"backend": "memory", "strategy": "conditional_write"}, MemoryStore())
+    bq = await b.connect()
+    await Membership(bq.storage, bq.keys, "t", "g", "quiet", ttl_s=1.0).heartbeat(ttl_s=2.0)
+    await Membership(bq.storage, bq.keys, "t", "g", "plain", ttl_s=1.0).heartbeat()
+    await asyncio.sleep(1.2)
+    assert await live_members(bq.storage, bq.keys, "t", "g", member_ttl_s=1.0) == ["quiet"]
+    await asyncio.sleep(1.0)
+    assert await live_members(bq.storage, bq.keys, "t", "g", member_ttl_s=1.0) == []
     await b.close_all()

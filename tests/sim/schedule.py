@@ -211,7 +211,7 @@ def _economy(rng: random.Random, *, consumer: bool) -> dict[str, Any]:
         return {"linger_ms": extra.choice([0.0, 5.0, 20.0, 300.0, 1500.0])}
     return {
         "commit_linger_ms": extra.choice([0.0, 5.0, 200.0, 1000.0]),
-        "wake_poll_ms": extra.choice([500.0, 2000.0, 6000.0]),
+        "wake_poll_ms": extra.choice([500.0, 1500.0, 6000.0]),
         "heartbeat_idle_s": extra.choice([5.0, 30.0, 60.0]),
         "poll_idle_ms": extra.choice([1000.0, 2000.0, 30_000.0]),
     }
