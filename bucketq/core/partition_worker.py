@@ -26,6 +26,10 @@ log = logging.getLogger("bucketq.consumer")
 
 REDRIVE_FOR_HEADER = "bucketq-redrive-for"
 MAX_DISCOVER_PER_CYCLE = 32
+# In a stream of segments, the first look after a find waits this share of the gap between the
+# last two arrivals, and at most this many slowest polls (poll_max_ms).
+STREAM_LEAD = 0.6
+STREAM_WAIT_POLLS = 3
 MAX_WINDOW_SEGMENTS = 64
 # An owner re-reads its cursor log at least this often even when it has nothing to write, so an
 # op another process wrote (an operator's ``seek``) reaches a quiet group too. One GET (a 404 at
@@ -262,6 +266,23 @@ class PartitionWorker:
             return self.settle_opened  # no company is coming: waiting would only delay the app
         return self.settle_opened + linger
 
+    def _wait_after_find(self) -> float:
+        """How long after a find to look again.
+
+        In a stream of segments (the tail was reached and the last two arrivals are known) the
+        next one is due about one gap later: the first look waits STREAM_LEAD of that gap (at
+        most STREAM_WAIT_POLLS slowest polls, so an early arrival is not kept long), then the
+        usual doubling from half a slowest poll takes over. A paced stream is then found with a
+        look or two instead of the five or six misses the doubling spends from ``poll_min_ms``.
+        Otherwise (a backlog, a first find): at once, to keep reading.
+        """
+        if not self.tail_reached or self.find_gap == float("inf"):
+            return self.discovery_backoff
+        slowest = self.settings.poll_max_ms / 1000
+        lead = min(STREAM_LEAD * self.find_gap, STREAM_WAIT_POLLS * slowest)
+        self.discovery_backoff = max(self.discovery_backoff, slowest / 2)
+        return max(self.discovery_backoff, lead)
+
     def _claims_expected(self, within: float) -> bool:
         """Is a claim delta likely within ``within`` seconds? Only while segments keep arriving:
         the last two finds were that close and the last is that recent. A batch read once and
@@ -310,6 +331,7 @@ class PartitionWorker:
                     self.find_gap = now - self.last_found
                 self.last_found = now
                 self.tail_reached = result.discovered < MAX_DISCOVER_PER_CYCLE  # ended on a 404
+                self.next_discovery = now + self._wait_after_find()
             else:
                 self.tail_reached = True
                 if self.topic_idle():  # the whole topic: only the fallback; the wake object wakes it
@@ -319,7 +341,7 @@ class PartitionWorker:
                     if now - self.last_found > self.settings.idle_after_s:  # this partition only
                         ceiling = max(ceiling, self.settings.wake_poll_ms / 1000)
                     self.discovery_backoff = min(self.discovery_backoff * 2, ceiling)
-            self.next_discovery = now + self.discovery_backoff
+                self.next_discovery = now + self.discovery_backoff
         await self._ensure_window()
         if not foreign:
             await self._publish_dead_letters()
