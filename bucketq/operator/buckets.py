@@ -22,6 +22,11 @@ class Buckets:
         self._locks: dict[str, asyncio.Lock] = {}
         self._closed = False
 
+    @property
+    def stopping(self) -> bool:
+        """The operator's clean-up closed the connections (a handler still running fails on them)."""
+        return self._closed
+
     def settings_for(self, namespace: str) -> Settings:
         return self.engine.model_copy(update={"root": namespace_root(self.engine.root, namespace)})
 

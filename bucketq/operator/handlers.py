@@ -59,8 +59,14 @@ def _fn(handler: Callable[..., Any]) -> Any:
     return handler
 
 
-async def _until_stopped(stopped: Any, work: Coroutine[Any, Any, None]) -> None:
-    """Run a timer's work, cancelled as soon as kopf stops the timer (so that shutdown is prompt)."""
+async def _until_stopped(
+    stopped: Any, work: Coroutine[Any, Any, None], stopping: Callable[[], bool] = lambda: False
+) -> None:
+    """Run a timer's work, cancelled as soon as kopf stops the timer (so that shutdown is prompt).
+
+    A timer still running when the operator's clean-up closed the storage connections fails on a
+    closed connection: once ``stopping()``, that failure ends the timer quietly (it is shutdown,
+    not a fault, and kopf would end the operator with it)."""
     task = asyncio.ensure_future(work)
     waiter = asyncio.ensure_future(stopped.wait())
     try:
@@ -72,6 +78,10 @@ async def _until_stopped(stopped: Any, work: Coroutine[Any, Any, None]) -> None:
                 with contextlib.suppress(asyncio.CancelledError):
                     await pending
     if task.done() and not task.cancelled():
+        exc = task.exception()
+        if isinstance(exc, BucketqError) and stopping():
+            log.debug("a timer ended at shutdown: %s", exc)
+            return
         task.result()
 
 
@@ -274,7 +284,9 @@ class Operator:
         self, name: str, namespace: str, patch: kopf.Patch, logger: Any, stopped: Any, **_: Any
     ) -> None:
         """Retention and garbage collection of one topic and its default dead-letter topic (docs/design.md 2.5)."""
-        await _until_stopped(stopped, self._collect_garbage(name, namespace, patch, logger))
+        await _until_stopped(
+            stopped, self._collect_garbage(name, namespace, patch, logger), lambda: self.buckets.stopping
+        )
 
     async def _collect_garbage(self, name: str, namespace: str, patch: kopf.Patch, logger: Any) -> None:
         try:
@@ -484,7 +496,9 @@ class Operator:
     ) -> None:
         """Re-apply the spec (drift after restarts or outages) and refresh the status figures."""
         await _until_stopped(
-            stopped, self._refresh(name, namespace, spec, body, patch, resource, dlp_index, topic_index)
+            stopped,
+            self._refresh(name, namespace, spec, body, patch, resource, dlp_index, topic_index),
+            lambda: self.buckets.stopping,
         )
 
     async def _refresh(
