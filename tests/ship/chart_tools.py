@@ -285,3 +285,46 @@ def validate_kubernetes(
         timeout=120,
         check=False,
     )
+
+
+def load_crds(directory: Path) -> dict[tuple[str, str], Doc]:
+    """The CustomResourceDefinitions of ``directory``, by (group, kind)."""
+    return {
+        (d["spec"]["group"], d["spec"]["names"]["kind"]): d
+        for d in (yaml.safe_load(p.read_text()) for p in directory.glob("*.yaml"))
+    }
+
+
+def unknown_fields(schema: Mapping[str, Any], value: Any, path: str = "") -> list[str]:
+    """Fields the apiserver would reject under strict field validation (not in the structural schema)."""
+    out: list[str] = []
+    if (
+        isinstance(value, dict)
+        and "properties" in schema
+        and not schema.get("x-kubernetes-preserve-unknown-fields")
+    ):
+        for name, sub in value.items():
+            if name not in schema["properties"]:
+                out.append(f"{path}.{name}")
+            elif name != "metadata":
+                out += unknown_fields(schema["properties"][name], sub, f"{path}.{name}")
+    elif isinstance(value, list) and "items" in schema:
+        for i, item in enumerate(value):
+            out += unknown_fields(schema["items"], item, f"{path}[{i}]")
+    return out
+
+
+def custom_resource_problems(crds: Mapping[tuple[str, str], Doc], doc: Doc) -> tuple[list[str], list[str]]:
+    """A bucketq custom resource checked against its CRD's schema for its apiVersion, as the
+    apiserver would: (schema errors, fields strict validation would reject)."""
+    import jsonschema  # type: ignore[import-untyped, unused-ignore]
+
+    group = doc["apiVersion"].split("/")[0]
+    crd = crds[(group, doc["kind"])]
+    (version,) = [v for v in crd["spec"]["versions"] if f"{group}/{v['name']}" == doc["apiVersion"]]
+    schema = version["schema"]["openAPIV3Schema"]
+    errors = [
+        f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
+        for e in jsonschema.Draft7Validator(schema).iter_errors(doc)
+    ]
+    return errors, unknown_fields(schema, doc)

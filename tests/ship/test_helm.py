@@ -28,10 +28,12 @@ from tests.ship.chart_tools import (
     Doc,
     component,
     container_env,
+    custom_resource_problems,
     find,
     granted,
     helm,
     kubernetes_validator,
+    load_crds,
     one,
     operator_container,
     operator_permissions,
@@ -206,48 +208,15 @@ def test_crds_rendered_by_the_chart_are_the_generated_ones() -> None:
     )
 
 
-def _unknown_fields(schema: dict[str, Any], value: Any, path: str) -> list[str]:
-    """Fields the apiserver would reject under strict field validation (not in the structural schema)."""
-    out: list[str] = []
-    if (
-        isinstance(value, dict)
-        and "properties" in schema
-        and not schema.get("x-kubernetes-preserve-unknown-fields")
-    ):
-        for name, sub in value.items():
-            if name not in schema["properties"]:
-                out.append(f"{path}.{name}")
-            elif name != "metadata":
-                out += _unknown_fields(schema["properties"][name], sub, f"{path}.{name}")
-    elif isinstance(value, list) and "items" in schema:
-        for i, item in enumerate(value):
-            out += _unknown_fields(schema["items"], item, f"{path}[{i}]")
-    return out
-
-
 @pytest.mark.parametrize("path", sorted(p.name for p in (REPO / "examples").glob("*.yaml")))
 def test_example_custom_resources_are_valid_against_the_charts_crds(path: str) -> None:
-    import jsonschema  # type: ignore[import-untyped, unused-ignore]
-
-    crds = {
-        (d["spec"]["group"], d["spec"]["names"]["kind"]): d
-        for d in (yaml.safe_load(p.read_text()) for p in (CHART / "crds").glob("*.yaml"))
-    }
+    crds = load_crds(CHART / "crds")
     for doc in yaml.safe_load_all((REPO / "examples" / path).read_text()):
-        group = doc["apiVersion"].split("/")[0]
-        if group != "bucketq.io":
+        if doc["apiVersion"].split("/")[0] != "bucketq.io":
             continue
-        crd = crds[(group, doc["kind"])]
-        (version,) = [v for v in crd["spec"]["versions"] if f"{group}/{v['name']}" == doc["apiVersion"]]
-        schema = version["schema"]["openAPIV3Schema"]
-        errors = [
-            f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
-            for e in jsonschema.Draft7Validator(schema).iter_errors(doc)
-        ]
+        errors, unknown = custom_resource_problems(crds, doc)
         assert not errors, f"examples/{path}: {doc['kind']} {doc['metadata']['name']} is invalid: {errors}"
-        assert not _unknown_fields(schema, doc, ""), (
-            f"examples/{path}: unknown fields {_unknown_fields(schema, doc, '')}"
-        )
+        assert not unknown, f"examples/{path}: unknown fields {unknown}"
 
 
 def test_chart_packages_with_crds_schema_and_notes(tmp_path: Path) -> None:

@@ -34,8 +34,10 @@ from tests.ship.chart_tools import (
     REPO,
     Doc,
     container_env,
+    custom_resource_problems,
     find,
     helm,
+    load_crds,
     one,
     operator_settings_from_env,
     selector_matches,
@@ -252,27 +254,13 @@ def test_builtin_objects_are_valid_kubernetes(kube_version: str, tmp_path: Path)
 
 
 def test_custom_resources_are_valid_against_the_crds() -> None:
-    import jsonschema  # type: ignore[import-untyped, unused-ignore]
-
-    from tests.ship.test_helm import _unknown_fields
-
-    crds = {
-        (d["spec"]["group"], d["spec"]["names"]["kind"]): d
-        for d in (yaml.safe_load(p.read_text()) for p in (REPO / "crds").glob("*.yaml"))
-    }
+    crds = load_crds(REPO / "crds")
     custom = [d for d in all_objects() if d["apiVersion"].startswith("bucketq.io/")]
     assert {d["kind"] for d in custom} == {"Topic", "Consumer", "DeadLetterPolicy"}
     for doc in custom:
-        group = doc["apiVersion"].split("/")[0]
-        crd = crds[(group, doc["kind"])]
-        (version,) = [v for v in crd["spec"]["versions"] if f"{group}/{v['name']}" == doc["apiVersion"]]
-        schema = version["schema"]["openAPIV3Schema"]
-        errors = [
-            f"{'.'.join(map(str, e.absolute_path))}: {e.message}"
-            for e in jsonschema.Draft7Validator(schema).iter_errors(doc)
-        ]
+        errors, unknown = custom_resource_problems(crds, doc)
         assert not errors, f"{doc['kind']} {doc['metadata']['name']}: {errors}"
-        assert not _unknown_fields(schema, doc, ""), _unknown_fields(schema, doc, "")
+        assert not unknown, unknown
 
 
 def test_kubectl_applies_every_manifest_and_only_quickstart_files() -> None:
