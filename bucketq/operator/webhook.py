@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import tempfile
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import kopf
 
 from bucketq.config import Settings
+from bucketq.operator.api_reads import ApiReadError, read_namespaced
 from bucketq.operator.certs import self_signed
 from bucketq.operator.config import OperatorSettings
 from bucketq.operator.injection import (
@@ -23,7 +25,9 @@ from bucketq.operator.injection import (
     plan,
     wants_injection,
 )
-from bucketq.operator.models import ConsumerSpec
+from bucketq.operator.models import GROUP, VERSION, ConsumerSpec
+
+log = logging.getLogger("bucketq.operator")
 
 
 class NamespacedWebhookServer(kopf.WebhookServer):
@@ -78,14 +82,29 @@ SELECTORS: dict[str, dict[str, Any]] = {
     INJECT_HANDLER: {INJECT_LABEL: "true", CONSUMER_LABEL: kopf.ABSENT},
 }
 _POLL_S = 0.05
+# The API server's answer to a Consumer read, once the index has waited: bounded so that the
+# webhook answers well inside an admission review's deadline (10 s by default).
+API_READ_TIMEOUT_S = 2.0
+# What the webhook reads besides its index: the chart's roles grant exactly this (tests/ship).
+DIRECT_READS = frozenset({(GROUP, "consumers", "get")})
+
+ReadConsumer = Callable[[str, str], Awaitable[dict[str, Any] | None]]
+
+
+async def read_consumer(namespace: str, name: str) -> dict[str, Any] | None:
+    """The Consumer from the API server (None: there is none; raises ApiReadError)."""
+    return await read_namespaced(GROUP, VERSION, "consumers", namespace, name, timeout_s=API_READ_TIMEOUT_S)
 
 
 class SidecarInjector:
     """The sidecar-injecting mutating handler (pods on CREATE)."""
 
-    def __init__(self, engine: Settings, settings: OperatorSettings) -> None:
+    def __init__(
+        self, engine: Settings, settings: OperatorSettings, *, read: ReadConsumer = read_consumer
+    ) -> None:
         self.engine = engine
         self.settings = settings
+        self.read = read
 
     async def mutate(
         self,
@@ -141,17 +160,33 @@ class SidecarInjector:
         return None
 
     async def _lookup(self, index: Mapping[Any, Any], namespace: str, name: str) -> dict[str, Any] | None:
-        """The Consumer's spec from the watch-fed index, waiting a little for one not seen yet.
+        """The Consumer's spec: from the watch-fed index, then from the API server itself.
 
         The index trails the API server: a Consumer applied in the same ``kubectl apply`` as its
-        Deployment, or any Consumer while a webhook replica is still listing them after its start,
+        Deployment, or any Consumer in a namespace a replica has only just started to watch,
         arrives moments after the first pod. Waiting (bounded, well inside the webhook's timeout)
-        turns that race into a short delay instead of a rejected pod.
+        turns that race into a short delay; a read from the API server then settles it, so a pod
+        is refused only when the API server too has no such Consumer. When that read fails the
+        index's answer stands (logged): the webhook never admits a pod on a guess.
         """
         deadline = asyncio.get_running_loop().time() + self.settings.webhook_consumer_wait_s
         while True:
             for raw in index.get((namespace, name)) or ():
                 return dict(raw)
             if asyncio.get_running_loop().time() >= deadline:
-                return None
+                break
             await asyncio.sleep(_POLL_S)
+        try:
+            body = await self.read(namespace, name)
+        except ApiReadError as exc:
+            log.warning(
+                "Consumer %s/%s: not in the index, and the API server not asked: %s", namespace, name, exc
+            )
+            return None
+        if body is None:
+            return None
+        log.info(
+            "Consumer %s/%s read from the API server: the watch has not delivered it yet", namespace, name
+        )
+        spec = body.get("spec")
+        return dict(spec) if isinstance(spec, Mapping) else {}

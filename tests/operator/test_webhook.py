@@ -19,7 +19,9 @@ import pytest
 import yaml
 
 from bucketq.config import Settings
+from bucketq.operator.api_reads import ApiReadError
 from bucketq.operator.config import OperatorSettings
+from bucketq.operator.handlers import Operator
 from bucketq.operator.webhook import SELECTORS, SidecarInjector
 from tests.operator.harness import Kube, RunningOperator, wait_for
 from tests.operator.test_consumers import consumer
@@ -575,6 +577,78 @@ def test_every_webhook_only_replica_serves_and_none_reconciles(
     assert not [a for a in obj["metadata"].get("annotations") or {} if a.startswith("bucketq.io/")]
     assert obj["metadata"]["resourceVersion"] == created_version, "a webhook replica wrote the Consumer"
     kube.patch("consumers", namespace, "billing", {"metadata": {"finalizers": None}})
+
+
+class _LaggingWatch(Operator):
+    """An operator whose watch never delivers Consumers named ``unseen*``: a lagging watch (a
+    namespace a replica has only just started to watch, a busy API server) made permanent."""
+
+    def index_spec(self, namespace: str, name: str, spec: Any, **kwargs: Any) -> dict[Any, Any]:
+        return {} if name.startswith("unseen") else super().index_spec(namespace, name, spec, **kwargs)
+
+
+@pytest.mark.s3  # the engine settings of the moto server (the webhook itself never calls S3)
+def test_a_consumer_the_watch_has_not_delivered_is_read_from_the_api_server(
+    emulator: Any, shared_engine: Settings, kube: Kube
+) -> None:
+    from tests.operator.harness import fast_settings, port_open
+    from tests.support.servers import free_ports
+
+    [port] = free_ports(1)
+    settings = fast_settings(
+        ["lagging-*"],
+        webhook=True,
+        webhook_only=True,
+        webhook_insecure=True,
+        webhook_managed=False,
+        webhook_addr="127.0.0.1",
+        webhook_port=port,
+        webhook_consumer_wait_s=0.5,
+        sidecar_image="bucketq:test",
+    )
+    running = RunningOperator(_LaggingWatch(shared_engine, settings), emulator.url).start()
+    try:
+        wait_for(lambda: port_open(port), "the webhook to listen")
+        namespace = kube.namespace("lagging")
+        kube.create(consumer(namespace, "unseen", topics=["orders", "audit"]))
+        original = pod(labels={"bucketq.io/consumer": "unseen"})
+        response = review(port, copy.deepcopy(original), namespace)
+        sidecar = admitted(response, copy.deepcopy(original))["spec"]["initContainers"][0]
+        assert env_of(sidecar)["BUCKETQ_SIDECAR_TOPICS"] == "orders,audit"
+        # the API server has no such Consumer either: refused, as before
+        refused = review(port, pod(labels={"bucketq.io/consumer": "unseen-nobody"}), namespace)
+        assert refused["allowed"] is False, refused
+        assert "Consumer 'unseen-nobody' does not exist" in refused["status"]["message"]
+    finally:
+        running.stop()
+
+
+def test_when_the_api_server_cannot_be_asked_the_index_decides(shared_engine: Settings) -> None:
+    """A failed read (a role without ``get``, an API server that does not answer) admits nothing on
+    a guess: the pod is refused as when the Consumer does not exist."""
+    asked: list[tuple[str, str]] = []
+
+    async def failing_read(namespace: str, name: str) -> dict[str, Any] | None:
+        asked.append((namespace, name))
+        raise ApiReadError("GET ...: 403 Forbidden")
+
+    settings = OperatorSettings(webhook_consumer_wait_s=0.1)
+    injector = SidecarInjector(shared_engine, settings, read=failing_read)
+    body = pod(labels={"bucketq.io/consumer": "billing"})
+    body["metadata"]["namespace"] = "team-a"
+    with pytest.raises(kopf.AdmissionError, match="Consumer 'billing' does not exist in namespace 'team-a'"):
+        asyncio.run(injector.mutate(body=body, patch=kopf.Patch(), warnings=[], consumer_index={}))
+    assert asked == [("team-a", "billing")]
+    # a Consumer the index has is never read again
+    asyncio.run(
+        injector.mutate(
+            body=body,
+            patch=kopf.Patch(),
+            warnings=[],
+            consumer_index={("team-a", "billing"): [{"topics": ["orders"]}]},
+        )
+    )
+    assert asked == [("team-a", "billing")]
 
 
 def test_webhook_only_mode_settings_are_checked() -> None:

@@ -229,6 +229,7 @@ def operator_permissions(settings: Any) -> dict[bool, set[Permission]]:
     from bucketq.config import Settings
     from bucketq.operator.handlers import Operator
     from bucketq.operator.runner import kopf_settings
+    from bucketq.operator.webhook import DIRECT_READS
 
     registry: Any = Operator(Settings.from_dict({"backend": "memory"}), settings).register(
         kopf.OperatorRegistry()
@@ -248,6 +249,8 @@ def operator_permissions(settings: Any) -> dict[bool, set[Permission]]:
             (group, f"{plural}/status", "patch"),
         }
     namespaced.add(("", "events", "create"))  # kopf posts events about handler failures
+    if settings.webhook:
+        namespaced |= DIRECT_READS  # the injector's reads outside kopf's streams
     if not ks.scanning.disabled:
         cluster |= {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")}
         if settings.namespaces:

@@ -497,6 +497,7 @@ def webhook_permissions(settings: Any) -> dict[bool, set[Any]]:
     from bucketq.config import Settings
     from bucketq.operator.handlers import Operator
     from bucketq.operator.runner import kopf_settings
+    from bucketq.operator.webhook import DIRECT_READS
 
     registry: Any = Operator(Settings.from_dict({"backend": "memory"}), settings).register(
         kopf.OperatorRegistry()
@@ -508,7 +509,7 @@ def webhook_permissions(settings: Any) -> dict[bool, set[Any]]:
         (h.selector.group, h.selector.any_name, verb)
         for h in registry._indexing.get_all_handlers()
         for verb in ("list", "watch")
-    }
+    } | DIRECT_READS  # a Consumer the index has not delivered yet is read before a pod is refused
     ks = kopf_settings(settings)
     assert ks.peering.standalone and not ks.admission.managed and not ks.scanning.disabled
     cluster = {("apiextensions.k8s.io", "customresourcedefinitions", v) for v in ("list", "watch")}
