@@ -160,7 +160,12 @@ def consume(
         10, "--max", "-n", min=1, help="Stop after this many messages (ignored with --follow)."
     ),
     wait: float = typer.Option(
-        5.0, "--wait", "-w", min=0, help="Stop after this many seconds without a message (not with --follow)."
+        5.0,
+        "--wait",
+        "-w",
+        min=0,
+        help="Stop after this many seconds without a message, counted from the member's first look at "
+        "its partitions (not with --follow).",
     ),
     follow: bool = typer.Option(
         False, "--follow", "-f", help="Keep consuming until interrupted (Ctrl-C), like a console consumer."
@@ -191,6 +196,9 @@ def consume(
 
 
 FOLLOW_BATCH = 100
+# How long consume waits at most for the member's first look at its partitions (a store that
+# does not answer for this long is reported by the "no messages" line, as any other wait).
+FIRST_LOOK_MAX_S = 60.0
 
 
 async def _consume(
@@ -216,6 +224,9 @@ async def _consume(
         member = await bq.register_consumer(
             group, [topic], max_in_flight=FOLLOW_BATCH if follow else max_messages
         )
+        # --wait counts from the member's first look at its partitions: on a large backlog or a
+        # slow store the look itself may outlast a short wait, and must not read as "no messages"
+        await member.first_look(FIRST_LOOK_MAX_S + wait)
         while follow or got < max_messages:
             want = FOLLOW_BATCH if follow else max_messages - got
             messages = await member.poll(max_messages=want, wait=wait if not follow else 5.0)

@@ -130,6 +130,7 @@ class Consumer:
         self._polling = 0  # poll() calls waiting for messages
         self._wake = asyncio.Event()
         self._arrived = asyncio.Event()
+        self._looked = asyncio.Event()  # the first cycle over this member's partitions ran to its end
         self._task: asyncio.Task[None] | None = None
         self._claiming = True
         self._closed = False
@@ -321,6 +322,7 @@ class Consumer:
             failed = False
             try:
                 progressed = await self._tick()
+                self._looked.set()
             except asyncio.CancelledError:
                 raise
             except (StorageError, BucketqError) as exc:
@@ -331,6 +333,7 @@ class Consumer:
                 log.exception("consumer %s loop crashed", self.name)
                 self._error = exc
                 self._arrived.set()
+                self._looked.set()
                 return
             if progressed:
                 self._poll_delay = self.settings.poll_min_ms / 1000
@@ -787,6 +790,17 @@ class Consumer:
         for sub in self._subs.values():
             if sub.gone is not None:
                 raise TopicDeleted(sub.topic)
+
+    async def first_look(self, timeout: float) -> bool:
+        """Wait (at most ``timeout`` seconds) until this member has looked at its partitions once
+        since it joined: its first cycle over them, claims included, ran to its end. True once it
+        has. On a large backlog or a slow store that first look can take longer than a short
+        ``poll`` wait; a caller that must not mistake it for "no messages" (``bucketq consume``)
+        waits for it first."""
+        self._check()
+        await wait_event(self._looked, timeout)
+        self._check()
+        return self._looked.is_set()
 
     async def poll(self, max_messages: int = 10, wait: float = 1.0) -> list[Message]:
         """Up to ``max_messages`` leased messages, waiting up to ``wait`` seconds for the first."""

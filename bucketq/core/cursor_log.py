@@ -269,19 +269,26 @@ class CursorLog:
                     return resolved
                 continue
             if not await self.fence.admits(delta.n, completed_at=time.monotonic()):
-                # I1: the number was freed by GC (this replica was stale); the write is an orphan
-                # below the fence that nobody reads. Reload and build the ops again.
+                # I1: the write completed after GC may have freed its number (this replica was
+                # stale, or the member paused between the PUT and its answer). Reload: if the
+                # checkpoint that covers the number names this delta our newest, it landed
+                # before the number was freed, and each op is judged from the state (I3).
+                # Otherwise it is an orphan below the fence that nobody reads: build the ops again.
+                self._inflight = None
+                await self.load()
+                if self.state.ids.get(self.member, ("", 0.0))[0] == delta.id:
+                    return self._finish(
+                        delta, conflicts, [_held(self.state, op) for op in delta.ops], applied=True
+                    )
                 self.orphans += 1
                 log.warning(
-                    "cursor %s/%s/p%d: delta %d landed below the trim fence %d; reloading",
+                    "cursor %s/%s/p%d: delta %d landed below the trim fence %d; writing its ops again",
                     self.topic,
                     self.consumer,
                     self.partition,
                     delta.n,
                     self.fence.floor,
                 )
-                self._inflight = None
-                await self.load()
                 continue
             return self._finish(delta, conflicts, apply_delta(self.state, delta), applied=True)
 

@@ -29,8 +29,14 @@ async def start_cursor(
     began, so every message in it is newer than the subscription: it starts at its earliest
     (invariant I5: a subscription never skips a message its start position covers).
     Concurrent starters race on delta 1; the loser adopts the winner's start.
+    A cursor loaded before (a member's start loads every partition first, for I5) only catches
+    up: the deltas after its tip until a 404, under the same fence checks (I2), instead of a
+    second full load.
     """
-    await cursor.load()
+    if cursor.reloads:
+        await cursor.catch_up()
+    else:
+        await cursor.load()
     if cursor.state.started:
         return
     if start_position == "latest" and not subscription_started:

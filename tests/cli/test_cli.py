@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import subprocess
@@ -205,6 +206,27 @@ def test_consume_prints_text_and_acks(cli: FileCli) -> None:
     assert "hello world" in printed.stdout and "key=greeting" in printed.stdout
     (row,) = json.loads(ok(cli("stats", "texts", "--consumer", "readers", "--json")).stdout)
     assert row["acked"] == 1 and row["backlog"] == 0
+
+
+def test_consume_waits_from_the_first_look_not_from_the_join(
+    cli: FileCli, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a slow store the member's first look outlasts a short --wait: the messages waiting are
+    still printed, never a "no messages" line for a queue that has them."""
+    from bucketq.storage.filesystem import FileStore
+
+    ok(cli("topic", "create", "slow"))
+    ok(cli("publish", "slow", "1", "2", "3"))
+    plain_get = FileStore.get
+
+    async def slow_get(self: FileStore, key: str) -> Any:
+        if "/seg/" in key:
+            await asyncio.sleep(0.5)
+        return await plain_get(self, key)
+
+    monkeypatch.setattr(FileStore, "get", slow_get)
+    got = json_lines(ok(cli("consume", "slow", "-c", "c", "-n", "3", "--wait", "0.1", "--json")).stdout)
+    assert sorted(m["payload"] for m in got) == [1, 2, 3]
 
 
 def test_publish_raw_keeps_bytes_and_content_type(cli: FileCli) -> None:

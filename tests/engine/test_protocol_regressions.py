@@ -12,6 +12,7 @@ import asyncio
 import json
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -135,6 +136,58 @@ async def test_delta_put_into_a_freed_number_is_rejected_and_reloaded(short_fenc
     assert outcome.delta.n == 22, "written again at the real tip after a reload"
     fresh = await CursorLog(storage, keys, "t", "c", 0, "X").load()
     assert fresh.to_json() == a.state.to_json()
+
+
+class AnswersLate(MemoryStore):
+    """A PUT of ``late_key`` is done at once and answered ``late_s`` later (the member paused
+    between its write and the answer)."""
+
+    def __init__(self, late_key: str, late_s: float) -> None:
+        super().__init__()
+        self.late_key, self.late_s = late_key, late_s
+
+    async def put(self, key: str, data: bytes, **conditions: Any) -> str:
+        etag = await super().put(key, data, **conditions)
+        if key == self.late_key:
+            self.late_key = ""
+            await asyncio.sleep(self.late_s)
+        return etag
+
+
+@pytest.mark.slow  # waits on wall-clock time: not in make test-fast
+async def test_a_delta_answered_after_gc_freed_its_number_is_recognised_not_written_again(
+    short_fences: None,
+) -> None:
+    """A member's delta lands, then the member pauses before the answer; meanwhile the group writes
+    on, checkpoints cover the delta and GC frees its number. The late answer cannot tell a landed
+    delta from an orphan, so the member reloads: the checkpoint names the delta its newest, so its
+    ops count as applied (I3), judged from the state, and are not written a second time."""
+    keys = Keys()
+    store = AnswersLate(keys.delta("t", "c", 0, 2), late_s=3.5)
+    storage = Storage(store)
+    b = CursorLog(storage, keys, "t", "c", 0, "B", checkpoint_every=4)
+    await b.commit(lambda s: [Op("start", seq=0, base=0)])
+    a = CursorLog(storage, keys, "t", "c", 0, "A", checkpoint_every=4)
+    await a.load()
+    seen = Op("seen", 0, count=1, base=0)
+    commit = asyncio.create_task(a.commit(lambda s: [seen]))
+    await asyncio.sleep(0.05)  # delta 2 is stored; A waits for its answer
+    for _ in range(20):  # B catches up over A's delta and writes on, with checkpoints
+        await b.commit(lambda s: [Op("seen", s.frontier + 1, count=1, base=s.frontier + 1)])
+    await asyncio.sleep(0.1)  # background checkpoints
+    bq = Bucketq.builder().memory().build(store=store)
+    await bq.open()
+    await bq.catalog.create("t")
+    await bq.collect_garbage(["t"], delta_grace_s=GRACE_S)
+    await asyncio.sleep(GRACE_S + 1.1)
+    report = await bq.collect_garbage(["t"], delta_grace_s=GRACE_S)
+    assert report.deltas > 0 and await storage.get(keys.delta("t", "c", 0, 2)) is None
+    outcome = await commit
+    assert outcome is not None and outcome.delta.n == 2 and outcome.results == [True]
+    assert a.orphans == 0, "a landed delta taken for an orphan"
+    fresh = await CursorLog(storage, keys, "t", "c", 0, "X").load()
+    assert fresh.to_json() == a.state.to_json()
+    assert fresh.frontier == 20, "A's seen op applied once, B's twenty after it"
 
 
 async def test_recreated_topic_continues_numbers(backend: Backend) -> None:

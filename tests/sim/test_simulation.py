@@ -113,6 +113,7 @@ FOUND_FLAWS = {
     1194: "a dedup takeover that failed while scanning hid the first attempt's write (I7)",
     1898: "a settlement answered 'lease lost' after a seek while it had been applied (checker)",
     1974: "a partition cycle outlived close() holding an ack, never answered",
+    21438: "a nack that landed before a 30-minute pause, answered 'lease lost' and written again (I1)",
 }
 
 
