@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from bucketq import Bucketq, Settings
 from bucketq.bench.metered import MeteredStore
+from bucketq.bench.served import ServedStore
 from bucketq.bench.servers import S3Server, serve
 from bucketq.storage import MemoryStore, ObjectStore, RequestStats
 from bucketq.storage.strategies import build_store
@@ -30,6 +31,12 @@ class Backend:
     server: S3Server | None = None
     workdir: Path | None = None
     tuning: dict[str, Any] = field(default_factory=dict)
+    service_ms: float | None = None  # memory only: served one request at a time (bench/served.py)
+
+    @property
+    def label(self) -> str:
+        """The backend as results name it: ``memory@4ms`` for the served model."""
+        return self.name if self.service_ms is None else f"{self.name}@{self.service_ms:g}ms"
 
     def server_cpu_s(self) -> float | None:
         """CPU seconds the server process has used so far (Linux), or None."""
@@ -49,6 +56,8 @@ class Backend:
         else:
             data = {"backend": "memory"}
             shared = MemoryStore()
+            if self.service_ms is not None:
+                shared = ServedStore(shared, self.service_ms / 1000)
         data.update(self.tuning)
         return RunBucket(Settings.from_dict(data), shared)
 
@@ -64,9 +73,16 @@ def process_cpu_s(pid: int) -> float | None:
 
 
 @contextlib.contextmanager
-def open_backend(name: BackendName, tuning: dict[str, Any] | None = None) -> Iterator[Backend]:
-    """Start what the backend needs (an S3 server process or a temp directory) for the ``with`` block."""
+def open_backend(
+    name: BackendName, tuning: dict[str, Any] | None = None, service_ms: float | None = None
+) -> Iterator[Backend]:
+    """Start what the backend needs (an S3 server process or a temp directory) for the ``with`` block.
+
+    ``service_ms`` (memory only) serves the in-memory store like a single-threaded S3 server.
+    """
     tuning = tuning or {}
+    if service_ms is not None and name != "memory":
+        raise ValueError(f"a service time models a server on the memory backend, not on {name}")
     if name in ("moto", "seaweedfs"):
         with serve(name) as server:
             yield Backend(name, server=server, tuning=tuning)
@@ -74,7 +90,7 @@ def open_backend(name: BackendName, tuning: dict[str, Any] | None = None) -> Ite
         with tempfile.TemporaryDirectory(prefix="bucketq-bench-") as tmp:
             yield Backend(name, workdir=Path(tmp), tuning=tuning)
     elif name == "memory":
-        yield Backend(name, tuning=tuning)
+        yield Backend(name, tuning=tuning, service_ms=service_ms)
     else:
         raise ValueError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")
 

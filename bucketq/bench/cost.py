@@ -97,7 +97,7 @@ def _result(
     tracker, counted, fleet = run.tracker, run.counted, run.fleet
     return build_result(
         scenario=scenario,
-        backend=backend.name,
+        backend=backend.label,
         messages=messages,
         producers=producers,
         consumers=p.consumers,

@@ -223,7 +223,7 @@ def _result(
     }
     return build_result(
         scenario="idle",
-        backend=backend.name,
+        backend=backend.label,
         messages=len(tracker.published),
         producers=1,
         consumers=len(members.consumers),

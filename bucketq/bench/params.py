@@ -45,6 +45,8 @@ class BenchParams:
     rate_seconds: float = 30.0
     # awaited: this many tasks share one producer, each awaiting its own publish
     tasks: int = 8
+    # memory only: serve the store one request at a time, each taking this long (bench/served.py)
+    service_ms: float | None = None
 
     def __post_init__(self) -> None:
         for name in (
@@ -71,6 +73,8 @@ class BenchParams:
             raise ValueError("rates must be one or more positive msgs/s")
         if self.rate_seconds <= 0:
             raise ValueError("rate_seconds must be positive")
+        if self.service_ms is not None and (self.service_ms < 0 or self.backend != "memory"):
+            raise ValueError("service_ms models a server on the memory backend and must not be negative")
 
     @property
     def profile(self) -> str | None:

@@ -56,7 +56,7 @@ async def run_publish(backend: Backend, p: BenchParams) -> RunResult:
         seconds = (tracker.last_publish or 0.0) - (tracker.first_publish or 0.0)
         return build_result(
             scenario="publish",
-            backend=backend.name,
+            backend=backend.label,
             messages=p.messages,
             producers=p.producers,
             consumers=0,
@@ -112,7 +112,7 @@ async def run_consume(backend: Backend, p: BenchParams) -> RunResult:
         await fleet.finish(p.grace_s)
         return build_result(
             scenario="consume",
-            backend=backend.name,
+            backend=backend.label,
             messages=p.messages,
             producers=0,
             consumers=p.consumers,
@@ -174,7 +174,7 @@ async def _produce_and_consume(
             extra["rate"] = p.latency_rate
         return build_result(
             scenario=scenario,
-            backend=backend.name,
+            backend=backend.label,
             messages=messages,
             producers=p.producers,
             consumers=p.consumers,

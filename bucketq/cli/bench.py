@@ -128,6 +128,13 @@ def bench(
         30.0, "--rate-seconds", min=0.1, help="'cost': seconds of publishing per rate (at most --messages)."
     ),
     tasks: int = typer.Option(8, "--tasks", min=1, help="'awaited': tasks sharing one producer."),
+    service_ms: float | None = typer.Option(
+        None,
+        "--service-ms",
+        min=0,
+        help="memory backend: serve one request at a time, each taking this long (a model of a local "
+        "single-threaded S3 server such as moto, at a chosen speed).",
+    ),
     tune: list[str] = typer.Option(
         [], "--set", help="Engine setting for every connection, e.g. producer.linger_ms=5."
     ),
@@ -141,6 +148,11 @@ def bench(
 ) -> None:
     """Measure throughput, S3 requests and their list price per message, latency, duplicates and losses."""
     if via is Via.sidecar or spark:
+        if service_ms is not None:
+            raise typer.BadParameter(
+                "models a server on --backend memory; --via sidecar and --spark run real servers",
+                param_hint="--service-ms",
+            )
         if backend not in (BenchBackend.moto, BenchBackend.seaweedfs):
             raise typer.BadParameter(
                 "--via sidecar and --spark need --backend moto or seaweedfs", param_hint="--backend"
@@ -187,6 +199,7 @@ def bench(
             rates=parse_rates(rates),
             rate_seconds=rate_seconds,
             tasks=tasks,
+            service_ms=service_ms,
         )
     except ValueError as exc:
         fail(CliError(f"invalid bench parameters: {exc}"))
@@ -205,7 +218,7 @@ async def _bench(params: BenchParams, json_file: Path | None) -> None:
     backend = params.backend
     with (
         console.status(f"starting {backend}…") as status,
-        open_backend(params.backend, params.tuning) as running,
+        open_backend(params.backend, params.tuning, params.service_ms) as running,
     ):
         results = await run_scenarios(
             running, params, on_start=lambda name: status.update(f"running {name} on {backend}…")

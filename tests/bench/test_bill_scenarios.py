@@ -24,10 +24,12 @@ from bucketq.bench.idle import Members, PickupTimeout, run_pickups
 from bucketq.bench.metering import Meter
 from bucketq.bench.params import BenchParams
 from bucketq.bench.runner import run_scenarios
+from bucketq.bench.served import ServedStore
 from bucketq.bench.tracker import Tracker
 from bucketq.bench.workers import Pacing, produce_paced
 from bucketq.cli import app
-from bucketq.errors import Closed
+from bucketq.errors import AlreadyExists, Closed
+from bucketq.storage import MemoryStore
 from tests.support.servers import S3Server
 from tests.support.tcp_proxy import TcpProxy
 
@@ -286,6 +288,8 @@ async def test_paced_publishing_is_open_loop(moto_server: S3Server) -> None:
         (["--rates", "10,0"], "positive"),
         (["--idle-seconds", "10", "--idle-warmup", "10"], "idle_seconds must be longer"),
         (["--profile", "economy", "--set", "profile=latency"], "disagree"),
+        (["--backend", "moto", "--service-ms", "4"], "memory backend"),
+        (["--via", "sidecar", "--backend", "moto", "--service-ms", "4"], "real servers"),
     ],
 )
 def test_bad_bill_parameters_are_usage_errors(args: list[str], message: str) -> None:
@@ -303,5 +307,37 @@ def test_bench_params_reject_what_cannot_run() -> None:
         BenchParams(rates=[])
     with pytest.raises(ValueError, match="rate_seconds"):
         BenchParams(rate_seconds=0)
+    with pytest.raises(ValueError, match="memory backend"):
+        BenchParams(backend="moto", service_ms=4)
+    with pytest.raises(ValueError, match="must not be negative"):
+        BenchParams(service_ms=-1)
     assert BenchParams(tuning={"profile": "economy"}).profile == "economy"
     assert BenchParams().profile is None
+
+
+async def test_the_served_model_answers_one_request_at_a_time() -> None:
+    """``--service-ms``: requests queue for one server; the answers are the in-memory store's."""
+    store = ServedStore(MemoryStore(), 0.05)
+    await store.put("a", b"1")
+    started = time.monotonic()
+    blobs = await asyncio.gather(*(store.get("a") for _ in range(4)), store.head("b"))
+    assert time.monotonic() - started >= 5 * 0.05 - 0.005, "five requests served one after another"
+    assert [b.data for b in blobs[:4] if b is not None] == [b"1"] * 4 and blobs[4] is None
+    with pytest.raises(AlreadyExists):
+        await store.put("a", b"2", if_none_match=True)
+    assert [info.key async for info in store.list("")] == ["a"]
+    assert store.stats.requests["GET"] == 4
+
+
+def test_a_bench_on_the_served_model_is_labelled_with_its_speed(tmp_path: Path) -> None:
+    out = tmp_path / "served.json"
+    result = CliRunner().invoke(
+        app,
+        [
+            *("bench", "-s", "e2e", "-n", "40", "--producers", "1", "--consumers", "1"),
+            *("--partitions", "1", "--service-ms", "2", "--json", str(out)),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    (run,) = json.loads(out.read_text())
+    assert (run["backend"], run["messages"], run["lost"], run["duplicates"]) == ("memory@2ms", 40, 0, 0)
