@@ -191,8 +191,9 @@ def sent_to_webhook(
     return reasons
 
 
-def admit(webhook: dict[str, Any], port: int, pod: dict[str, Any]) -> dict[str, Any]:
-    """POST the AdmissionReview as the apiserver does: HTTPS, the caBundle trusted, the Service's DNS name."""
+def review_pod(webhook: dict[str, Any], port: int, pod: dict[str, Any]) -> dict[str, Any]:
+    """POST the AdmissionReview as the apiserver does (HTTPS, the caBundle trusted, the Service's DNS
+    name); returns the webhook's response."""
     import aiohttp
 
     service = webhook["clientConfig"]["service"]
@@ -234,8 +235,15 @@ def admit(webhook: dict[str, Any], port: int, pod: dict[str, Any]) -> dict[str, 
             body: dict[str, Any] = await resp.json()
             return body
 
-    answer = asyncio.run(post())["response"]
-    assert answer["uid"] == uid and answer["allowed"], f"the webhook refused the pod: {answer}"
+    answer: dict[str, Any] = asyncio.run(post())["response"]
+    assert answer["uid"] == uid, f"the answer is to another review: {answer}"
+    return answer
+
+
+def admit(webhook: dict[str, Any], port: int, pod: dict[str, Any]) -> dict[str, Any]:
+    """The pod as the webhook mutated it (it must admit it)."""
+    answer = review_pod(webhook, port, pod)
+    assert answer["allowed"], f"the webhook refused the pod: {answer}"
     assert answer.get("patchType") == "JSONPatch", f"the webhook did not mutate the pod: {answer}"
     patch = json.loads(base64.b64decode(answer["patch"]))
     mutated: dict[str, Any] = jsonpatch.apply_patch(pod, patch)
@@ -412,6 +420,12 @@ def run_scenario(
     sidecars = [c for c in spec.get("initContainers") or () if c["name"] == SIDECAR]
     assert sidecars and sidecars[0].get("restartPolicy") == "Always", f"no native sidecar injected: {spec}"
     assert mutated["metadata"]["annotations"].get("bucketq.io/injected") == "true"
+    # a pod naming a Consumer nobody applied: the webhook, not finding it in its index, asks the
+    # API server (a get the chart grants) before it refuses the pod
+    stray = pod_from_template(example(WORKER), NAMESPACE)
+    stray["metadata"]["labels"]["bucketq.io/consumer"] = "nobody-applied-this"
+    refused = review_pod(webhook, webhook_port, stray)
+    assert not refused["allowed"] and "does not exist" in refused["status"]["message"], refused
 
     # -- the kubelet: the native sidecar first, then the app ------------------------------------------
     fields = {"metadata.namespace": NAMESPACE, "metadata.name": pod_name}
