@@ -481,7 +481,9 @@ class Consumer:
         objects while its heartbeats still land: its leases run out and nobody else would claim)."""
         mine = [
             p
-            for p in owned_partitions(self.member, sub.membership.members, sub.partitions)
+            for p in owned_partitions(
+                self.member, sub.membership.members, sub.partitions, balanced=sub.membership.balanced
+            )
             if p in sub.workers
         ]
         if not self._claiming:
@@ -524,7 +526,11 @@ class Consumer:
         for sub in self._subs.values():
             if sub.gone is not None:
                 continue
-            mine = set(owned_partitions(self.member, sub.membership.members, sub.partitions))
+            mine = set(
+                owned_partitions(
+                    self.member, sub.membership.members, sub.partitions, balanced=sub.membership.balanced
+                )
+            )
             sweep, sub.sweep = sub.sweep, False
             for p, worker in sub.workers.items():
                 settle = self._settle_due(worker, now)

@@ -28,6 +28,7 @@ from bucketq.core.cursor_log import CursorLog
 from bucketq.core.fences import DELTA_GRACE_S, SEGMENT_GRACE_S, FenceValue, raise_fence, read_fence
 from bucketq.core.ids import token
 from bucketq.core.keys import Keys, parse_seq
+from bucketq.core.membership import announced_ttl
 from bucketq.core.models import TopicConfig
 from bucketq.core.segment import taken_header
 from bucketq.core.topics import TopicCatalog
@@ -233,7 +234,10 @@ async def _abandoned(
     A subscription that is passed keeps its cursors: when it is read again, its readers find the
     collected segments below the floor fence and record an ``expire`` op that skips them, counted
     in ``collected`` (invariant I5 names this as the only way a started subscription loses
-    messages). Members heartbeat while they run, idle or not, so a live group is never passed.
+    messages). Members heartbeat while they run, idle or not, so a live group is never passed: a
+    heartbeat counts while it is younger than the timeout or than the TTL its member announced
+    (an idle member heartbeats only every ``heartbeat_idle_s`` and says so, I13), within GC's
+    ``member_ttl_s``.
     """
     timeout = config.subscription_timeout_seconds
     if timeout is None:
@@ -246,14 +250,25 @@ async def _abandoned(
         )
         if last is not None and now - last <= timeout:
             continue
-        live = [
-            info
-            async for info in storage.list(keys.members_prefix(topic, consumer))
-            if now - info.last_modified <= min(member_ttl_s, timeout)
-        ]
-        if not live:
+        if not await _heartbeat_within(
+            storage, keys.members_prefix(topic, consumer), now, timeout, member_ttl_s
+        ):
             passed.add(consumer)
     return passed
+
+
+async def _heartbeat_within(
+    storage: Storage, prefix: str, now: float, timeout: float, member_ttl_s: float
+) -> bool:
+    """Does a member under ``prefix`` count as live: a heartbeat younger than ``member_ttl_s`` and
+    than the timeout or the TTL it announced?"""
+    async for info in storage.list(prefix):
+        age = now - info.last_modified
+        if age > member_ttl_s:
+            continue
+        if age <= timeout or age <= await announced_ttl(storage, info.key):
+            return True
+    return False
 
 
 async def _collect_segments(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -12,21 +13,77 @@ from bucketq.core.keys import Keys
 from bucketq.errors import StorageError
 from bucketq.storage import Storage
 
+# The assignment scheme a heartbeat announces (``"assign"``). A group uses the balanced scheme once
+# every live member announces it; while any member does not (an older release during a rolling
+# upgrade), all of them use plain rendezvous, so members of both releases agree on the owners.
+BALANCED = "balanced"
+
+
+def _score(member: str, partition: int) -> bytes:
+    return hashlib.sha256(f"{member}/{partition}".encode()).digest()
+
 
 def rendezvous_owner(partition: int, members: list[str]) -> str | None:
     """The member with the highest SHA-256 score for the partition (highest random weight)."""
     if not members:
         return None
-    return max(members, key=lambda m: hashlib.sha256(f"{m}/{partition}".encode()).digest())
+    return max(members, key=lambda m: _score(m, partition))
 
 
-def owned_partitions(member: str, members: list[str], partitions: int) -> list[int]:
+@functools.lru_cache(maxsize=64)
+def balanced_owners(members: tuple[str, ...], partitions: int) -> tuple[str, ...]:
+    """The owner of each partition: rendezvous scores, with every member's load bounded.
+
+    Each member owns ``partitions // len(members)`` partitions, and ``partitions % len(members)``
+    of them one more: (member, partition) pairs are taken in descending score order while the
+    member has room. So with as many partitions as members each member owns one (plain
+    rendezvous leaves a member without any in most groups: 4 members on 4 partitions all get one
+    in only 9 % of groups), and a change of membership moves few partitions (scores decide).
+    """
+    if not members or partitions <= 0:
+        return ()
+    floor, extra = divmod(partitions, len(members))
+    pairs = sorted(((_score(m, p), m, p) for m in members for p in range(partitions)), reverse=True)
+    owners: dict[int, str] = {}
+    load: dict[str, int] = dict.fromkeys(members, 0)
+    for _, member, partition in pairs:
+        if partition in owners:
+            continue
+        if load[member] < floor:
+            pass
+        elif load[member] == floor and extra > 0:
+            extra -= 1
+        else:
+            continue
+        owners[partition] = member
+        load[member] += 1
+    return tuple(owners[p] for p in range(partitions))
+
+
+def owned_partitions(
+    member: str, members: list[str], partitions: int, *, balanced: bool = False
+) -> list[int]:
+    """The partitions ``member`` polls as their owner (affinity only: claims are conditional writes)."""
     live = sorted(set(members) | {member})
+    if balanced:
+        owners = balanced_owners(tuple(live), partitions)
+        return [p for p, owner in enumerate(owners) if owner == member]
     return [p for p in range(partitions) if rendezvous_owner(p, live) == member]
 
 
 # No heartbeat keeps a member live longer than this, whatever TTL it announced.
 MAX_TTL_S = 600.0
+
+
+async def announced_ttl(storage: Storage, key: str) -> float:
+    """How long the heartbeat at ``key`` says its member stays live without a newer one (``"ttl"``,
+    capped at MAX_TTL_S); 0 when it says nothing or cannot be read."""
+    blob = await storage.get(key)
+    try:
+        ttl = float(json.loads(blob.data).get("ttl", 0.0)) if blob is not None else 0.0
+    except (ValueError, TypeError, AttributeError):
+        ttl = 0.0
+    return min(max(ttl, 0.0), MAX_TTL_S)
 
 
 class Membership:
@@ -46,6 +103,9 @@ class Membership:
         self._etags: dict[str, str] = {}
         self._help_by_member: dict[str, list[int]] = {}
         self._ttl_by_member: dict[str, float] = {}
+        self._assign_by_member: dict[str, str | None] = {}
+        # every live peer announced the balanced assignment (core/membership.balanced_owners)
+        self.balanced = True
 
     async def heartbeat(self, help_wanted: list[int] | None = None, *, ttl_s: float | None = None) -> None:
         """Overwrite this member's heartbeat; ``help_wanted`` lists owned partitions it cannot keep
@@ -59,6 +119,7 @@ class Membership:
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "help": sorted(help_wanted or []),
+            "assign": BALANCED,
         }
         if ttl_s is not None:
             fields["ttl"] = ttl_s
@@ -75,6 +136,7 @@ class Membership:
             infos = [i async for i in self.storage.list(prefix) if now - i.last_modified <= MAX_TTL_S]
             help_by_member: dict[str, list[int]] = {}
             ttl_by_member: dict[str, float] = {}
+            assign_by_member: dict[str, str | None] = {}
             for info in infos:
                 member = info.key[len(prefix) : -len(".json")]
                 if member == self.member:
@@ -82,13 +144,18 @@ class Membership:
                 if self._etags.get(member) == info.etag:
                     help_by_member[member] = self._help_by_member.get(member, [])
                     ttl_by_member[member] = self._ttl_by_member.get(member, self.ttl_s)
+                    assign_by_member[member] = self._assign_by_member.get(member)
                     continue
                 blob = await self.storage.get(info.key)
                 if blob is not None:
                     body = json.loads(blob.data)
                     help_by_member[member] = [int(p) for p in body.get("help", [])]
                     ttl_by_member[member] = min(MAX_TTL_S, float(body.get("ttl", self.ttl_s)))
+                    assign = body.get("assign")
+                    assign_by_member[member] = assign if isinstance(assign, str) else None
                     self._etags[member] = info.etag
+                else:  # gone between LIST and GET: counted as not (yet) known to balance
+                    assign_by_member[member] = None
             infos = [
                 i
                 for i in infos
@@ -99,6 +166,8 @@ class Membership:
             return self.members
         self._ttl_by_member = ttl_by_member
         live = {info.key[len(prefix) : -len(".json")] for info in infos}
+        self._assign_by_member = {m: a for m, a in assign_by_member.items() if m in live}
+        self.balanced = all(a == BALANCED for a in self._assign_by_member.values())
         help_by_member = {m: h for m, h in help_by_member.items() if m in live}
         self._help_by_member = help_by_member
         self.help_wanted = {p for parts in help_by_member.values() for p in parts}

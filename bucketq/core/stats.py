@@ -8,7 +8,6 @@ while they work (docs/operator.md, "Scaling").
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -17,7 +16,7 @@ from bucketq.config import ConsumerSettings
 from bucketq.core.cursor import CursorState
 from bucketq.core.cursor_log import CursorLog
 from bucketq.core.keys import Keys
-from bucketq.core.membership import MAX_TTL_S
+from bucketq.core.membership import MAX_TTL_S, announced_ttl
 from bucketq.core.segment import decode_segment
 from bucketq.core.topics import TopicCatalog, find_tail
 from bucketq.storage import Storage
@@ -143,14 +142,8 @@ async def live_members(
         age = now - info.last_modified
         if age > MAX_TTL_S:
             continue
-        if age > member_ttl_s:
-            blob = await storage.get(info.key)
-            try:
-                ttl = float(json.loads(blob.data).get("ttl", 0.0)) if blob is not None else 0.0
-            except (ValueError, TypeError, AttributeError):
-                ttl = 0.0
-            if age > min(ttl, MAX_TTL_S):
-                continue
+        if age > member_ttl_s and age > await announced_ttl(storage, info.key):
+            continue
         live.append(info.key[len(prefix) :].removesuffix(".json"))
     return sorted(live)
 

@@ -212,10 +212,9 @@ async def test_a_woken_member_claims_on_partitions_of_a_member_not_yet_awake() -
     try:
         await awake.poll(1, 1.0)
         await asyncio.sleep(1.0)  # idle, and the sleeping member counted (it owns some partitions)
-        theirs = [
-            p for p in range(4) if p not in owned_partitions(awake.member, ["zz-asleep", awake.member], 4)
-        ]
-        assert theirs, "the sleeping member owns no partition: pick another member id"
+        ours = owned_partitions(awake.member, ["zz-asleep", awake.member], 4, balanced=True)
+        theirs = [p for p in range(4) if p not in ours]
+        assert len(theirs) == 2, "two members, both announcing the balanced assignment: two each"
         started = time.monotonic()
         key = next(f"k{i}" for i in range(1000) if partition_for_key(f"k{i}", 4) == theirs[0])
         await producer.publish("t", "on a sleeping owner's partition", key=key)

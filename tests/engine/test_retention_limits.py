@@ -13,7 +13,9 @@ import time
 
 import pytest
 
+from bucketq.core.membership import Membership
 from bucketq.core.models import TopicConfig
+from bucketq.core.subscriptions import init_subscription
 from tests.support.engine_helpers import Backend, drain
 
 HOUR = 3600.0
@@ -77,6 +79,20 @@ async def test_a_live_idle_subscription_is_never_passed(gc_backend: Backend) -> 
     report = await bq.collect_garbage(now=time.time(), member_ttl_s=10 * HOUR)
     assert report.abandoned_subscriptions == []
     await idle.close()
+
+
+async def test_a_quiet_member_is_live_for_the_ttl_it_announced(gc_backend: Backend) -> None:
+    """An idle member heartbeats every ``heartbeat_idle_s`` (30 s) and announces a TTL of three
+    times that: a topic whose subscription timeout is shorter must not pass its live group."""
+    bq = await gc_backend.connect()
+    await _six_segments(bq, subscription_timeout_seconds=20)
+    quiet = Membership(bq.storage, bq.keys, "t", "quiet", "quiet-member", ttl_s=20)
+    await init_subscription(bq.storage, bq.keys, "t", "quiet")
+    await quiet.heartbeat(ttl_s=90)  # what an idle member writes
+    within = await bq.collect_garbage(now=time.time() + 60, member_ttl_s=10 * HOUR)
+    assert within.abandoned_subscriptions == [], "a heartbeat 60 s old, announcing 90 s, is live"
+    past = await bq.collect_garbage(now=time.time() + 120, member_ttl_s=10 * HOUR)
+    assert past.abandoned_subscriptions == ["t/quiet"], "past its announced TTL the member is gone"
 
 
 @pytest.mark.slow  # waits on wall-clock time: not in make test-fast
