@@ -515,27 +515,35 @@ def test_token_secrets_are_wired_into_sidecar_and_app(shared_ports: dict[str, in
 # -- availability: webhook-only replicas, one certificate, the managed configuration ----------------
 
 
+def webhook_only_settings(namespaces: str, port: int, *, consumer_wait_s: float) -> OperatorSettings:
+    """A webhook-only replica (as the chart runs them) for the namespaces matching the pattern,
+    serving plain HTTP on 127.0.0.1:``port``."""
+    from tests.operator.harness import fast_settings
+
+    return fast_settings(
+        [namespaces],
+        webhook=True,
+        webhook_only=True,
+        webhook_insecure=True,
+        webhook_managed=False,
+        webhook_addr="127.0.0.1",
+        webhook_port=port,
+        webhook_consumer_wait_s=consumer_wait_s,
+        sidecar_image="bucketq:test",
+    )
+
+
 @pytest.fixture
 def webhook_replicas(emulator: Any, shared_engine: Settings) -> Any:
     """Two operators in webhook-only mode for the namespaces ``whonly-*`` (as the chart runs them)."""
-    from tests.operator.harness import fast_settings, port_open, start_operator
+    from tests.operator.harness import port_open, start_operator
     from tests.support.servers import free_ports
 
     ports = free_ports(2)
     replicas = []
     try:
         for port in ports:
-            settings = fast_settings(
-                ["whonly-*"],
-                webhook=True,
-                webhook_only=True,
-                webhook_insecure=True,
-                webhook_managed=False,
-                webhook_addr="127.0.0.1",
-                webhook_port=port,
-                webhook_consumer_wait_s=5.0,
-                sidecar_image="bucketq:test",
-            )
+            settings = webhook_only_settings("whonly-*", port, consumer_wait_s=5.0)
             replicas.append(start_operator(emulator.url, shared_engine, settings))
             wait_for(lambda p=port: port_open(p), "a webhook replica to listen")
         yield ports
@@ -591,21 +599,11 @@ class _LaggingWatch(Operator):
 def test_a_consumer_the_watch_has_not_delivered_is_read_from_the_api_server(
     emulator: Any, shared_engine: Settings, kube: Kube
 ) -> None:
-    from tests.operator.harness import fast_settings, port_open
+    from tests.operator.harness import port_open
     from tests.support.servers import free_ports
 
     [port] = free_ports(1)
-    settings = fast_settings(
-        ["lagging-*"],
-        webhook=True,
-        webhook_only=True,
-        webhook_insecure=True,
-        webhook_managed=False,
-        webhook_addr="127.0.0.1",
-        webhook_port=port,
-        webhook_consumer_wait_s=0.5,
-        sidecar_image="bucketq:test",
-    )
+    settings = webhook_only_settings("lagging-*", port, consumer_wait_s=0.5)
     running = RunningOperator(_LaggingWatch(shared_engine, settings), emulator.url).start()
     try:
         wait_for(lambda: port_open(port), "the webhook to listen")
