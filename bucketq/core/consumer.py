@@ -16,7 +16,7 @@ from bucketq.config import ConsumerSettings
 from bucketq.core.cursor import Pos
 from bucketq.core.ids import token
 from bucketq.core.keys import Keys
-from bucketq.core.membership import Membership, owned_partitions
+from bucketq.core.membership import Membership
 from bucketq.core.message import Message, Receipt
 from bucketq.core.models import DeadLetterConfig, TopicConfig
 from bucketq.core.partition_worker import CycleResult, Intent, IntentKind, PartitionWorker
@@ -479,13 +479,7 @@ class Consumer:
         paused (a paused member discovers nothing, so all it owns is the others' to take), or
         its cycles on the partition keep failing on the store (it is cut off from the partition's
         objects while its heartbeats still land: its leases run out and nobody else would claim)."""
-        mine = [
-            p
-            for p in owned_partitions(
-                self.member, sub.membership.members, sub.partitions, balanced=sub.membership.balanced
-            )
-            if p in sub.workers
-        ]
+        mine = [p for p in sub.membership.owned(sub.partitions) if p in sub.workers]
         if not self._claiming:
             return mine
         failing = [p for p in mine if sub.workers[p].failed_cycles >= FAILED_CYCLES_FOR_HELP]
@@ -526,11 +520,7 @@ class Consumer:
         for sub in self._subs.values():
             if sub.gone is not None:
                 continue
-            mine = set(
-                owned_partitions(
-                    self.member, sub.membership.members, sub.partitions, balanced=sub.membership.balanced
-                )
-            )
+            mine = set(sub.membership.owned(sub.partitions))
             sweep, sub.sweep = sub.sweep, False
             for p, worker in sub.workers.items():
                 settle = self._settle_due(worker, now)

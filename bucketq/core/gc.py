@@ -28,7 +28,7 @@ from bucketq.core.cursor_log import CursorLog
 from bucketq.core.fences import DELTA_GRACE_S, SEGMENT_GRACE_S, FenceValue, raise_fence, read_fence
 from bucketq.core.ids import token
 from bucketq.core.keys import Keys, parse_seq
-from bucketq.core.membership import announced_ttl
+from bucketq.core.membership import live_heartbeats
 from bucketq.core.models import TopicConfig
 from bucketq.core.segment import taken_header
 from bucketq.core.topics import TopicCatalog
@@ -250,25 +250,10 @@ async def _abandoned(
         )
         if last is not None and now - last <= timeout:
             continue
-        if not await _heartbeat_within(
-            storage, keys.members_prefix(topic, consumer), now, timeout, member_ttl_s
-        ):
+        prefix = keys.members_prefix(topic, consumer)
+        if not await live_heartbeats(storage, prefix, now, timeout, max_age_s=member_ttl_s):
             passed.add(consumer)
     return passed
-
-
-async def _heartbeat_within(
-    storage: Storage, prefix: str, now: float, timeout: float, member_ttl_s: float
-) -> bool:
-    """Does a member under ``prefix`` count as live: a heartbeat younger than ``member_ttl_s`` and
-    than the timeout or the TTL it announced?"""
-    async for info in storage.list(prefix):
-        age = now - info.last_modified
-        if age > member_ttl_s:
-            continue
-        if age <= timeout or age <= await announced_ttl(storage, info.key):
-            return True
-    return False
 
 
 async def _collect_segments(

@@ -86,6 +86,24 @@ async def announced_ttl(storage: Storage, key: str) -> float:
     return min(max(ttl, 0.0), MAX_TTL_S)
 
 
+async def live_heartbeats(
+    storage: Storage, prefix: str, now: float, ttl_s: float, *, max_age_s: float = MAX_TTL_S
+) -> list[str]:
+    """The members under ``prefix`` whose heartbeat, at ``now`` (by LIST times), is at most
+    ``max_age_s`` old and younger than ``ttl_s`` or than the ``"ttl"`` it announced (an idle
+    member heartbeats rarely and says so); the body is read only for heartbeats older than
+    ``ttl_s``."""
+    live = []
+    async for info in storage.list(prefix):
+        age = now - info.last_modified
+        if age > max_age_s:
+            continue
+        if age > ttl_s and age > await announced_ttl(storage, info.key):
+            continue
+        live.append(info.key[len(prefix) :].removesuffix(".json"))
+    return sorted(live)
+
+
 class Membership:
     """Heartbeats of one member of one subscription, and the live member list."""
 
@@ -106,6 +124,10 @@ class Membership:
         self._assign_by_member: dict[str, str | None] = {}
         # every live peer announced the balanced assignment (core/membership.balanced_owners)
         self.balanced = True
+
+    def owned(self, partitions: int) -> list[int]:
+        """The partitions this member owns in its current view (the scheme the group agrees on)."""
+        return owned_partitions(self.member, self.members, partitions, balanced=self.balanced)
 
     async def heartbeat(self, help_wanted: list[int] | None = None, *, ttl_s: float | None = None) -> None:
         """Overwrite this member's heartbeat; ``help_wanted`` lists owned partitions it cannot keep

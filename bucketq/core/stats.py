@@ -16,7 +16,7 @@ from bucketq.config import ConsumerSettings
 from bucketq.core.cursor import CursorState
 from bucketq.core.cursor_log import CursorLog
 from bucketq.core.keys import Keys
-from bucketq.core.membership import MAX_TTL_S, announced_ttl
+from bucketq.core.membership import live_heartbeats
 from bucketq.core.segment import decode_segment
 from bucketq.core.topics import TopicCatalog, find_tail
 from bucketq.storage import Storage
@@ -135,17 +135,7 @@ async def live_members(
     """Members of the group whose heartbeat is younger (by LIST times) than ``member_ttl_s`` or
     the ``"ttl"`` it announced (an idle member heartbeats rarely and says so; capped at MAX_TTL_S),
     as consumers count them (core/membership.py)."""
-    prefix = keys.members_prefix(topic, consumer)
-    now = time.time()
-    live = []
-    async for info in storage.list(prefix):
-        age = now - info.last_modified
-        if age > MAX_TTL_S:
-            continue
-        if age > member_ttl_s and age > await announced_ttl(storage, info.key):
-            continue
-        live.append(info.key[len(prefix) :].removesuffix(".json"))
-    return sorted(live)
+    return await live_heartbeats(storage, keys.members_prefix(topic, consumer), time.time(), member_ttl_s)
 
 
 async def subscription_stats(
