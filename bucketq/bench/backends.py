@@ -32,11 +32,16 @@ class Backend:
     workdir: Path | None = None
     tuning: dict[str, Any] = field(default_factory=dict)
     service_ms: float | None = None  # memory only: served one request at a time (bench/served.py)
+    service_servers: int = 1  # ... or this many at a time
 
     @property
     def label(self) -> str:
-        """The backend as results name it: ``memory@4ms`` for the served model."""
-        return self.name if self.service_ms is None else f"{self.name}@{self.service_ms:g}ms"
+        """The backend as results name it: ``memory@4ms`` for the served model (``memory@4msx4``
+        served four requests at a time)."""
+        if self.service_ms is None:
+            return self.name
+        servers = "" if self.service_servers == 1 else f"x{self.service_servers}"
+        return f"{self.name}@{self.service_ms:g}ms{servers}"
 
     def server_cpu_s(self) -> float | None:
         """CPU seconds the server process has used so far (Linux), or None."""
@@ -57,7 +62,7 @@ class Backend:
             data = {"backend": "memory"}
             shared = MemoryStore()
             if self.service_ms is not None:
-                shared = ServedStore(shared, self.service_ms / 1000)
+                shared = ServedStore(shared, self.service_ms / 1000, self.service_servers)
         data.update(self.tuning)
         return RunBucket(Settings.from_dict(data), shared)
 
@@ -74,11 +79,15 @@ def process_cpu_s(pid: int) -> float | None:
 
 @contextlib.contextmanager
 def open_backend(
-    name: BackendName, tuning: dict[str, Any] | None = None, service_ms: float | None = None
+    name: BackendName,
+    tuning: dict[str, Any] | None = None,
+    service_ms: float | None = None,
+    service_servers: int = 1,
 ) -> Iterator[Backend]:
     """Start what the backend needs (an S3 server process or a temp directory) for the ``with`` block.
 
-    ``service_ms`` (memory only) serves the in-memory store like a single-threaded S3 server.
+    ``service_ms`` (memory only) serves the in-memory store like a local S3 server, answering
+    ``service_servers`` requests at a time.
     """
     tuning = tuning or {}
     if service_ms is not None and name != "memory":
@@ -90,7 +99,7 @@ def open_backend(
         with tempfile.TemporaryDirectory(prefix="bucketq-bench-") as tmp:
             yield Backend(name, workdir=Path(tmp), tuning=tuning)
     elif name == "memory":
-        yield Backend(name, tuning=tuning, service_ms=service_ms)
+        yield Backend(name, tuning=tuning, service_ms=service_ms, service_servers=service_servers)
     else:
         raise ValueError(f"unknown backend {name!r}: use one of {', '.join(BACKENDS)}")
 

@@ -47,6 +47,7 @@ class BenchParams:
     tasks: int = 8
     # memory only: serve the store one request at a time, each taking this long (bench/served.py)
     service_ms: float | None = None
+    service_servers: int = 1  # ... this many at a time
 
     def __post_init__(self) -> None:
         for name in (
@@ -75,6 +76,8 @@ class BenchParams:
             raise ValueError("rate_seconds must be positive")
         if self.service_ms is not None and (self.service_ms < 0 or self.backend != "memory"):
             raise ValueError("service_ms models a server on the memory backend and must not be negative")
+        if self.service_servers < 1 or (self.service_servers > 1 and self.service_ms is None):
+            raise ValueError("service_servers must be at least 1, and more than 1 only with service_ms")
 
     @property
     def profile(self) -> str | None:

@@ -1,5 +1,5 @@
-"""A model of a local single-threaded S3 server, for benchmarks: the in-memory store, served one
-request at a time, each taking a fixed service time.
+"""A model of a local S3 server, for benchmarks: the in-memory store, served ``servers`` requests
+at a time (one by default), each taking a fixed service time.
 
 A local moto server answers one request at a time (one Python process), so its speed is its service
 time: about 11 ms per request on a small machine, about 4 ms on a fast one. Runs on this model show
@@ -7,6 +7,10 @@ what the engine does against a server of a chosen speed, apart from the speed of
 benchmark happens to run on: ``bucketq bench --backend memory --service-ms 4``. The answers are the
 in-memory store's (so conditional writes are exact); only the timing is modelled. Requests are
 counted by the in-memory store, as on the other in-process backends.
+
+``servers`` models a server that answers several requests at once (more cores): its capacity is
+``servers / service time`` requests a second while each request still takes the service time
+(``--service-ms 4 --service-servers 4``: 4 ms a request, 1,000 requests a second at most).
 """
 
 from __future__ import annotations
@@ -20,18 +24,23 @@ from bucketq.storage import Blob, ObjectInfo, ObjectStore, RequestStats
 
 
 class ServedStore:
-    """Wraps an :class:`ObjectStore`: every request waits its turn, then ``service_s`` (FIFO).
+    """Wraps an :class:`ObjectStore`: every request waits for one of ``servers`` (FIFO), then
+    ``service_s``.
 
     A LIST costs one service time per call, whatever its length (a page, as the engine's LISTs are).
     """
 
-    def __init__(self, inner: ObjectStore, service_s: float) -> None:
+    def __init__(self, inner: ObjectStore, service_s: float, servers: int = 1) -> None:
         if service_s < 0:
             raise ValueError(f"service time must be 0 or more, got {service_s}")
+        if servers < 1:
+            raise ValueError(f"a server answers at least one request at a time, got {servers}")
         self.inner = inner
         self.service_s = service_s
+        self.servers = servers
         self.stats: RequestStats = inner.stats
-        self._server = asyncio.Lock()  # asyncio's lock wakes its waiters in arrival order
+        # asyncio's semaphore wakes its waiters in arrival order
+        self._server = asyncio.Semaphore(servers)
 
     def __getattr__(self, name: str) -> Any:  # check() and adapter extras
         return getattr(self.inner, name)

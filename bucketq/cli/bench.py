@@ -135,6 +135,12 @@ def bench(
         help="memory backend: serve one request at a time, each taking this long (a model of a local "
         "single-threaded S3 server such as moto, at a chosen speed).",
     ),
+    service_servers: int = typer.Option(
+        1,
+        "--service-servers",
+        min=1,
+        help="with --service-ms: requests the modelled server answers at a time (its cores).",
+    ),
     tune: list[str] = typer.Option(
         [], "--set", help="Engine setting for every connection, e.g. producer.linger_ms=5."
     ),
@@ -148,7 +154,7 @@ def bench(
 ) -> None:
     """Measure throughput, S3 requests and their list price per message, latency, duplicates and losses."""
     if via is Via.sidecar or spark:
-        if service_ms is not None:
+        if service_ms is not None or service_servers != 1:
             raise typer.BadParameter(
                 "models a server on --backend memory; --via sidecar and --spark run real servers",
                 param_hint="--service-ms",
@@ -200,6 +206,7 @@ def bench(
             rate_seconds=rate_seconds,
             tasks=tasks,
             service_ms=service_ms,
+            service_servers=service_servers,
         )
     except ValueError as exc:
         fail(CliError(f"invalid bench parameters: {exc}"))
@@ -218,7 +225,7 @@ async def _bench(params: BenchParams, json_file: Path | None) -> None:
     backend = params.backend
     with (
         console.status(f"starting {backend}…") as status,
-        open_backend(params.backend, params.tuning, params.service_ms) as running,
+        open_backend(params.backend, params.tuning, params.service_ms, params.service_servers) as running,
     ):
         results = await run_scenarios(
             running, params, on_start=lambda name: status.update(f"running {name} on {backend}…")

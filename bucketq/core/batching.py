@@ -15,6 +15,13 @@ Waiting longer than that only pays when more arrivals are coming *independently*
 divided by that busy time, exponentially decayed so it follows the load. It lingers only when at
 least one more arrival is expected within ``L``, and closes the batch at ``L`` after its first
 item, or after a silence of ``SILENCE_GAPS`` mean gaps (the stream paused or every caller waits).
+It also closes early, at no cost in requests:
+
+* when the next arrival is not expected before that deadline (a paced stream's batch is written
+  with its last item, not a gap later, empty-handed);
+* once the batch holds ``fill`` items: the request is then already shared by enough items that
+  lingering on would add latency for a saving of cents per million (``linger_fill_messages``).
+
 A closed loop (including one task awaiting each call) thus never measures arrivals while it
 waits, and is written at once: no fixed linger ever delays an awaited call.
 """
@@ -43,8 +50,11 @@ PROBE_EVERY_S = 1.0
 class Batcher:
     """When to close the open batch of one writer (one partition's appender or cursor log)."""
 
-    def __init__(self, linger_s: float) -> None:
+    def __init__(self, linger_s: float, fill: int | None = None) -> None:
+        if fill is not None and fill < 1:
+            raise ValueError(f"fill must be 1 or more, got {fill}")
         self.linger_s = linger_s
+        self.fill = fill
         self._arrivals = 0.0  # decayed count of arrivals while busy
         self._busy_s = 0.0  # decayed busy seconds
         self._decayed_at = float("-inf")
@@ -110,15 +120,21 @@ class Batcher:
             return 0.0
         return self._arrivals / self._busy_s
 
-    def close_at(self, now: float | None = None) -> float:
-        """The monotonic time at which the open batch should be written (:data:`AT_ONCE`: now)."""
+    def close_at(self, now: float | None = None, size: int = 1) -> float:
+        """The monotonic time at which the open batch of ``size`` items should be written
+        (:data:`AT_ONCE`: now)."""
         now = time.monotonic() if now is None else now
         if self.first_at is None or self.last_at is None or self.linger_s <= 0:
             return AT_ONCE
+        if self.fill is not None and size >= self.fill:
+            return AT_ONCE
         rate = self.rate(now)
         if rate * self.linger_s >= 1.0:
+            deadline = self.first_at + self.linger_s
+            if self.last_at + 1.0 / rate > deadline:
+                return AT_ONCE  # the next item is not expected in time: waiting only delays these
             silence = max(MIN_SILENCE_S, min(self.linger_s, SILENCE_GAPS / rate))
-            return min(self.first_at + self.linger_s, self.last_at + silence)
+            return min(deadline, self.last_at + silence)
         # not even one more arrival expected while busy: waiting buys nothing, except as a probe
         gap = self._gap_s
         if gap is None or gap <= 0 or gap > self.linger_s:

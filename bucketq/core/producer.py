@@ -152,7 +152,7 @@ class PartitionAppender:
         self._buffer: list[_Pending] = []
         self._writing: list[_Pending] = []
         self._buffer_bytes = 0
-        self._batcher = Batcher(settings.linger_ms / 1000)
+        self._batcher = Batcher(settings.linger_ms / 1000, settings.linger_fill_messages)
         self._wake = asyncio.Event()
         self._full = asyncio.Event()
         self._closing = False
@@ -222,7 +222,7 @@ class PartitionAppender:
                 continue
             # group commit: written at once unless arrivals keep coming (core/batching.py)
             while not self._closing and not self._full.is_set():
-                wait = self._batcher.close_at() - time.monotonic()
+                wait = self._batcher.close_at(size=len(self._buffer)) - time.monotonic()
                 if wait <= 0:
                     break
                 self._wake.clear()

@@ -18,6 +18,7 @@ import pytest
 from typer.testing import CliRunner
 
 from bucketq import Bucketq
+from bucketq.bench import served
 from bucketq.bench.backends import Backend, open_backend
 from bucketq.bench.fleet import open_fleet
 from bucketq.bench.idle import Members, PickupTimeout, run_pickups
@@ -290,6 +291,8 @@ async def test_paced_publishing_is_open_loop(moto_server: S3Server) -> None:
         (["--profile", "economy", "--set", "profile=latency"], "disagree"),
         (["--backend", "moto", "--service-ms", "4"], "memory backend"),
         (["--via", "sidecar", "--backend", "moto", "--service-ms", "4"], "real servers"),
+        (["--service-servers", "2"], "only with service_ms"),
+        (["--via", "sidecar", "--backend", "moto", "--service-servers", "2"], "real servers"),
     ],
 )
 def test_bad_bill_parameters_are_usage_errors(args: list[str], message: str) -> None:
@@ -311,6 +314,8 @@ def test_bench_params_reject_what_cannot_run() -> None:
         BenchParams(backend="moto", service_ms=4)
     with pytest.raises(ValueError, match="must not be negative"):
         BenchParams(service_ms=-1)
+    with pytest.raises(ValueError, match="service_servers"):
+        BenchParams(service_ms=4, service_servers=0)
     assert BenchParams(tuning={"profile": "economy"}).profile == "economy"
     assert BenchParams().profile is None
 
@@ -329,6 +334,34 @@ async def test_the_served_model_answers_one_request_at_a_time() -> None:
     assert store.stats.requests["GET"] == 4
 
 
+@pytest.mark.parametrize("servers", [1, 3])
+async def test_the_served_model_answers_as_many_requests_at_once_as_it_has_servers(
+    servers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--service-servers``: at most that many requests are in service at once, and that many are
+    when that many wait (counted inside the service time, not timed)."""
+    in_service = [0, 0]  # now, most
+    service_s = 0.01
+    real_sleep = asyncio.sleep
+
+    async def serve(seconds: float) -> None:
+        if seconds != service_s:  # the in-memory store's own yields
+            await real_sleep(seconds)
+            return
+        in_service[0] += 1
+        in_service[1] = max(in_service[1], in_service[0])
+        await real_sleep(seconds)
+        in_service[0] -= 1
+
+    monkeypatch.setattr(served.asyncio, "sleep", serve)
+    store = ServedStore(MemoryStore(), service_s, servers)
+    await asyncio.gather(*(store.get(f"k{i}") for i in range(8)))
+    assert in_service == [0, servers]
+    assert store.stats.requests["GET"] == 8
+    with pytest.raises(ValueError, match="at least one"):
+        ServedStore(MemoryStore(), 0.01, 0)
+
+
 def test_a_bench_on_the_served_model_is_labelled_with_its_speed(tmp_path: Path) -> None:
     out = tmp_path / "served.json"
     result = CliRunner().invoke(
@@ -341,3 +374,14 @@ def test_a_bench_on_the_served_model_is_labelled_with_its_speed(tmp_path: Path) 
     assert result.exit_code == 0, result.output
     (run,) = json.loads(out.read_text())
     assert (run["backend"], run["messages"], run["lost"], run["duplicates"]) == ("memory@2ms", 40, 0, 0)
+    out.unlink()
+    result = CliRunner().invoke(
+        app,
+        [
+            *("bench", "-s", "e2e", "-n", "40", "--producers", "1", "--consumers", "1"),
+            *("--partitions", "1", "--service-ms", "2", "--service-servers", "4", "--json", str(out)),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    (run,) = json.loads(out.read_text())
+    assert (run["backend"], run["lost"], run["duplicates"]) == ("memory@2msx4", 0, 0)

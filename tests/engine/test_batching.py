@@ -21,9 +21,12 @@ from tests.support.engine_helpers import Backend
 WRITE_S = 0.005  # what one write takes in these clocks
 
 
-def _stream(batcher: Batcher, gap_s: float, count: int, start: float = 100.0) -> list[int]:
+def _stream(
+    batcher: Batcher, gap_s: float, count: int, start: float = 100.0, waits: list[float] | None = None
+) -> list[int]:
     """Feed ``count`` arrivals ``gap_s`` apart to a writer that writes one batch at a time (each
-    write takes WRITE_S) when ``close_at`` says so; returns the sizes of the batches written."""
+    write takes WRITE_S) when ``close_at`` says so; returns the sizes of the batches written and
+    appends to ``waits`` how long each batch's last item waited for its write to start."""
     arrivals = deque(start + i * gap_s for i in range(count))
     sizes: list[int] = []
     open_items = 0
@@ -34,7 +37,7 @@ def _stream(batcher: Batcher, gap_s: float, count: int, start: float = 100.0) ->
         if write_end is not None:
             events.append((write_end, 0, "end"))
         elif open_items:
-            events.append((max(now, batcher.close_at(now)), 2, "write"))
+            events.append((max(now, batcher.close_at(now, open_items)), 2, "write"))
         if arrivals:
             events.append((arrivals[0], 1, "arrive"))
         now, _, kind = min(events)
@@ -48,6 +51,8 @@ def _stream(batcher: Batcher, gap_s: float, count: int, start: float = 100.0) ->
                 batcher.idle(now)
         else:
             batcher.taken()
+            if waits is not None and batcher.last_at is not None:
+                waits.append(now - batcher.last_at)
             sizes.append(open_items)
             open_items = 0
             write_end = now + WRITE_S
@@ -94,6 +99,32 @@ def test_an_open_loop_stream_lingers_and_fills_batches() -> None:
     assert sum(sizes) == 400
     steady = sizes[len(sizes) // 2 :]
     assert min(steady) >= 3 and sum(steady) / len(steady) >= 3.5, sizes
+
+
+def test_a_paced_batch_is_written_with_its_last_item_not_at_the_linger() -> None:
+    """Arrivals 80 ms apart, a 300 ms linger: the fifth item would come at 320 ms, after the
+    deadline, so the batch of four is written as the fourth arrives instead of idling 60 ms."""
+    waits: list[float] = []
+    sizes = _stream(Batcher(0.3), gap_s=0.08, count=400, waits=waits)
+    steady = slice(len(sizes) // 2, -1)  # the stream's last batch is what remains of it
+    assert min(sizes[steady]) >= 4, sizes
+    assert max(waits[steady]) < 0.001, waits
+
+
+def test_a_batch_stops_lingering_once_full_enough() -> None:
+    """1,000 arrivals/s with a 300 ms linger: without a fill, batches of about 300; with
+    ``fill=32``, each is written once 32 wait (plus what arrived during the write before)."""
+    unbounded = _stream(Batcher(0.3), gap_s=0.001, count=3000)
+    filled = _stream(Batcher(0.3, fill=32), gap_s=0.001, count=3000)
+    assert sum(filled) == 3000
+    assert max(unbounded[len(unbounded) // 2 :]) >= 250, unbounded
+    steady = filled[len(filled) // 2 : -1]
+    assert min(steady) >= 32 and max(steady) <= 32 + 1 + round(WRITE_S / 0.001), filled
+
+
+def test_a_fill_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="fill"):
+        Batcher(0.3, fill=0)
 
 
 def test_a_slow_stream_is_not_held_back() -> None:

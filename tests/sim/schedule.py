@@ -208,7 +208,10 @@ def _economy(rng: random.Random, *, consumer: bool) -> dict[str, Any]:
     schedules of the seeds recorded before these settings existed stay the same."""
     extra = random.Random(repr(rng.getstate()))
     if not consumer:
-        return {"linger_ms": extra.choice([0.0, 5.0, 20.0, 300.0, 1500.0])}
+        return {
+            "linger_ms": extra.choice([0.0, 5.0, 20.0, 300.0, 1500.0]),
+            "linger_fill_messages": extra.choice([2, 32, 1000]),
+        }
     return {
         "commit_linger_ms": extra.choice([0.0, 5.0, 200.0, 1000.0]),
         "wake_poll_ms": extra.choice([500.0, 1500.0, 6000.0]),
