@@ -85,7 +85,8 @@ PROFILES: dict[Profile, dict[str, dict[str, float]]] = {
         "producer": {"linger_ms": 0.0},
         "consumer": {
             "commit_linger_ms": 0.0,
-            "poll_max_ms": 50.0,
+            # a paced stream's next segment is looked for every 12.5 ms once it is due
+            "poll_max_ms": 25.0,
             "poll_idle_ms": 30_000.0,
             "wake_poll_ms": 500.0,
             "heartbeat_idle_s": 10.0,
