@@ -83,6 +83,11 @@ class _TopicSub:
         # the topic counts as active (partitions polled at poll_max_ms) until then (monotonic):
         # a find on any partition, or a changed wake object, extends it
         self.active_until = time.monotonic() + active_s
+        # ... and it has had messages until then (a find extends it; a wake does not): heartbeats
+        # keep the active cadence only while messages flow. A publish after a silence keeps the
+        # topic active for WAKE_ACTIVE_S (the producer's next touch may be that far off), but a
+        # lone message should not buy a minute of 5 s heartbeats and member-list LISTs
+        self.busy_until = self.active_until
         self.next_wake_poll = 0.0  # wall time of this member's next turn at the wake object
         # the wake object changed on this member's turn while other members may sleep until
         # theirs: the next tick sweeps the partitions they own once (core/wake.py)
@@ -135,6 +140,9 @@ class Consumer:
         self._claiming = True
         self._closed = False
         self._last_heartbeat = 0.0
+        # the TTL this member's last heartbeat announced (the join's announces none: peers use
+        # their own member_ttl_s); the next one is due within a third of it, whatever the cadence
+        self._announced_ttl = settings.member_ttl_s
         self._last_refresh = 0.0
         self._poll_delay = settings.poll_min_ms / 1000
         self._error: BaseException | None = None
@@ -352,6 +360,11 @@ class Consumer:
         now = time.monotonic()
         return all(now >= sub.active_until for sub in self._subs.values())
 
+    def _all_quiet(self) -> bool:
+        """No topic had messages for ``idle_after_s`` (some may still be active after a wake)."""
+        now = time.monotonic()
+        return all(now >= sub.busy_until for sub in self._subs.values())
+
     def _poll_ceiling(self) -> float:
         """How long the loop sleeps at most between ticks: the slowest cadence it must keep."""
         ceiling = self.settings.poll_max_ms / 1000
@@ -368,8 +381,8 @@ class Consumer:
         )
 
     def _heartbeat_interval(self) -> float:
-        """Heartbeats (and membership and config refreshes) slow down while every topic is idle."""
-        if self._all_idle():
+        """Heartbeats (and membership and config refreshes) slow down while no topic has messages."""
+        if self._all_quiet():
             return max(self.settings.heartbeat_interval_s, self.settings.heartbeat_idle_s)
         return self.settings.heartbeat_interval_s
 
@@ -406,20 +419,29 @@ class Consumer:
 
     async def _housekeeping(self) -> None:
         if await self._watch_wake():
-            # read the woken partitions first; the membership and config refresh (and the
-            # heartbeat, now due at the active cadence) follow at the next tick
+            # read the woken partitions first; the membership and config refresh follow at the
+            # next tick (the heartbeat turns to the active cadence once messages are found)
             self._last_refresh = 0.0
             self._wake.set()
             return
         now = time.monotonic()
         interval = self._heartbeat_interval()
-        if now - self._last_heartbeat >= interval:
+        # Invariant: a heartbeat follows the last one within the TTL that one announced, so peers
+        # never see a live member as gone. When the cadence slows (the topic went quiet), the
+        # last heartbeat announced the short TTL of the fast cadence: the next one, announcing the
+        # longer TTL, is due within a third of it, not a whole slow interval later.
+        if now - self._last_heartbeat >= min(interval, self._announced_ttl / 3):
             self._last_heartbeat = now
             # the heartbeat stays valid for three intervals: peers keep counting a quiet member
             ttl = max(self.settings.member_ttl_s, 3 * interval)
+            landed = True
             for sub in self._subs.values():
-                with contextlib.suppress(StorageError):
+                try:
                     await sub.membership.heartbeat(self._help_wanted(sub), ttl_s=ttl)
+                except StorageError:
+                    landed = False
+            # a heartbeat that did not land leaves the older one (and its TTL) in force
+            self._announced_ttl = ttl if landed else min(ttl, self._announced_ttl)
         # while idle the member list is re-read at half the heartbeat pace: joins and graceful
         # leaves touch the wake object (an at-once refresh), so only a crashed member waits for it
         refresh_every = 2 * interval if self._all_idle() else interval
@@ -566,9 +588,8 @@ class Consumer:
             if res.discovered or res.messages:
                 sub_of = self._subs.get(worker.topic)
                 if sub_of is not None:
-                    sub_of.active_until = max(
-                        sub_of.active_until, time.monotonic() + self.settings.idle_after_s
-                    )
+                    sub_of.busy_until = time.monotonic() + self.settings.idle_after_s
+                    sub_of.active_until = max(sub_of.active_until, sub_of.busy_until)
         if failure is not None:
             raise failure
         return progressed

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import time
 from collections import Counter
 
-from bucketq.bench.metered import MeteredStore
+from bucketq.bench.metered import MeteredStore, key_kind
 from bucketq.core.membership import Membership, owned_partitions
 from bucketq.core.producer import partition_for_key
 from bucketq.core.stats import live_members
@@ -258,3 +259,67 @@ async def test_status_counts_a_quiet_member_for_the_ttl_it_announced() -> None:
     await asyncio.sleep(1.0)
     assert await live_members(bq.storage, bq.keys, "t", "g", member_ttl_s=1.0) == []
     await b.close_all()
+
+
+# -- heartbeats follow the messages, not the wake ------------------------------------------------
+
+
+class _HeartbeatLog(MeteredStore):
+    """Records when each member heartbeat landed and the TTL it announced (None: none)."""
+
+    def __init__(self, inner: MemoryStore) -> None:
+        super().__init__(inner)
+        self.beats: list[tuple[float, float | None]] = []
+
+    async def put(self, key: str, data: bytes, **kw):  # type: ignore[no-untyped-def, override]
+        etag = await super().put(key, data, **kw)
+        if key_kind(key) == "member":
+            self.beats.append((time.monotonic(), json.loads(data).get("ttl")))
+        return etag
+
+
+async def _lone_message_then_quiet(store: _HeartbeatLog, quiet_s: float) -> None:
+    """One member, busy on a stream of messages for a while, then a lone message after a silence,
+    then ``quiet_s`` of nothing (the topic stays wake-active for WAKE_ACTIVE_S meanwhile)."""
+    settings = {**IDLE, "heartbeat_interval_s": 0.2, "heartbeat_idle_s": 1.5, "member_ttl_s": 0.45}
+    b = Backend("memory", {"backend": "memory", "strategy": "conditional_write"}, store)
+    bq = await b.connect(consumer=settings)
+    await bq.create_topic("t", partitions=2)
+    producer = await bq.register_producer("p")
+    member = await bq.register_consumer("c", "t")
+    try:
+        for i in range(10):  # busy: messages flow, heartbeats at the fast cadence
+            await producer.publish("t", i)
+            for m in await member.poll(10, 0.2):
+                await m.ack()
+        await asyncio.sleep(1.0)
+        await producer.publish("t", "lone")
+        got = await member.poll(1, 5.0)
+        assert [m.payload for m in got] == ["lone"]
+        await got[0].ack()
+        store.beats.clear()
+        await asyncio.sleep(quiet_s)
+    finally:
+        await b.close_all()
+
+
+async def test_heartbeats_slow_down_once_messages_stop_although_a_wake_keeps_the_topic_active() -> None:
+    """After a lone message the topic stays active for WAKE_ACTIVE_S (60 s: partitions polled in
+    case the producer's next append comes before its next touch), but with no message for
+    ``idle_after_s`` the member heartbeats at the idle cadence: 1.5 s here, not 0.2 s."""
+    store = _HeartbeatLog(MemoryStore())
+    await _lone_message_then_quiet(store, quiet_s=4.0)
+    # at the fast cadence 4 s would hold about 20 heartbeats
+    assert 1 <= len(store.beats) <= 5, store.beats
+
+
+async def test_a_member_going_quiet_heartbeats_within_the_ttl_it_announced() -> None:
+    """Invariant: each heartbeat lands within the TTL the one before it announced (peers never see
+    a live member as gone), also when the cadence slows from 0.2 s (TTL 0.6 s) to 1.5 s."""
+    store = _HeartbeatLog(MemoryStore())
+    await _lone_message_then_quiet(store, quiet_s=4.0)
+    beats = store.beats
+    assert len(beats) >= 2, beats
+    for (at, ttl), (nxt, _) in itertools.pairwise(beats):
+        assert ttl is not None
+        assert nxt - at <= ttl, f"a heartbeat {nxt - at:.2f}s after one that announced {ttl}s: {beats}"
