@@ -9,6 +9,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -25,6 +26,8 @@ from bucketq.client import (
 )
 from bucketq.config import Settings
 from tests.sidecar.sidecar_procs import SidecarFactory, SidecarProc, create_topics, eventually
+from tests.support.servers import S3Server
+from tests.support.tcp_proxy import TcpProxy
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
 
@@ -153,15 +156,24 @@ async def test_bad_requests_are_4xx_and_change_nothing(
         assert batch.failed == 1
 
 
-async def test_full_publish_buffer_answers_429(moto_settings: Settings, sidecars: SidecarFactory) -> None:
-    await create_topics(moto_settings, "busy")
-    sc = sidecars(moto_settings, "busy", publish_buffer_size=5, BUCKETQ_PRODUCER__LINGER_MS=2000)
+async def test_full_publish_buffer_answers_429(moto_server: S3Server, sidecars: SidecarFactory) -> None:
+    """Five publishes wait in a buffer of five (the bucket is cut off, so their segment cannot be
+    written: a buffer drained by a fast write would make this a race); a sixth is refused with
+    429 at once, and all five land once the bucket answers again."""
+    target = urlsplit(moto_server.endpoint_url)
+    proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 80).start()
+    settings = moto_server.settings(s3_endpoint_url=proxy.url)
+    await create_topics(settings, "busy")
+    sc = sidecars(settings, "busy", publish_buffer_size=5)
+    with sc.client() as client:
+        client.publish("busy", "warm-up")  # the topic's configuration is cached from here on
     results: list[PublishBatchResponse] = []
 
     def fill() -> None:
         with sc.client() as client:
             results.append(client.publish_batch("busy", [message(i) for i in range(5)]))
 
+    proxy.down()
     filler = threading.Thread(target=fill)
     filler.start()
     try:
@@ -179,10 +191,14 @@ async def test_full_publish_buffer_answers_429(moto_settings: Settings, sidecars
         )
         assert (status, body["error"]) == (413, "batch_too_large"), body
     finally:
+        proxy.up()
         filler.join(timeout=30)
-    assert results and results[0].failed == 0, results
-    with sc.client() as client:  # the buffer drained: publishing works again
-        client.publish("busy", "after")
+    try:
+        assert results and results[0].failed == 0, results
+        with sc.client() as client:  # the buffer drained: publishing works again
+            client.publish("busy", "after")
+    finally:
+        proxy.close()
 
 
 async def test_bearer_token(moto_settings: Settings, sidecars: SidecarFactory, tmp_path: Path) -> None:

@@ -151,7 +151,10 @@ async def test_forged_settlements_cost_no_bucket_request(tmp_path: Path, sidecar
         "forged",
         consumer="c",
         topics="forged",
-        BUCKETQ_CONSUMER__HEARTBEAT_INTERVAL_S="60",  # no background writes during the count
+        # no background writes during the count: heartbeats every 60 s, due within a third of
+        # the TTL the last one announced (the join's: member_ttl_s)
+        BUCKETQ_CONSUMER__HEARTBEAT_INTERVAL_S="60",
+        BUCKETQ_CONSUMER__MEMBER_TTL_S="180",
     )
     with sc.client() as client:
         client.publish("forged", {"n": 1})

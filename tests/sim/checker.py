@@ -622,6 +622,10 @@ def dedup_stored_once(ix: Index) -> list[Violation]:
     All evidence of where a dedup id's message lives (acknowledged publishes, including those
     answered as duplicates, deliveries, and the segments found in the bucket at the end) names
     a single position. Topics deleted during the history are skipped (deletion drops markers).
+
+    A dead-letter copy keeps its record's dedup id, and each group dead-letters on its own (the
+    engine guards each copy with the id ``dlq/{topic}/{group}/{partition}/{position}``): two
+    groups that both give up on a message leave one copy each, so copies count per group.
     """
 
     def deleted(topic: str) -> bool:  # a dead-letter topic inherits its source's deletions
@@ -644,9 +648,11 @@ def dedup_stored_once(ix: Index) -> list[Violation]:
     for e in ix.events:
         if e["ev"] != "stored" or deleted(e["topic"]):
             continue
-        for idx, dedup in enumerate(e["dedups"]):
-            if dedup is not None:  # includes the engine's own (dead-letter copies)
-                positions[(e["topic"], dedup)].setdefault((e["partition"], e["seq"], idx), e)
+        groups = e.get("dlq_for") or [None] * len(e["dedups"])
+        for idx, (dedup, group) in enumerate(zip(e["dedups"], groups, strict=False)):
+            if dedup is not None:  # includes the engine's own (dead-letter copies, per group)
+                scoped = dedup if group is None else f"{dedup} (dead letter for {group})"
+                positions[(e["topic"], scoped)].setdefault((e["partition"], e["seq"], idx), e)
     out = []
     for (topic, dedup), where in positions.items():
         if len(where) > 1:

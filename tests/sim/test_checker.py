@@ -182,6 +182,28 @@ def test_publish_before_the_subscription_or_into_a_later_deleted_topic_is_not_re
     assert "acked_publish_delivered" not in names(h)
 
 
+def test_dead_letter_copies_are_stored_once_per_group() -> None:
+    """Two groups that give up on one message each leave a copy carrying its dedup id (found by
+    seed 243); one group's second copy is a violation."""
+    h = H().topic().join().at(1).publish("a", 0, dedup="d")
+    for seq, group in enumerate(["g0", "g1"]):
+        h.at(9).add(
+            "stored",
+            topic="t.dlq",
+            partition=0,
+            seq=seq,
+            tags=["a"],
+            dedups=["d"],
+            keys=[None],
+            dlq_for=[group],
+        )
+    assert "dedup_stored_once" not in names(h)
+    h.at(9).add(
+        "stored", topic="t.dlq", partition=0, seq=2, tags=["a"], dedups=["d"], keys=[None], dlq_for=["g1"]
+    )
+    assert "dedup_stored_once" in names(h)
+
+
 def test_a_dead_letter_copy_for_the_group_settles_the_message() -> None:
     h = H().topic().join().at(2).publish("a", 0)
     h.at(9).add(
