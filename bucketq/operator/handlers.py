@@ -66,8 +66,20 @@ async def _until_stopped(
 
     A timer still running when the operator's clean-up closed the storage connections fails on a
     closed connection: once ``stopping()``, that failure ends the timer quietly (it is shutdown,
-    not a fault, and kopf would end the operator with it)."""
-    task = asyncio.ensure_future(work)
+    not a fault, and kopf would end the operator with it). The work's own task swallows it, so
+    the failure is quiet also when it comes after the timer was cancelled (a step that finishes
+    despite the cancellation, then meets the closed connection): kopf awaits the tasks still
+    running at its exit and would raise it from there."""
+
+    async def quiet_at_shutdown() -> None:
+        try:
+            await work
+        except BucketqError as exc:
+            if not stopping():
+                raise
+            log.debug("a timer ended at shutdown: %s", exc)
+
+    task = asyncio.ensure_future(quiet_at_shutdown())
     waiter = asyncio.ensure_future(stopped.wait())
     try:
         await asyncio.wait({task, waiter}, return_when=asyncio.FIRST_COMPLETED)
@@ -78,10 +90,6 @@ async def _until_stopped(
                 with contextlib.suppress(asyncio.CancelledError):
                     await pending
     if task.done() and not task.cancelled():
-        exc = task.exception()
-        if isinstance(exc, BucketqError) and stopping():
-            log.debug("a timer ended at shutdown: %s", exc)
-            return
         task.result()
 
 
