@@ -2,10 +2,10 @@
 at a time (one by default), each taking a fixed service time.
 
 A local moto server is one Python process, so it answers few requests at once and its speed is
-about its service time: 8-11 ms per request on a small machine (where it answered 104 PUTs a second
-one at a time and at most ~160 however many clients asked), about 4 ms on a fast one. Runs on this model show
-what the engine does against a server of a chosen speed, apart from the speed of the machine the
-benchmark happens to run on: ``bucketq bench --backend memory --service-ms 4``. The answers are the
+about its service time: 8-11 ms per request on a small machine (where it answered 104 PUTs a
+second one at a time and at most ~160 however many clients asked), about 4 ms on a fast one. Runs
+on this model show what the engine does against a server of a chosen speed, apart from the speed
+of the machine the benchmark happens to run on: ``bucketq bench --backend memory --service-ms 4``. The answers are the
 in-memory store's (so conditional writes are exact); only the timing is modelled. Requests are
 counted by the in-memory store, as on the other in-process backends.
 
@@ -38,7 +38,6 @@ class ServedStore:
             raise ValueError(f"a server answers at least one request at a time, got {servers}")
         self.inner = inner
         self.service_s = service_s
-        self.servers = servers
         self.stats: RequestStats = inner.stats
         # asyncio's semaphore wakes its waiters in arrival order
         self._server = asyncio.Semaphore(servers)

@@ -157,7 +157,7 @@ def bench(
         if service_ms is not None or service_servers != 1:
             raise typer.BadParameter(
                 "models a server on --backend memory; --via sidecar and --spark run real servers",
-                param_hint="--service-ms",
+                param_hint="--service-ms" if service_ms is not None else "--service-servers",
             )
         if backend not in (BenchBackend.moto, BenchBackend.seaweedfs):
             raise typer.BadParameter(

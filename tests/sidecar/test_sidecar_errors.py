@@ -161,44 +161,41 @@ async def test_full_publish_buffer_answers_429(moto_server: S3Server, sidecars: 
     written: a buffer drained by a fast write would make this a race); a sixth is refused with
     429 at once, and all five land once the bucket answers again."""
     target = urlsplit(moto_server.endpoint_url)
-    proxy = TcpProxy(target.hostname or "127.0.0.1", target.port or 80).start()
-    settings = moto_server.settings(s3_endpoint_url=proxy.url)
-    await create_topics(settings, "busy")
-    sc = sidecars(settings, "busy", publish_buffer_size=5)
-    with sc.client() as client:
-        client.publish("busy", "warm-up")  # the topic's configuration is cached from here on
-    results: list[PublishBatchResponse] = []
-
-    def fill() -> None:
+    with TcpProxy(target.hostname or "127.0.0.1", target.port or 80) as proxy:
+        settings = moto_server.settings(s3_endpoint_url=proxy.url)
+        await create_topics(settings, "busy")
+        sc = sidecars(settings, "busy", publish_buffer_size=5)
         with sc.client() as client:
-            results.append(client.publish_batch("busy", [message(i) for i in range(5)]))
+            client.publish("busy", "warm-up")  # the topic's configuration is cached from here on
+        results: list[PublishBatchResponse] = []
 
-    proxy.down()
-    filler = threading.Thread(target=fill)
-    filler.start()
-    try:
-        eventually(lambda: sc.status()["publish_pending"] == 5, 10, "5 publishes pending in the buffer")
-        status, body, headers = raw(sc, "/v1/publish/busy", b'{"payload": "one too many"}')
-        assert (status, body["error"]) == (429, "buffer_full"), body
-        assert headers.get("Retry-After") == "1"
-        with sc.client() as client, pytest.raises(Busy) as busy:
-            client.publish("busy", "again")
-        assert busy.value.retry_after == 1.0
-        status, body, _ = raw(
-            sc,
-            "/v1/publish/busy/batch",
-            json.dumps({"messages": [{"payload": i} for i in range(6)]}).encode(),
-        )
-        assert (status, body["error"]) == (413, "batch_too_large"), body
-    finally:
-        proxy.up()
-        filler.join(timeout=30)
-    try:
+        def fill() -> None:
+            with sc.client() as client:
+                results.append(client.publish_batch("busy", [message(i) for i in range(5)]))
+
+        proxy.down()
+        filler = threading.Thread(target=fill)
+        filler.start()
+        try:
+            eventually(lambda: sc.status()["publish_pending"] == 5, 10, "5 publishes pending in the buffer")
+            status, body, headers = raw(sc, "/v1/publish/busy", b'{"payload": "one too many"}')
+            assert (status, body["error"]) == (429, "buffer_full"), body
+            assert headers.get("Retry-After") == "1"
+            with sc.client() as client, pytest.raises(Busy) as busy:
+                client.publish("busy", "again")
+            assert busy.value.retry_after == 1.0
+            status, body, _ = raw(
+                sc,
+                "/v1/publish/busy/batch",
+                json.dumps({"messages": [{"payload": i} for i in range(6)]}).encode(),
+            )
+            assert (status, body["error"]) == (413, "batch_too_large"), body
+        finally:
+            proxy.up()
+            filler.join(timeout=30)
         assert results and results[0].failed == 0, results
         with sc.client() as client:  # the buffer drained: publishing works again
             client.publish("busy", "after")
-    finally:
-        proxy.close()
 
 
 async def test_bearer_token(moto_settings: Settings, sidecars: SidecarFactory, tmp_path: Path) -> None:
