@@ -24,6 +24,13 @@ class OperatorSettings(BaseSettings):
     # scope: empty = every namespace
     namespaces: Annotated[list[str], NoDecode] = Field(default_factory=list)
 
+    namespace_resync_s: float = Field(
+        60.0,
+        gt=0,
+        description="How often a namespace-scoped operator lists the namespaces and serves a matching one "
+        "its namespace watch missed (one created while the operator starts, or while the watch restarts).",
+    )
+
     # periodic work
     status_interval_s: float = Field(30.0, gt=0, description="Refresh of status figures and metrics.")
     gc_interval_s: float = Field(300.0, gt=0, description="Retention and garbage collection per topic.")

@@ -12,6 +12,7 @@ from bucketq.config import Settings
 from bucketq.operator.config import OperatorSettings
 from bucketq.operator.handlers import Operator
 from bucketq.operator.models import GROUP
+from bucketq.operator.namespace_resync import NamespaceResync
 from bucketq.operator.webhook import webhook_server
 
 Flag = Any  # asyncio.Event, threading.Event or a future: what kopf accepts as stop/ready flags
@@ -69,8 +70,13 @@ async def serve(
         {"namespaces": settings.namespaces} if settings.namespaces else {"clusterwide": True}
     )
     liveness = f"http://0.0.0.0:{settings.liveness_port}/healthz" if settings.liveness_port else None
+    registry = registry_for(operator, login=login)
+    if settings.namespaces:
+        resync = NamespaceResync(settings.namespaces, settings.namespace_resync_s)
+        resync.register(registry)
+        scope["insights"] = resync.insights
     await kopf.operator(
-        registry=registry_for(operator, login=login),
+        registry=registry,
         settings=kopf_settings(settings),
         standalone=settings.peering is None,
         liveness_endpoint=liveness,

@@ -153,6 +153,8 @@ def fast_settings(namespaces: list[str], **overrides: Any) -> OperatorSettings:
         "gc_interval_s": 3600.0,
         "retry_min_s": 0.3,
         "retry_max_s": 2.0,
+        # a namespace created while the operator starts is missed by kopf's watch (namespace_resync)
+        "namespace_resync_s": 2.0,
         "liveness_port": 0,
         "metrics_port": 0,
         "webhook": False,

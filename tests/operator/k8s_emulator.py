@@ -12,7 +12,9 @@ kmock 0.8 serves discovery and stores objects, but kopf and kubectl need more. T
 * CustomResourceDefinitions: creating one registers its resource for discovery, and custom
   resources are defaulted, pruned (strict field validation on request), validated with
   jsonschema against the openAPIV3Schema and with CEL (``x-kubernetes-validations``, celpy);
-* server-side tables with the CRD's printer columns (what ``kubectl get`` shows).
+* server-side tables with the CRD's printer columns (what ``kubectl get`` shows);
+* :meth:`ClusterEmulator.create_after_next_list`: objects created just after the next LIST of a
+  resource is taken, before it is answered (what a busy cluster does between a client's calls).
 
 It runs in its own thread with its own event loop (:class:`EmulatorThread`).
 """
@@ -250,6 +252,8 @@ class ClusterEmulator(EmulatorBase):
     _cond: asyncio.Condition | None = attrs.field(default=None, init=False)
     _custom: dict[Resource, CustomKind] = attrs.field(factory=dict, init=False)
     _cel: CelRules = attrs.field(factory=CelRules, init=False)
+    # plural -> bodies to create right after the next LIST of that resource (one-shot)
+    _after_next_list: dict[str, list[dict[str, Any]]] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -310,7 +314,10 @@ class ClusterEmulator(EmulatorBase):
         if method == "GET" and req.params.get("watch") in ("true", "1"):
             return await self._watch(req, res, namespace)
         if method == "GET" and req.name is None:
-            return self._respond(req, res, self._list(res, namespace))
+            listing = self._list(res, namespace)
+            for obj in self._after_next_list.pop(res.plural or "", []):
+                await self._insert(res, namespace if info.namespaced else None, obj)
+            return self._respond(req, res, listing)
         if method == "GET":
             return self._respond(req, res, self._get(res, namespace, req.name))
         if method == "POST" and req.name is None:
@@ -508,6 +515,23 @@ class ClusterEmulator(EmulatorBase):
             raise ApiError(
                 422, "Invalid", f'{custom.kind}.{custom.group} "{name}" is invalid: ' + "; ".join(problems)
             )
+
+    def create_after_next_list(self, plural: str, *bodies: dict[str, Any]) -> None:
+        """Create ``bodies`` just after the next LIST of ``plural`` is taken, before it is answered:
+        the list misses them and a watch from its resourceVersion sees them (called from any thread:
+        the next LIST, on the emulator's loop, takes them)."""
+        self._after_next_list[plural] = [copy.deepcopy(b) for b in bodies]
+
+    async def _insert(self, res: Resource, namespace: str | None, body: dict[str, Any]) -> None:
+        """Store a new object as a create would (no admission: the test's own objects)."""
+        obj = copy.deepcopy(body)
+        meta = obj.setdefault("metadata", {})
+        if namespace is not None:
+            meta["namespace"] = namespace
+        meta.update(uid=str(uuid.uuid4()), generation=1, creationTimestamp=now_iso())
+        self._bump(obj)
+        self._store[(res, meta.get("namespace"), meta["name"])] = obj
+        await self._event(res, "ADDED", obj)
 
     async def _create(
         self,

@@ -1,0 +1,49 @@
+"""A namespace created while the operator starts is served (kopf's namespace watch misses it).
+
+kopf lists the namespaces once, then starts a watch that lists them again and ignores what that
+second LIST holds. The emulator creates namespaces right after the first LIST is taken, so the
+second one holds them: without ``NamespaceResync`` the namespace is never served (its Consumer
+stays without a status for as long as one waits; checked by hand with a one-hour resync).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from typing import Any
+
+import pytest
+
+from tests.operator.harness import Kube, fast_settings, start_operator, wait_for
+from tests.operator.test_consumers import consumer
+from tests.operator.test_topics import ready, topic
+from tests.support.servers import S3Server
+
+pytestmark = pytest.mark.s3  # the operator reconciles against the moto server
+
+
+def namespace(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+
+
+def test_a_namespace_created_between_the_operators_two_namespace_lists_is_served(
+    emulator: Any, kube: Kube, moto_server: S3Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    run = uuid.uuid4().hex[:6]
+    late, unrelated = f"race-{run}-late", f"other-{run}"
+    emulator.emulator.create_after_next_list("namespaces", namespace(late), namespace(unrelated))
+    engine = moto_server.settings(strategy="conditional_write")
+    settings = fast_settings([f"race-{run}-*"], namespace_resync_s=1.0)
+    with caplog.at_level(logging.WARNING, logger="bucketq.operator"):
+        running = start_operator(emulator.url, engine, settings)
+        try:
+            wait_for(lambda: kube.get("namespaces", None, late), "the namespace created after a LIST")
+            kube.create(topic(late, "events"))
+            kube.create(consumer(late, "worker", topics=["events"]))
+            wait_for(lambda: ready(kube, "consumers", late, "worker"), "the Consumer to be Ready", timeout=30)
+        finally:
+            running.stop()
+    served = [r.getMessage() for r in caplog.records if "missed by the namespace watch" in r.getMessage()]
+    assert served == [f"namespace {late!r} was missed by the namespace watch; serving it now"], (
+        "the resync served it, once, and not the namespace outside the pattern"
+    )
