@@ -15,6 +15,11 @@ Waiting longer than that only pays when more arrivals are coming *independently*
 divided by that busy time, exponentially decayed so it follows the load. It lingers only when at
 least one more arrival is expected within ``L``, and closes the batch at ``L`` after its first
 item, or after a silence of ``SILENCE_GAPS`` mean gaps (the stream paused or every caller waits).
+The gap is the mean over busy time (``1 / r``), except for bursts: a closed loop of N awaiting
+callers arrives together right after each write and then not at all while the next is written,
+so ``1 / r`` is a write's length divided by N (1.1 ms for 8 callers and a 9 ms round) and would
+hold every burst that long for nothing. When a batch's own arrivals come ``BURST_RATIO`` times
+closer together than that, the silence is two of their gaps.
 It also closes early, at no cost in requests:
 
 * when the next arrival is not expected before that deadline (a paced stream's batch is written
@@ -37,8 +42,17 @@ DECAY_S = 5.0
 MIN_EVIDENCE_S = 0.002
 # A batch closes after this many mean inter-arrival gaps without an arrival.
 SILENCE_GAPS = 2.0
-# ... but never waits for silence less than this (timer resolution, scheduling jitter).
-MIN_SILENCE_S = 0.001
+# A batch's arrivals are a burst when they come this many times closer together than the mean
+# gap over busy time: the silence is then measured in the burst's own gaps. Below it (a paced
+# stream whose publishes start a few at a time when the event loop falls behind), the mean gap:
+# a silence of two burst gaps would close such a batch before its next, regular arrival.
+BURST_RATIO = 8.0
+# ... but never waits for silence less than this.
+MIN_SILENCE_S = 0.0001
+# An event loop's timers fire no finer than this (epoll counts milliseconds): a shorter wait would
+# sleep a whole one. A writer waits out a shorter silence by letting the loop run what is ready
+# (callers its last write woke publish again then) and closing unless that brought an item.
+TIMER_RESOLUTION_S = 0.001
 # close_at's answer for "write it now": before any monotonic reading.
 AT_ONCE = float("-inf")
 # Without evidence, a batch lingers at most this often, as a probe: a paced stream whose items
@@ -62,6 +76,7 @@ class Batcher:
         self.first_at: float | None = None  # first arrival of the open batch
         self.last_at: float | None = None  # latest arrival
         self._gap_s: float | None = None  # mean gap between any two arrivals (decayed)
+        self._batch_gap_s: float | None = None  # mean gap between arrivals of one batch (decayed)
         self._next_probe = 0.0
         self._probing: float | None = None  # first_at of the batch being probed
 
@@ -86,6 +101,9 @@ class Batcher:
         if self.last_at is not None:
             gap = min(max(now - self.last_at, 0.0), 10.0)
             self._gap_s = gap if self._gap_s is None else 0.8 * self._gap_s + 0.2 * gap
+            if self.first_at is not None:  # the batch is open: a gap inside it
+                prev = self._batch_gap_s
+                self._batch_gap_s = gap if prev is None else 0.8 * prev + 0.2 * gap
         if self._busy_since is None:
             self._busy_since = now  # the opening arrival is not evidence of a stream
             if now - self._decayed_at > DECAY_S:  # quiet for long: what was measured is history
@@ -133,7 +151,11 @@ class Batcher:
             deadline = self.first_at + self.linger_s
             if self.last_at + 1.0 / rate > deadline:
                 return AT_ONCE  # the next item is not expected in time: waiting only delays these
-            silence = max(MIN_SILENCE_S, min(self.linger_s, SILENCE_GAPS / rate))
+            gap_s = 1.0 / rate
+            burst_gap = self._batch_gap_s
+            if burst_gap is not None and burst_gap * BURST_RATIO < gap_s:
+                gap_s = burst_gap  # bursts: callers that arrive together, then all wait
+            silence = max(MIN_SILENCE_S, min(self.linger_s, SILENCE_GAPS * gap_s))
             return min(deadline, self.last_at + silence)
         # not even one more arrival expected while busy: waiting buys nothing, except as a probe
         gap = self._gap_s

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from bucketq.config import ProducerSettings
-from bucketq.core.batching import Batcher
+from bucketq.core.batching import TIMER_RESOLUTION_S, Batcher
 from bucketq.core.ids import token
 from bucketq.core.keys import Keys
 from bucketq.core.producer_peers import ProducerPeers
@@ -45,6 +45,10 @@ log = logging.getLogger("bucketq.producer")
 # instead of one per second, and a newcomer probes at most HEAD_HINT_SEGMENTS segments forward.
 HEAD_HINT_INTERVAL_S = 30.0
 HEAD_HINT_SEGMENTS = 64
+# A silence shorter than a timer can wait (batching.TIMER_RESOLUTION_S) is this many turns of the
+# event loop: callers woken by a write resume in the turn after it, and publish within that turn
+# (or the next, through a short await of their own).
+SHORT_SILENCE_YIELDS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +229,13 @@ class PartitionAppender:
                 wait = self._batcher.close_at(size=len(self._buffer)) - time.monotonic()
                 if wait <= 0:
                     break
+                if wait < TIMER_RESOLUTION_S:
+                    size = len(self._buffer)
+                    for _ in range(SHORT_SILENCE_YIELDS):
+                        await asyncio.sleep(0)
+                    if len(self._buffer) == size:
+                        break
+                    continue
                 self._wake.clear()
                 await wait_event(self._wake, wait)
             batch = self._take_batch()
@@ -239,6 +250,12 @@ class PartitionAppender:
                         p.future.set_exception(err)
             finally:
                 self._writing = []
+            if self._buffer:
+                # What waited during the write goes next, but first the callers this write woke
+                # publish again (the turn after it): a closed loop of callers split into two
+                # cohorts, one written while the other waits, merges back into one batch.
+                for _ in range(SHORT_SILENCE_YIELDS):
+                    await asyncio.sleep(0)
 
     def _take_batch(self) -> list[_Pending]:
         batch: list[_Pending] = []

@@ -8,13 +8,15 @@ tighter than a linger of seconds).
 from __future__ import annotations
 
 import asyncio
+import random
 import time
-from collections import deque
+from collections import Counter, deque
 
 import pytest
 
 from bucketq.bench.metered import MeteredStore
-from bucketq.core.batching import AT_ONCE, PROBE_EVERY_S, Batcher
+from bucketq.bench.served import ServedStore
+from bucketq.core.batching import AT_ONCE, PROBE_EVERY_S, SILENCE_GAPS, Batcher
 from bucketq.storage.memory import MemoryStore
 from tests.support.engine_helpers import Backend
 
@@ -22,12 +24,19 @@ WRITE_S = 0.005  # what one write takes in these clocks
 
 
 def _stream(
-    batcher: Batcher, gap_s: float, count: int, start: float = 100.0, waits: list[float] | None = None
+    batcher: Batcher,
+    gap_s: float,
+    count: int,
+    start: float = 100.0,
+    waits: list[float] | None = None,
+    times: list[float] | None = None,
+    write_s: float = WRITE_S,
 ) -> list[int]:
-    """Feed ``count`` arrivals ``gap_s`` apart to a writer that writes one batch at a time (each
-    write takes WRITE_S) when ``close_at`` says so; returns the sizes of the batches written and
-    appends to ``waits`` how long each batch's last item waited for its write to start."""
-    arrivals = deque(start + i * gap_s for i in range(count))
+    """Feed ``count`` arrivals ``gap_s`` apart (or at ``times``) to a writer that writes one batch
+    at a time (each write takes ``write_s``) when ``close_at`` says so; returns the sizes of the
+    batches written and appends to ``waits`` how long each batch's last item waited for its write
+    to start."""
+    arrivals = deque(sorted(times) if times is not None else (start + i * gap_s for i in range(count)))
     sizes: list[int] = []
     open_items = 0
     write_end: float | None = None
@@ -55,7 +64,7 @@ def _stream(
                 waits.append(now - batcher.last_at)
             sizes.append(open_items)
             open_items = 0
-            write_end = now + WRITE_S
+            write_end = now + write_s
     return sizes
 
 
@@ -150,6 +159,44 @@ def test_a_burst_closes_after_a_short_silence() -> None:
         now += 0.0001
 
 
+def test_a_closed_loop_burst_closes_a_couple_of_its_own_gaps_after_it_ends() -> None:
+    """The silence is measured in the gaps between a batch's arrivals (50 µs in the burst), not in
+    busy time over arrivals (a 5 ms write over 7 arrivals, which held each burst 1.5 ms)."""
+    batcher = Batcher(0.3)
+    now = 10.0
+    waits = []
+    for _ in range(50):
+        for k in range(8):
+            batcher.arrived(now + k * 0.00005)
+        last = now + 7 * 0.00005
+        due = batcher.close_at(last, 8)
+        waits.append(0.0 if due == AT_ONCE else due - last)
+        batcher.taken()
+        now = max(due, last) + WRITE_S
+        batcher.idle(now)
+        now += 0.0001
+    assert max(waits[10:]) <= SILENCE_GAPS * 0.00005 + 1e-9, waits
+
+
+def test_a_paced_stream_whose_publishes_start_in_bunches_keeps_its_batches() -> None:
+    """125 arrivals/s whose publishes start late, a few at once, after random stalls of up to
+    10 ms (an event loop busy with responses), written in 10 ms. Their gaps inside a batch are
+    then mostly zero, but they are no burst of callers that all wait: the silence stays at the
+    mean gap, and the batches fill up (measuring it in those gaps closed each one after a bunch:
+    2 per batch)."""
+    rng = random.Random(1)
+    times: list[float] = []
+    released = 0.0
+    for due in (100.0 + i * 0.008 for i in range(3000)):
+        if due >= released:
+            released = due + rng.uniform(0.0, 0.010)
+        times.append(max(due, released))
+    sizes = _stream(Batcher(0.35, fill=32), 0.0, 0, times=times, write_s=0.010)
+    steady = sizes[len(sizes) // 2 :]
+    assert sum(sizes) == 3000
+    assert sum(steady) / len(steady) >= 15, steady
+
+
 def test_the_estimate_follows_the_load_down() -> None:
     batcher = Batcher(0.3)
     _stream(batcher, gap_s=0.01, count=300, start=10.0)
@@ -184,6 +231,35 @@ async def test_awaited_publishes_are_never_held_by_the_linger(tasks: int) -> Non
     await asyncio.gather(*(caller(n) for n in range(tasks)))
     await b.close_all()
     assert slowest < 2.5, f"an awaited publish waited {slowest:.2f}s: the linger held a closed loop"
+
+
+async def test_awaiting_callers_that_started_as_two_cohorts_share_one_segment() -> None:
+    """Eight callers each awaiting its publish, on a store that takes 4 ms a request. Four start
+    while the other four's first segment is being written, so they start as a second cohort, one
+    written while the other waits. The callers a write wakes publish again before the waiting
+    batch is taken, so the cohorts merge: a segment of 8 per round, not two of 4."""
+    b = Backend(
+        "memory", {"backend": "memory", "strategy": "conditional_write"}, ServedStore(MemoryStore(), 0.004)
+    )
+    bq = await b.connect()
+    await bq.create_topic("t", partitions=1)
+    producer = await bq.register_producer("p")
+    seqs: list[int] = []
+
+    async def caller(n: int) -> None:
+        for i in range(40):
+            seqs.append((await producer.publish("t", f"{n}-{i}")).seq)
+
+    first = [asyncio.ensure_future(caller(n)) for n in range(4)]
+    await asyncio.sleep(0.002)  # the first four's segment is in flight
+    second = [asyncio.ensure_future(caller(n)) for n in range(4, 8)]
+    await asyncio.gather(*first, *second)
+    await b.close_all()
+    per_segment = Counter(seqs)
+    steady = [per_segment[seq] for seq in sorted(per_segment)[5:-5]]
+    assert steady and min(steady) == 8, (
+        f"messages per segment: {[per_segment[q] for q in sorted(per_segment)]}"
+    )
 
 
 async def test_an_open_loop_stream_shares_segments() -> None:
