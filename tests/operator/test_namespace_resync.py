@@ -8,12 +8,14 @@ stays without a status for as long as one waits; checked by hand with a one-hour
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from typing import Any
 
 import pytest
 
+from bucketq.operator.namespace_resync import NamespaceResync
 from tests.operator.harness import Kube, fast_settings, start_operator, wait_for
 from tests.operator.test_consumers import consumer
 from tests.operator.test_topics import ready, topic
@@ -47,3 +49,32 @@ def test_a_namespace_created_between_the_operators_two_namespace_lists_is_served
     assert served == [f"namespace {late!r} was missed by the namespace watch; serving it now"], (
         "the resync served it, once, and not the namespace outside the pattern"
     )
+
+
+async def test_a_namespace_list_that_fails_is_logged_and_tried_again_next_round(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The API server does not answer one round: a warning, and the next round lists again."""
+
+    class Unanswered(NamespaceResync):
+        rounds = 0
+
+        async def resync(self) -> list[str]:
+            self.rounds += 1
+            if self.rounds == 1:
+                raise ConnectionRefusedError("the API server is unreachable")
+            return []
+
+    resync = Unanswered(["race-*"], interval_s=0.01)
+    resync.insights.ready_namespaces.set()
+    with caplog.at_level(logging.WARNING, logger="bucketq.operator"):
+        await resync._start()
+        for _ in range(500):
+            if resync.rounds >= 3:
+                break
+            await asyncio.sleep(0.01)
+        await resync._stop()
+    assert resync.rounds >= 3, "the loop kept listing after the failure"
+    assert [r.getMessage() for r in caplog.records] == [
+        "could not list the namespaces to serve: ConnectionRefusedError('the API server is unreachable')"
+    ]
