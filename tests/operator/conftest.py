@@ -10,8 +10,15 @@ from typing import Any
 import pytest
 
 from bucketq.config import Settings
-from bucketq.operator.crds import all_crds
-from tests.operator.harness import Kube, RunningOperator, fast_settings, port_open, start_operator, wait_for
+from tests.operator.harness import (
+    Kube,
+    RunningOperator,
+    fast_settings,
+    port_open,
+    running_emulator,
+    start_operator,
+    wait_for,
+)
 from tests.operator.k8s_emulator import EmulatorThread
 from tests.support.servers import S3Server, free_ports
 
@@ -23,14 +30,8 @@ logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 @pytest.fixture(scope="session")
 def emulator() -> Iterator[EmulatorThread]:
     """The emulated API server, with the generated CRDs installed."""
-    thread = EmulatorThread().start()
-    kube = Kube(thread.url)
-    for crd in all_crds():
-        kube.create(crd)
-    try:
+    with running_emulator() as thread:
         yield thread
-    finally:
-        thread.stop()
 
 
 @pytest.fixture(scope="session")

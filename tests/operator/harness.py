@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
@@ -10,7 +11,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -18,8 +19,10 @@ import kopf
 
 from bucketq.config import Settings
 from bucketq.operator.config import OperatorSettings
+from bucketq.operator.crds import all_crds
 from bucketq.operator.handlers import Operator
 from bucketq.operator.runner import LoginFn, serve
+from tests.operator.k8s_emulator import EmulatorThread
 
 T = TypeVar("T")
 
@@ -143,6 +146,19 @@ def login_to(url: str) -> Callable[..., kopf.ConnectionInfo]:
         return kopf.ConnectionInfo(server=url, insecure=True)
 
     return login
+
+
+@contextlib.contextmanager
+def running_emulator() -> Iterator[EmulatorThread]:
+    """An emulated API server of its own, with the generated CRDs installed."""
+    thread = EmulatorThread().start()
+    kube = Kube(thread.url)
+    for crd in all_crds():
+        kube.create(crd)
+    try:
+        yield thread
+    finally:
+        thread.stop()
 
 
 def fast_settings(namespaces: list[str], **overrides: Any) -> OperatorSettings:

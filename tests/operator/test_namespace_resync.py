@@ -16,9 +16,8 @@ from typing import Any
 
 import pytest
 
-from bucketq.operator.crds import all_crds
 from bucketq.operator.namespace_resync import NamespaceResync
-from tests.operator.harness import Kube, fast_settings, start_operator, wait_for
+from tests.operator.harness import Kube, fast_settings, running_emulator, start_operator, wait_for
 from tests.operator.k8s_emulator import EmulatorThread
 from tests.operator.test_consumers import consumer
 from tests.operator.test_topics import ready, topic
@@ -35,14 +34,8 @@ def namespace(name: str) -> dict[str, Any]:
 def own_emulator() -> Iterator[EmulatorThread]:
     """An API server of this test's own: the session's has operators whose namespace resync LISTs
     namespaces too, and would take the LIST the race is staged on."""
-    thread = EmulatorThread().start()
-    kube = Kube(thread.url)
-    for crd in all_crds():
-        kube.create(crd)
-    try:
+    with running_emulator() as thread:
         yield thread
-    finally:
-        thread.stop()
 
 
 def test_a_namespace_created_between_the_operators_two_namespace_lists_is_served(
