@@ -5,9 +5,9 @@ A local moto server is one Python process, so it answers few requests at once an
 about its service time: 8-11 ms per request on a small machine (where it answered 104 PUTs a
 second one at a time and at most ~160 however many clients asked), about 4 ms on a fast one. Runs
 on this model show what the engine does against a server of a chosen speed, apart from the speed
-of the machine the benchmark happens to run on: ``bucketq bench --backend memory --service-ms 4``. The answers are the
-in-memory store's (so conditional writes are exact); only the timing is modelled. Requests are
-counted by the in-memory store, as on the other in-process backends.
+of the machine the benchmark happens to run on: ``bucketq bench --backend memory --service-ms 4``.
+The answers are the in-memory store's (so conditional writes are exact); only the timing is
+modelled. Requests are counted by the in-memory store, as on the other in-process backends.
 
 ``servers`` models a server that answers several requests at once (more cores): its capacity is
 ``servers / service time`` requests a second while each request still takes the service time

@@ -51,6 +51,12 @@ HEAD_HINT_SEGMENTS = 64
 SHORT_SILENCE_YIELDS = 3
 
 
+async def _let_woken_callers_run() -> None:
+    """``SHORT_SILENCE_YIELDS`` turns of the event loop: callers a write woke publish meanwhile."""
+    for _ in range(SHORT_SILENCE_YIELDS):
+        await asyncio.sleep(0)
+
+
 @dataclass(frozen=True, slots=True)
 class PublishResult:
     """Where a durable message landed. ``duplicate`` is True when a dedup id matched an earlier one."""
@@ -231,8 +237,7 @@ class PartitionAppender:
                     break
                 if wait < TIMER_RESOLUTION_S:
                     size = len(self._buffer)
-                    for _ in range(SHORT_SILENCE_YIELDS):
-                        await asyncio.sleep(0)
+                    await _let_woken_callers_run()
                     if len(self._buffer) == size:
                         break
                     continue
@@ -254,8 +259,7 @@ class PartitionAppender:
                 # What waited during the write goes next, but first the callers this write woke
                 # publish again (the turn after it): a closed loop of callers split into two
                 # cohorts, one written while the other waits, merges back into one batch.
-                for _ in range(SHORT_SILENCE_YIELDS):
-                    await asyncio.sleep(0)
+                await _let_woken_callers_run()
 
     def _take_batch(self) -> list[_Pending]:
         batch: list[_Pending] = []

@@ -71,10 +71,12 @@ async def serve(
     )
     liveness = f"http://0.0.0.0:{settings.liveness_port}/healthz" if settings.liveness_port else None
     registry = registry_for(operator, login=login)
+    insights = None  # kopf's own when it serves every namespace
     if settings.namespaces:
+        # kopf's namespace watch can miss a namespace; the resync revises kopf's insights itself
         resync = NamespaceResync(settings.namespaces, settings.namespace_resync_s)
         resync.register(registry)
-        scope["insights"] = resync.insights
+        insights = resync.insights
     await kopf.operator(
         registry=registry,
         settings=kopf_settings(settings),
@@ -82,6 +84,7 @@ async def serve(
         liveness_endpoint=liveness,
         stop_flag=stop_flag,
         ready_flag=ready_flag,
+        insights=insights,
         **scope,
     )
 

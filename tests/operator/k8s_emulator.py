@@ -529,9 +529,7 @@ class ClusterEmulator(EmulatorBase):
         if namespace is not None:
             meta["namespace"] = namespace
         meta.update(uid=str(uuid.uuid4()), generation=1, creationTimestamp=now_iso())
-        self._bump(obj)
-        self._store[(res, meta.get("namespace"), meta["name"])] = obj
-        await self._event(res, "ADDED", obj)
+        await self._add(res, obj)
 
     async def _create(
         self,
@@ -565,12 +563,17 @@ class ClusterEmulator(EmulatorBase):
         meta.update(uid=str(uuid.uuid4()), generation=1, creationTimestamp=now_iso())
         if req.params.get("dryRun"):
             return obj
+        await self._add(res, obj)
+        return copy.deepcopy(obj)
+
+    async def _add(self, res: Resource, obj: dict[str, Any]) -> None:
+        """Store a new object (stamped with its uid) and announce it: how every create ends."""
+        meta = obj["metadata"]
         self._bump(obj)
-        self._store[key] = obj
+        self._store[(res, meta.get("namespace"), meta["name"])] = obj
         if res == CRDS:
             self._register(obj)
         await self._event(res, "ADDED", obj)
-        return copy.deepcopy(obj)
 
     async def _update(
         self,
