@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Any, Literal, Self
 
 import yaml
-from pydantic import BaseModel, Field, SecretStr, ValidationError, model_validator
+from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from bucketq.errors import ConfigError
@@ -57,7 +58,7 @@ class ConsumerSettings(BaseModel):
     # wake_poll_ms (producers touch it when they start publishing; docs/protocol.md I13)
     poll_idle_ms: float = Field(120_000.0, gt=0)
     idle_after_s: float = Field(10.0, ge=0)
-    wake_poll_ms: float = Field(1500.0, gt=0)
+    wake_poll_ms: float = Field(5000.0, gt=0)
     foreign_poll_ms: float = Field(2000.0, gt=0)
     foreign_poll_max_s: float = Field(60.0, gt=0)
     steal_after_s: float = Field(2.0, ge=0)
@@ -76,6 +77,33 @@ class ConsumerSettings(BaseModel):
     start_position: Literal["earliest", "latest"] = "earliest"
     ordered: bool = False
     max_commit_attempts: int = Field(50, ge=1)
+
+
+class PingSettings(BaseModel):
+    """Wake pings (docs/protocol.md I14): an idle member advertises a UDP address in its heartbeat
+    and a producer that starts publishing pings it, so the member looks at the topic's wake object
+    at once instead of on its next wake poll. Best effort: a lost ping costs latency, never data.
+    """
+
+    enabled: bool = True
+    # the address advertised to producers; unset: the local address this host reaches the
+    # bucket's endpoint from (the pod IP in a pod; the operator sets it from status.podIP)
+    advertise_host: str | None = None
+    # the address the socket binds; unset: the advertised address only (not every interface)
+    listen_host: str | None = None
+    # 0: a port the system chooses (the sidecar uses a fixed one a NetworkPolicy can name)
+    listen_port: int = Field(0, ge=0, le=65535)
+
+    @field_validator("advertise_host", "listen_host")
+    @classmethod
+    def _ip_literal(cls, value: str | None) -> str | None:
+        # producers ping only IP literals (a heartbeat must not make them resolve names)
+        if value:
+            try:
+                ipaddress.ip_address(value)
+            except ValueError:
+                raise ValueError(f"{value!r} is not an IP address") from None
+        return value or None
 
 
 # What each profile sets (fields the user sets explicitly win). Measured in docs/benchmarks.md.
@@ -99,7 +127,8 @@ PROFILES: dict[Profile, dict[str, dict[str, float]]] = {
             "commit_linger_ms": 600.0,
             "poll_max_ms": 100.0,
             "poll_idle_ms": 120_000.0,
-            "wake_poll_ms": 1500.0,
+            # wake pings bring the first message after a silence (I14); the poll is their fallback
+            "wake_poll_ms": 5000.0,
             "heartbeat_idle_s": 30.0,
         },
     },
@@ -110,7 +139,7 @@ PROFILES: dict[Profile, dict[str, dict[str, float]]] = {
             "commit_linger_ms": 3000.0,
             "poll_max_ms": 500.0,
             "poll_idle_ms": 300_000.0,
-            "wake_poll_ms": 6000.0,
+            "wake_poll_ms": 15_000.0,
             "heartbeat_interval_s": 10.0,
             "member_ttl_s": 40.0,
             "heartbeat_idle_s": 60.0,
@@ -165,6 +194,7 @@ class Settings(BaseSettings):
     csprng: CsprngSettings = CsprngSettings()
     producer: ProducerSettings = ProducerSettings()
     consumer: ConsumerSettings = ConsumerSettings()
+    ping: PingSettings = PingSettings()
 
     @model_validator(mode="before")
     @classmethod

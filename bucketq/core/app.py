@@ -14,6 +14,7 @@ from bucketq.core.gc import GcReport, collect_garbage
 from bucketq.core.keys import Keys, validate_name
 from bucketq.core.models import DeadLetterConfig, TopicConfig, TopicMarker
 from bucketq.core.peek import PeekedMessage, peek
+from bucketq.core.pings import PingNetwork, Pings
 from bucketq.core.producer import Producer, PublishResult
 from bucketq.core.producer_peers import ProducerPeers
 from bucketq.core.redrive import RedriveReport, redrive
@@ -26,6 +27,7 @@ from bucketq.core.subscriptions import (
     seek_subscription,
 )
 from bucketq.core.topics import TopicCatalog, TopicInfo
+from bucketq.core.udp_pings import udp_pings
 from bucketq.errors import AlreadyExists, BucketqError, ConfigError, Contended, PreconditionFailed
 from bucketq.storage import ObjectStore, Storage, open_storage
 
@@ -43,9 +45,18 @@ UPGRADABLE_FORMATS = (1, 2)
 class Bucketq:
     """A connection to one bucket (and root prefix). Use as ``async with Bucketq(settings) as bq``."""
 
-    def __init__(self, settings: Settings | None = None, *, store: ObjectStore | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        store: ObjectStore | None = None,
+        ping_network: PingNetwork | None = None,
+    ) -> None:
         self.settings = settings or Settings.load()
         self._store = store
+        # the wake pings' network (core/pings.py): UDP as the settings say unless one is given
+        self._ping_network = ping_network
+        self._pings: Pings | None = None
         self._storage: Storage | None = None
         self.keys = Keys(self.settings.root)
         self._producers: list[Producer] = []
@@ -99,6 +110,10 @@ class Bucketq:
         self._catalog = TopicCatalog(self._storage, self.keys)
         self._registry = Registry(self._storage, self.keys)
         await self._bootstrap()
+        network = self._ping_network
+        if network is None and self.settings.ping.enabled:
+            network = await udp_pings(self.settings)
+        self._pings = Pings(network if self.settings.ping.enabled else None, self._storage, self.keys)
         return self
 
     async def _bootstrap(self) -> None:
@@ -137,6 +152,9 @@ class Bucketq:
             await consumer.close()
         for producer in self._producers:
             await producer.close()
+        if self._pings is not None:
+            self._pings.close()
+            self._pings = None
         if self._storage is not None:
             await self._storage.close()
             self._storage = None
@@ -208,7 +226,14 @@ class Bucketq:
         peers = ProducerPeers(self.storage, self.keys, self.registry, reg)
         await peers.refresh(heartbeat=False)  # register() just wrote the registration
         producer = Producer(
-            self.storage, self.keys, self.catalog, settings, producer_id=reg.id, name=name, peers=peers
+            self.storage,
+            self.keys,
+            self.catalog,
+            settings,
+            producer_id=reg.id,
+            name=name,
+            peers=peers,
+            pings=self._pings,
         )
         self._producers.append(producer)
         return producer
@@ -243,6 +268,7 @@ class Bucketq:
             name=name,
             consumer_id=reg.id,
             topics=topic_list,
+            pings=self._pings,
         )
         await consumer.start()
         self._consumers.append(consumer)
@@ -257,6 +283,7 @@ class Bucketq:
                 self.settings.producer,
                 producer_id="dead-letter",
                 name="dead-letter",
+                pings=self._pings,
             )
             self._producers.append(self._default_producer)
         return self._default_producer

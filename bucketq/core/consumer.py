@@ -20,6 +20,7 @@ from bucketq.core.membership import Membership
 from bucketq.core.message import Message, Receipt
 from bucketq.core.models import DeadLetterConfig, TopicConfig
 from bucketq.core.partition_worker import CycleResult, Intent, IntentKind, PartitionWorker
+from bucketq.core.pings import PING_LOOK_GAP_S, Pings
 from bucketq.core.producer import Producer
 from bucketq.core.segment import Record
 from bucketq.core.topics import TopicCatalog
@@ -89,6 +90,9 @@ class _TopicSub:
         # lone message should not buy a minute of 5 s heartbeats and member-list LISTs
         self.busy_until = self.active_until
         self.next_wake_poll = 0.0  # wall time of this member's next turn at the wake object
+        # a ping (I14) moved the next look earlier; looks caused by pings are PING_LOOK_GAP_S apart
+        self.pinged = False
+        self.pinged_look_at = -PING_LOOK_GAP_S  # wall time
         # the wake object changed on this member's turn while other members may sleep until
         # theirs: the next tick sweeps the partitions they own once (core/wake.py)
         self.sweep = False
@@ -115,6 +119,7 @@ class Consumer:
         name: str,
         consumer_id: str,
         topics: list[str],
+        pings: Pings | None = None,
     ) -> None:
         self.storage = storage
         self.keys = keys
@@ -147,15 +152,25 @@ class Consumer:
         self._poll_delay = settings.poll_min_ms / 1000
         self._error: BaseException | None = None
         self.on_commit: Callable[[str, int, CycleResult, float], None] | None = None
+        self.pings = pings
+        self._unlisten: list[Callable[[], None]] = []
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        # the address producers ping (I14), advertised in every heartbeat of this member
+        address = await self.pings.open() if self.pings is not None else None
         for topic in self.topics:
             marker = await self.catalog.marker(topic)
             config = marker.config
             membership = Membership(
-                self.storage, self.keys, topic, self.name, self.member, self.settings.member_ttl_s
+                self.storage,
+                self.keys,
+                topic,
+                self.name,
+                self.member,
+                self.settings.member_ttl_s,
+                wake_address=address,
             )
             sub = _TopicSub(
                 topic,
@@ -171,6 +186,8 @@ class Consumer:
                 config.dead_letter_topic(topic),
             )
             self._subs[topic] = sub
+            if address is not None and self.pings is not None:
+                self._unlisten.append(self.pings.listen(topic, functools.partial(self._pinged, sub)))
             if sub.dead_letter_topic is not None:
                 await self._ensure_dead_letter_topic(sub.dead_letter_topic)
             await membership.heartbeat()
@@ -225,6 +242,7 @@ class Consumer:
             delay = min(delay * 2, 1.0)
 
     async def _leave_all(self) -> None:
+        self._stop_listening()
         for sub in self._subs.values():
             with contextlib.suppress(StorageError):
                 await sub.membership.leave()
@@ -289,9 +307,15 @@ class Consumer:
                             Closed("consumer closed before the settlement was committed")
                         )
                 worker.intents = []
+        self._stop_listening()
         for sub in self._subs.values():
             await sub.membership.leave()
             await touch_wake(self.storage, self.keys, sub.topic, self.member, "members")
+
+    def _stop_listening(self) -> None:
+        for stop in self._unlisten:
+            stop()
+        self._unlisten.clear()
 
     def pause(self) -> None:
         """Stop claiming new leases (settlements still commit); :meth:`resume` undoes it.
@@ -407,6 +431,8 @@ class Consumer:
             rank = members.index(self.member) if self.member in members else 0
             poll_s = self.settings.wake_poll_ms / 1000
             sub.next_wake_poll = next_wake_turn(wall, poll_s, rank, len(members))
+            if sub.pinged:
+                sub.pinged, sub.pinged_look_at = False, wall
             why = await sub.wake.look()
             if why is not None:
                 if why == "publish":
@@ -416,6 +442,18 @@ class Consumer:
                     worker.wake_up()
                 woke = True
         return woke
+
+    def _pinged(self, sub: _TopicSub) -> None:
+        """A producer pinged ``sub``'s topic (I14): look at its wake object now, out of turn (at
+        most one such look per PING_LOOK_GAP_S; a ping inside the gap is answered at its end).
+        Only the time of the look changes: what it reads decides, as on any turn."""
+        if self._closed or sub.gone is not None or time.monotonic() < sub.active_until:
+            return  # an active topic's partitions are polled at the active cadence already
+        at = max(time.time(), sub.pinged_look_at + PING_LOOK_GAP_S)
+        if at < sub.next_wake_poll:
+            sub.next_wake_poll = at
+            sub.pinged = True
+        self._wake.set()
 
     async def _housekeeping(self) -> None:
         if await self._watch_wake():

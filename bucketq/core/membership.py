@@ -108,9 +108,19 @@ class Membership:
     """Heartbeats of one member of one subscription, and the live member list."""
 
     def __init__(
-        self, storage: Storage, keys: Keys, topic: str, consumer: str, member: str, ttl_s: float
+        self,
+        storage: Storage,
+        keys: Keys,
+        topic: str,
+        consumer: str,
+        member: str,
+        ttl_s: float,
+        *,
+        wake_address: str | None = None,
     ) -> None:
         self.storage = storage
+        # where producers ping this member (core/pings.py, I14); None: not pingable
+        self.wake_address = wake_address
         self.keys = keys
         self.topic = topic
         self.consumer = consumer
@@ -145,6 +155,8 @@ class Membership:
         }
         if ttl_s is not None:
             fields["ttl"] = ttl_s
+        if self.wake_address is not None:
+            fields["wake"] = self.wake_address
         body = json.dumps(fields).encode()
         await self.storage.overwrite(self.keys.member(self.topic, self.consumer, self.member), body)
 

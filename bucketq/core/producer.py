@@ -16,6 +16,7 @@ from bucketq.config import ProducerSettings
 from bucketq.core.batching import TIMER_RESOLUTION_S, Batcher
 from bucketq.core.ids import token
 from bucketq.core.keys import Keys
+from bucketq.core.pings import Pings
 from bucketq.core.producer_peers import ProducerPeers
 from bucketq.core.segment import (
     Record,
@@ -331,6 +332,7 @@ class Producer:
         producer_id: str,
         name: str,
         peers: ProducerPeers | None = None,
+        pings: Pings | None = None,
     ) -> None:
         self.storage = storage
         self.keys = keys
@@ -343,7 +345,8 @@ class Producer:
         self._closed = False
         self.peers = peers
         self._woken: dict[str, float] = {}  # topic -> when this producer last touched its wake object
-        self._wake_tasks: set[asyncio.Task[bool]] = set()
+        self._wake_tasks: set[asyncio.Task[None]] = set()
+        self.pings = pings
 
     @property
     def buffered(self) -> int:
@@ -364,14 +367,21 @@ class Producer:
 
     def _wake_readers(self, topic: str) -> None:
         """After a durable append: touch the topic's wake object unless this producer did within
-        WAKE_REFRESH_S (core/wake.py; advisory, in the background, errors ignored)."""
+        WAKE_REFRESH_S (core/wake.py), then ping its members (core/pings.py); advisory, in the
+        background, errors ignored."""
         now = time.monotonic()
         if now - self._woken.get(topic, -WAKE_REFRESH_S) < WAKE_REFRESH_S:
             return
         self._woken[topic] = now
-        task = asyncio.get_running_loop().create_task(touch_wake(self.storage, self.keys, topic, self.id))
+        task = asyncio.get_running_loop().create_task(self._touch_and_ping(topic))
         self._wake_tasks.add(task)
         task.add_done_callback(self._wake_tasks.discard)
+
+    async def _touch_and_ping(self, topic: str) -> None:
+        # the ping follows the touch: a pinged member looks at the wake object and must find it
+        # changed (a touch that did not land leaves the readers to their wake poll)
+        if await touch_wake(self.storage, self.keys, topic, self.id) and self.pings is not None:
+            await self.pings.ping(topic)
 
     def _move_on(self, topic: str, partition: int) -> None:
         """Another producer appended to this partition: look at the live producers again; a

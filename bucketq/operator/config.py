@@ -102,6 +102,9 @@ class OperatorSettings(BaseSettings):
     # the ports of other meshes' sidecars (Dapr 3500/9090/50001, Istio 15000-15090).
     sidecar_api_port: int = Field(3580, ge=1, le=65535)
     sidecar_metrics_port: int = Field(9580, ge=1, le=65535)
+    # UDP, on the pod IP: producers ping idle members here (wake pings, docs/protocol.md I14); a
+    # fixed port so that a NetworkPolicy can allow it. 0: pings off (pickup by the wake poll)
+    sidecar_wake_port: int = Field(7470, ge=0, le=65535)
     sidecar_secret: str = Field(
         "bucketq-sidecar-s3",
         description="Default Secret with the pods' S3 credentials, in each pod's namespace: a key limited "
@@ -120,6 +123,10 @@ class OperatorSettings(BaseSettings):
 
     @model_validator(mode="after")
     def _consistent(self) -> OperatorSettings:
+        if self.sidecar_wake_port in (self.sidecar_api_port, self.sidecar_metrics_port):
+            raise ValueError(
+                f"sidecar_wake_port {self.sidecar_wake_port} is also the sidecar's API or metrics port"
+            )
         if self.sidecar_api_port == self.sidecar_metrics_port:
             raise ValueError(
                 f"sidecar_api_port and sidecar_metrics_port are both {self.sidecar_api_port}: the sidecar "

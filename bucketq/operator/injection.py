@@ -387,6 +387,17 @@ def sidecar_env(
         {"name": "BUCKETQ_STRATEGY", "value": engine.strategy},
         {"name": ROOT_ENV, "value": sidecar_root(engine)},
     ]
+    # wake pings (I14): advertised on the pod IP, on a fixed port a NetworkPolicy can allow
+    if settings.sidecar_wake_port:
+        env += [
+            {
+                "name": "BUCKETQ_PING__ADVERTISE_HOST",
+                "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}},
+            },
+            {"name": "BUCKETQ_PING__LISTEN_PORT", "value": str(settings.sidecar_wake_port)},
+        ]
+    else:
+        env.append({"name": "BUCKETQ_PING__ENABLED", "value": "false"})
     endpoint = settings.sidecar_s3_endpoint_url or engine.s3_endpoint_url
     if endpoint:
         env.append({"name": "BUCKETQ_S3_ENDPOINT_URL", "value": endpoint})
@@ -505,7 +516,12 @@ def sidecar_container(
         "imagePullPolicy": settings.sidecar_image_pull_policy,
         "command": ["bucketq", "sidecar"],
         "env": sidecar_env(wiring, annotations, engine, settings, tokens, pod_grace_s),
-        "ports": [{"name": "bq-metrics", "containerPort": port, "protocol": "TCP"}],
+        "ports": [{"name": "bq-metrics", "containerPort": port, "protocol": "TCP"}]
+        + (
+            [{"name": "bq-wake", "containerPort": settings.sidecar_wake_port, "protocol": "UDP"}]
+            if settings.sidecar_wake_port
+            else []
+        ),
         "startupProbe": probe("/healthz", 1, 60),
         "readinessProbe": probe("/readyz", 5, 3),
         "livenessProbe": probe("/healthz", 10, 6),
@@ -577,7 +593,7 @@ def plan(
     for container in [*(spec.get("initContainers") or []), *(spec.get("containers") or [])]:
         if container.get("name") != CONTAINER:
             _check_root(container, engine, namespace)
-            _check_ports(container, ports)
+            _check_ports(container, ports, settings.sidecar_wake_port)
     _check_app_port(wiring, ports)
     if already_injected(pod):
         _check_own_sidecar(spec, sidecar, native, volumes, tokens)
@@ -627,10 +643,15 @@ def _grace_warnings(shutdown: Shutdown, pod_grace_s: Any, warnings: list[str]) -
         )
 
 
-def _check_ports(container: Mapping[str, Any], ports: Ports) -> None:
+def _check_ports(container: Mapping[str, Any], ports: Ports, wake_port: int = 0) -> None:
     """An app container listening on a sidecar port would make one of the two fail to start."""
     for item in container.get("ports") or ():
         number = item.get("containerPort")
+        if wake_port and number == wake_port and item.get("protocol", "TCP") == "UDP":
+            raise InjectionError(
+                f"container {container.get('name')!r} declares UDP port {number}, the sidecar's wake-ping "
+                "port: the operator's BUCKETQ_OPERATOR_SIDECAR_WAKE_PORT moves it"
+            )
         for what, port, key in (("API", ports.api, API_PORT), ("metrics", ports.metrics, METRICS_PORT)):
             if number == port:
                 raise InjectionError(

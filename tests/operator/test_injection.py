@@ -50,6 +50,25 @@ def env(container: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
 
 
+POD_IP = "10.1.2.3"
+
+
+def kubelet_value(item: dict[str, Any], secrets: dict[str, str] | None = None) -> str:
+    """An env entry's value as the kubelet gives it to the sidecar of a pod in ``team-a``:
+    ``valueFrom`` resolved (the secret's value from ``secrets`` by secret or variable name) and
+    ``$(BUCKETQ_POD_NAMESPACE)`` expanded."""
+    value = item.get("value")
+    if value is None:
+        source = item.get("valueFrom") or {}
+        field = (source.get("fieldRef") or {}).get("fieldPath")
+        ref = (source.get("secretKeyRef") or {}).get("name", "")
+        secrets = secrets or {}
+        value = {"status.podIP": POD_IP, "metadata.namespace": "team-a"}.get(
+            field or "", secrets.get(ref, secrets.get(item["name"], "team-a"))
+        )
+    return str(value).replace("$(BUCKETQ_POD_NAMESPACE)", "team-a")
+
+
 def test_publish_only_pod_gets_a_sidecar_without_consumer() -> None:
     injection = plan(pod(), None, engine=ENGINE, settings=OperatorSettings())
     sidecar = injection.spec["initContainers"][0]
@@ -358,8 +377,7 @@ def test_the_sidecar_reads_the_shutdown_retry_and_batch_settings(monkeypatch: py
     for name in [k for k in os.environ if k.startswith("BUCKETQ_")]:
         monkeypatch.delenv(name)
     for item in sidecar["env"]:
-        value = item.get("value", "team-a")  # secretKeyRef / downward API
-        monkeypatch.setenv(item["name"], value.replace("$(BUCKETQ_POD_NAMESPACE)", "team-a"))
+        monkeypatch.setenv(item["name"], kubelet_value(item))
     config = load_config().sidecar
     assert config.push_batch_size == 20
     assert (config.push_retry_initial_s, config.push_retry_max_s, config.push_retry_multiplier) == (
@@ -392,8 +410,7 @@ def test_the_profile_comes_from_the_consumer_or_the_pod(
     for name in [k for k in os.environ if k.startswith("BUCKETQ_")]:
         monkeypatch.delenv(name)
     for item in sidecar["env"]:
-        value = item.get("value", "team-a")
-        monkeypatch.setenv(item["name"], value.replace("$(BUCKETQ_POD_NAMESPACE)", "team-a"))
+        monkeypatch.setenv(item["name"], kubelet_value(item))
     engine = load_config().engine
     assert engine.profile == wanted
     assert engine.producer.linger_ms == PROFILES[wanted]["producer"]["linger_ms"]
@@ -454,10 +471,7 @@ def test_the_sidecar_accepts_the_injected_environment(monkeypatch: pytest.Monkey
         monkeypatch.delenv(name)
     secrets = {"BUCKETQ_S3_ACCESS_KEY_ID": "AKIAPOD", "BUCKETQ_S3_SECRET_ACCESS_KEY": "pod-secret"}
     for item in sidecar["env"]:
-        value = item.get("value")
-        if value is None:
-            value = secrets.get(item["name"], "team-a")  # secretKeyRef / downward API
-        monkeypatch.setenv(item["name"], value.replace("$(BUCKETQ_POD_NAMESPACE)", "team-a"))
+        monkeypatch.setenv(item["name"], kubelet_value(item, secrets))
     config = load_config()
     assert config.engine.root == "bucketq/team-a" and config.engine.s3_bucket == "queues"
     assert config.engine.consumer.ordered is True
@@ -465,6 +479,33 @@ def test_the_sidecar_accepts_the_injected_environment(monkeypatch: pytest.Monkey
     assert config.sidecar.delivery == "push" and config.sidecar.app_port == 8080
     assert config.sidecar.listen_host == "127.0.0.1" and config.sidecar.listen_port == 3580
     assert config.sidecar.metrics_port == 9580
+    assert config.engine.ping.enabled and config.engine.ping.advertise_host == POD_IP
+    assert config.engine.ping.listen_port == 7470
+
+
+def test_the_sidecar_is_pinged_on_its_pod_ip_at_a_fixed_udp_port() -> None:
+    sidecar = plan(pod(), None, engine=ENGINE, settings=OperatorSettings()).spec["initContainers"][0]
+    values = env(sidecar)
+    assert values["BUCKETQ_PING__ADVERTISE_HOST"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    assert values["BUCKETQ_PING__LISTEN_PORT"] == "7470"
+    assert {"name": "bq-wake", "containerPort": 7470, "protocol": "UDP"} in sidecar["ports"]
+    off = plan(pod(), None, engine=ENGINE, settings=OperatorSettings(sidecar_wake_port=0))
+    sidecar = off.spec["initContainers"][0]
+    assert env(sidecar)["BUCKETQ_PING__ENABLED"] == "false" and "BUCKETQ_PING__ADVERTISE_HOST" not in env(
+        sidecar
+    )
+    assert all(p["protocol"] == "TCP" for p in sidecar["ports"])
+
+
+def test_an_app_container_on_the_wake_port_is_refused() -> None:
+    p = pod()
+    p["spec"]["containers"][0]["ports"] = [{"containerPort": 7470, "protocol": "UDP"}]
+    with pytest.raises(InjectionError, match="wake-ping port"):
+        plan(p, None, engine=ENGINE, settings=OperatorSettings())
+    p["spec"]["containers"][0]["ports"] = [{"containerPort": 7470}]  # TCP: no clash
+    plan(p, None, engine=ENGINE, settings=OperatorSettings())
+    with pytest.raises(ValueError, match="sidecar_wake_port"):
+        OperatorSettings(sidecar_wake_port=9580)
 
 
 # -- the webhook owns the sidecar (security review "Hardening", finding 6) -----------------------
@@ -696,9 +737,9 @@ def test_the_sidecar_reads_the_injected_tokens(monkeypatch: pytest.MonkeyPatch, 
         monkeypatch.delenv(name)
     secrets = {"push-token": "push-s3cret"}  # secretKeyRefs, as the kubelet resolves them
     for item in sidecar["env"]:
-        ref = (item.get("valueFrom") or {}).get("secretKeyRef") or {}
-        value = item.get("value", secrets.get(ref.get("name", ""), "team-a"))
-        value = value.replace("/var/run/secrets/bucketq.io/api-token", str(tmp_path))
-        monkeypatch.setenv(item["name"], value.replace("$(BUCKETQ_POD_NAMESPACE)", "team-a"))
+        value = kubelet_value(item, secrets)
+        monkeypatch.setenv(
+            item["name"], value.replace("/var/run/secrets/bucketq.io/api-token", str(tmp_path))
+        )
     config = load_config().sidecar
     assert config.token() == "s3cret" and config.push_token() == "push-s3cret"

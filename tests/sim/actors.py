@@ -25,6 +25,7 @@ from bucketq.core.models import DeadLetterConfig, TopicConfig
 from bucketq.core.subscriptions import SeekTarget
 from bucketq.errors import BucketqError
 
+from .pings import SimPingNetwork
 from .process import Processes, SimProcess
 
 if TYPE_CHECKING:
@@ -47,6 +48,8 @@ class Sim:
         self.loop = procs.loop
         self.clock = procs.clock
         self.rng = random.Random(f"actors/{schedule.seed}")
+        # wake pings (I14) over a lossy network of the run's own: each connection gets a socket
+        self.pings = SimPingNetwork(procs.loop, schedule.seed, store.injected)
         self.quiescing = False
         self.roles: list[Role] = []
         self.settings = Settings.from_dict(
@@ -64,7 +67,7 @@ class Sim:
         )
 
     async def connect(self, settings: Settings | None = None) -> Bucketq:
-        bq = Bucketq(settings or self.settings, store=self.store)
+        bq = Bucketq(settings or self.settings, store=self.store, ping_network=self.pings.endpoint())
         await bq.open()
         return bq
 

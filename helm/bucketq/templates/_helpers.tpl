@@ -165,6 +165,8 @@ app.kubernetes.io/component: webhook
   value: {{ $sc.apiPort | quote }}
 - name: BUCKETQ_OPERATOR_SIDECAR_METRICS_PORT
   value: {{ $sc.metricsPort | quote }}
+- name: BUCKETQ_OPERATOR_SIDECAR_WAKE_PORT
+  value: {{ $sc.wakePort | quote }}
 - name: BUCKETQ_OPERATOR_SIDECAR_SECRET
   value: {{ default (default "none" $s3.existingSecret) $sc.s3Secret | quote }}
 - name: BUCKETQ_OPERATOR_SIDECAR_SECRET_ACCESS_KEY_ID_KEY

@@ -1,0 +1,302 @@
+"""Wake pings (invariant I14, core/pings.py): a producer that starts publishing pings the idle
+members of the topic over UDP, and they look at the wake object at once instead of on their next
+wake poll. Pings decide nothing: lost, forged or garbage datagrams change only when a member
+looks, and a flood of them costs a member at most one look a second.
+
+These run over real UDP sockets on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import time
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from bucketq import Bucketq, Settings
+from bucketq.bench.metered import MeteredStore
+from bucketq.core.pings import PING_LOOK_GAP_S, ping_payload, valid_address
+from bucketq.core.udp_pings import UdpPings, advertised_host, udp_pings
+from bucketq.errors import StorageError
+from bucketq.storage.memory import MemoryStore
+from tests.support.engine_helpers import Backend
+
+# an idle member whose own looks are far apart: only a ping brings a message within seconds
+SLOW_LOOKS = {
+    "idle_after_s": 0.3,
+    "poll_max_ms": 20,
+    "poll_idle_ms": 60_000,
+    "wake_poll_ms": 60_000,
+    "heartbeat_interval_s": 0.5,
+    "heartbeat_idle_s": 30,
+    "member_ttl_s": 3,
+}
+MEMORY = {"backend": "memory", "strategy": "conditional_write"}
+
+
+def _wake_gets(store: MeteredStore) -> int:
+    return sum(n for call, n in store.calls.items() if call.startswith("GET wake"))
+
+
+def _calls(store: MeteredStore, prefix: str) -> int:
+    return sum(n for call, n in store.calls.items() if call.startswith(prefix))
+
+
+async def _idle_member(b: Backend, **consumer: Any) -> tuple[Bucketq, Any]:
+    bq = await b.connect(consumer={**SLOW_LOOKS, **consumer})
+    await bq.create_topic("t", partitions=4)
+    member = await bq.register_consumer("c", "t")
+    assert await member.poll(1, 1.0) == []
+    await asyncio.sleep(1.0)  # idle now: its next own look is a minute away
+    return bq, member
+
+
+async def _pickup_s(b: Backend, member: Any, payload: str, within: float) -> float | None:
+    """Seconds from a publish (by a connection of its own) to its delivery; None if not within."""
+    producer_bq = await b.connect()
+    producer = await producer_bq.register_producer("p")
+    started = time.monotonic()
+    await producer.publish("t", payload)
+    got = await member.poll(1, within)
+    if not got:
+        return None
+    assert [m.payload for m in got] == [payload]
+    await got[0].ack()
+    return time.monotonic() - started
+
+
+async def test_a_pinged_member_picks_up_long_before_its_wake_poll(backend: Backend) -> None:
+    """On every backend: the member's own next look is a minute away, the ping brings it now."""
+    _, member = await _idle_member(backend)
+    took = await _pickup_s(backend, member, "pinged", within=5.0)
+    assert took is not None, "a pinged member did not pick the message up within 5 s"
+    assert took < 3.0, took
+
+
+async def test_without_pings_the_same_member_waits_for_its_wake_poll() -> None:
+    """The control of the test above: the same member with pings off misses the message for
+    seconds, so the fast pickup there was the ping's doing."""
+    b = Backend("memory", {**MEMORY, "ping": {"enabled": False}}, MemoryStore())
+    try:
+        _, member = await _idle_member(b)
+        assert await _pickup_s(b, member, "unpinged", within=3.0) is None
+    finally:
+        await b.close_all()
+
+
+class _DroppingUdp(UdpPings):
+    """Real UDP, but every datagram sent is lost."""
+
+    def send(self, address: str, payload: bytes) -> None:
+        return None
+
+
+async def test_lost_pings_only_delay_pickup_to_the_wake_poll() -> None:
+    store = MemoryStore()
+    b = Backend("memory", MEMORY, store)
+    try:
+        bq = await b.connect(consumer={**SLOW_LOOKS, "wake_poll_ms": 1500})
+        await bq.create_topic("t", partitions=4)
+        member = await bq.register_consumer("c", "t")
+        assert await member.poll(1, 1.0) == []
+        await asyncio.sleep(1.0)
+        producer_bq = Bucketq(b.settings(), store=store, ping_network=_DroppingUdp("127.0.0.1"))
+        await producer_bq.open()
+        b.opened.append(producer_bq)
+        producer = await producer_bq.register_producer("p")
+        await producer.publish("t", "after a lost ping")
+        got = await member.poll(1, 5.0)
+        assert [m.payload for m in got] == ["after a lost ping"]
+    finally:
+        await b.close_all()
+
+
+async def test_a_flood_of_forged_pings_costs_at_most_one_look_a_second() -> None:
+    store = MeteredStore(MemoryStore())
+    b = Backend("memory", MEMORY, store)
+    try:
+        bq, member = await _idle_member(b)
+        address = member._subs["t"].membership.wake_address
+        assert address is not None and address.startswith("udp://127.0.0.1:")
+        port = int(address.rsplit(":", 1)[1])
+        forged = ping_payload(bq.keys.wake("t"))
+        before = _wake_gets(store)
+        seconds = 3.0
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                for _ in range(50):
+                    sock.sendto(forged, ("127.0.0.1", port))
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        looks = _wake_gets(store) - before
+        assert bq._pings is not None and bq._pings.received > 1000  # the flood arrived
+        # one look at once, then one per gap; nothing else was due (the wake poll is a minute)
+        assert PING_LOOK_GAP_S == 1.0
+        assert 1 <= looks <= 5, looks  # 1 + 3 s / 1 s, and one the wait above may have let in
+        # and nothing was claimed or delivered: the wake object never changed
+        assert _calls(store, "PUT delta") == 0 or await member.poll(1, 0.1) == []
+    finally:
+        await b.close_all()
+
+
+async def test_garbage_and_foreign_datagrams_are_ignored_and_a_real_ping_still_works() -> None:
+    store = MeteredStore(MemoryStore())
+    b = Backend("memory", MEMORY, store)
+    try:
+        bq, member = await _idle_member(b)
+        address = member._subs["t"].membership.wake_address
+        assert address is not None
+        port = int(address.rsplit(":", 1)[1])
+        before = _wake_gets(store)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            for junk in (
+                b"",
+                b"\xff" * 64,
+                b"bucketq-wake/1\n\xff\xfe",  # not UTF-8
+                ping_payload("other-root/t/.wake"),  # another root's topic
+                ping_payload(bq.keys.wake("t")) + b"x" * 2000,  # oversized
+                b"bucketq-wake/9\n" + bq.keys.wake("t").encode(),  # a later version
+            ):
+                sock.sendto(junk, ("127.0.0.1", port))
+        await asyncio.sleep(0.5)
+        assert _wake_gets(store) == before, "a datagram that is not this topic's ping caused a look"
+        took = await _pickup_s(b, member, "still pinged", within=5.0)
+        assert took is not None and took < 3.0, took
+    finally:
+        await b.close_all()
+
+
+async def test_a_heartbeat_advertises_the_address_and_each_body_is_read_once() -> None:
+    store = MeteredStore(MemoryStore())
+    b = Backend("memory", MEMORY, store)
+    try:
+        bq, member = await _idle_member(b)
+        blob = await store.get(bq.keys.member("t", "c", member.member))
+        assert blob is not None
+        address = json.loads(blob.data)["wake"]
+        assert address == member._subs["t"].membership.wake_address
+        assert valid_address(address) == address
+        producer_bq = await b.connect()
+        pings = producer_bq._pings
+        assert pings is not None
+        calls = Counter(store.calls)
+        assert await pings.ping("t") == 1
+        first = Counter(store.calls) - calls
+        assert _calls_in(first, "LIST") == 1 and _calls_in(first, "GET member") == 1, first
+        calls = Counter(store.calls)
+        assert await pings.ping("t") == 1
+        second = Counter(store.calls) - calls
+        # the member's heartbeat body is not read again: its address is fixed for its life
+        assert _calls_in(second, "LIST") == 1 and _calls_in(second, "GET") == 0, second
+    finally:
+        await b.close_all()
+
+
+def _calls_in(calls: Counter[str], prefix: str) -> int:
+    return sum(n for call, n in calls.items() if call.startswith(prefix))
+
+
+async def test_a_producer_whose_touch_failed_sends_no_ping() -> None:
+    class RefusingWakes(MeteredStore):
+        async def put(self, key: str, data: bytes, **kw):  # type: ignore[no-untyped-def]
+            if key.endswith("/.wake"):
+                raise StorageError("wake writes refused")
+            return await super().put(key, data, **kw)
+
+    store = RefusingWakes(MemoryStore())
+    b = Backend("memory", MEMORY, store)
+    try:
+        await _idle_member(b)
+        producer_bq = await b.connect()
+        producer = await producer_bq.register_producer("p")
+        await producer.publish("t", "unannounced")
+        await producer.close()
+        assert producer_bq._pings is not None and producer_bq._pings.sent == 0
+    finally:
+        await b.close_all()
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "udp://example.com:7470",  # a name: producers never resolve what a heartbeat says
+        "http://10.0.0.1:7470",
+        "udp://10.0.0.1",
+        "udp://10.0.0.1:0",
+        "udp://10.0.0.1:70000",
+        "udp://[::1:7470",
+        7470,
+        None,
+        "udp://" + "1" * 200,
+    ],
+)
+def test_only_udp_ip_literal_addresses_are_pinged(address: object) -> None:
+    assert valid_address(address) is None
+
+
+@pytest.mark.parametrize("address", ["udp://10.0.0.1:7470", "udp://[fd00::1]:7470", "udp://127.0.0.1:1"])
+def test_udp_ip_literal_addresses_are_valid(address: str) -> None:
+    assert valid_address(address) == address
+
+
+async def test_heartbeats_announcing_bad_addresses_are_skipped() -> None:
+    store = MemoryStore()
+    b = Backend("memory", MEMORY, store)
+    try:
+        bq = await b.connect()
+        await bq.create_topic("t", partitions=1)
+        for i, wake in enumerate(["udp://example.com:1", "tcp://10.0.0.1:1", 12, None]):
+            body = {"member": f"m{i}", "wake": wake}
+            await store.put(bq.keys.member("t", "c", f"m{i}"), json.dumps(body).encode())
+        await store.put(bq.keys.member("t", "c", "broken"), b"{not json")
+        assert bq._pings is not None
+        assert await bq._pings.ping("t") == 0
+    finally:
+        await b.close_all()
+
+
+async def test_an_address_that_cannot_be_bound_leaves_pings_off_and_the_queue_working(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # 192.0.2.1 (TEST-NET-1) is assigned to no interface here: binding it fails
+    b = Backend("memory", {**MEMORY, "ping": {"advertise_host": "192.0.2.1"}}, MemoryStore())
+    try:
+        with caplog.at_level(logging.WARNING, "bucketq.pings"):
+            bq = await b.connect(consumer={**SLOW_LOOKS, "wake_poll_ms": 500})
+            await bq.create_topic("t", partitions=1)
+            member = await bq.register_consumer("c", "t")
+        assert "wake pings cannot be received" in caplog.text
+        assert member._subs["t"].membership.wake_address is None
+        producer = await bq.register_producer("p")
+        await producer.publish("t", "still delivered")
+        got = await member.poll(1, 5.0)
+        assert [m.payload for m in got] == ["still delivered"]
+    finally:
+        await b.close_all()
+
+
+async def test_the_advertised_host_is_the_route_to_the_bucket() -> None:
+    base: dict[str, Any] = {"backend": "s3", "s3_bucket": "b"}
+    local = Settings.from_dict({**base, "s3_endpoint_url": "http://127.0.0.1:9"})
+    assert await advertised_host(local) == "127.0.0.1"
+    given = Settings.from_dict({**base, "ping": {"advertise_host": "10.1.2.3"}})
+    assert await advertised_host(given) == "10.1.2.3"
+    assert await advertised_host(Settings.from_dict(MEMORY)) == "127.0.0.1"
+
+
+async def test_no_route_to_the_bucket_turns_pings_off_with_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    unresolvable = Settings.from_dict(
+        {"backend": "s3", "s3_bucket": "b", "s3_endpoint_url": "http://no-such-host.invalid:9000"}
+    )
+    with caplog.at_level(logging.WARNING, "bucketq.pings"):
+        assert await udp_pings(unresolvable) is None
+    assert "BUCKETQ_PING__ADVERTISE_HOST" in caplog.text
+    assert await udp_pings(Settings.from_dict({**MEMORY, "ping": {"enabled": False}})) is None
