@@ -87,6 +87,10 @@ class Members:
     consumers: list[Consumer] = field(default_factory=list)
     loops: list[asyncio.Task[None]] = field(default_factory=list)
 
+    @property
+    def count(self) -> int:
+        return len(self.consumers)
+
     async def handle(self, msg: Message) -> None:
         # "acked" here means handled: listen() acks once the handler returns
         self.tracker.on_received(msg.created_at, time.time())
@@ -99,7 +103,7 @@ class Members:
         self.loops.append(asyncio.create_task(consumer.listen(self.handle, stop=self.stop)))
 
     def check(self) -> None:
-        """Raise the error of a ``listen()`` loop that ended on its own."""
+        """Raise the error of a member's loop that ended on its own."""
         for loop in self.loops:
             if loop.done() and not loop.cancelled() and (exc := loop.exception()) is not None:
                 raise exc
@@ -166,7 +170,13 @@ def _total(windows: list[Counted]) -> Counted | None:
 async def run_idle(backend: Backend, p: BenchParams) -> list[RunResult]:
     """One idle member, then two, then pickups after silences; one result."""
     fleet = await open_fleet(backend, "bench-idle", p.partitions)
-    members = Members(fleet, Tracker(expected=p.pickups))
+    members: Members
+    if p.via == "sidecar":
+        from bucketq.bench.idle_sidecar import SidecarMembers
+
+        members = SidecarMembers(fleet, Tracker(expected=p.pickups))
+    else:
+        members = Members(fleet, Tracker(expected=p.pickups))
     try:
         meter = Meter(backend, fleet.run)
         cpu_meter = CpuMeter(backend)
@@ -226,7 +236,7 @@ def _result(
         backend=backend.label,
         messages=len(tracker.published),
         producers=1,
-        consumers=len(members.consumers),
+        consumers=members.count,
         partitions=p.partitions,
         payload_bytes=p.payload_bytes,
         seconds=measured.seconds,
@@ -242,6 +252,7 @@ def _result(
         strategy=fleet.strategy,
         server=measured.server,
         profile=fleet.run.settings.profile,
+        via=p.via,
         per_message=False,
         extra={
             "usd_per_idle_month_per_member": phases[0]["usd_per_month"],

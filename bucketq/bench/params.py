@@ -45,6 +45,9 @@ class BenchParams:
     rate_seconds: float = 30.0
     # awaited: this many tasks share one producer, each awaiting its own publish
     tasks: int = 8
+    # idle: the members are library connections in listen(), or sidecar processes whose apps
+    # long-poll /v1/pull (moto and SeaweedFS only: the sidecars are processes of their own)
+    via: Literal["library", "sidecar"] = "library"
     # memory only: serve the store one request at a time, each taking this long (bench/served.py)
     service_ms: float | None = None
     service_servers: int = 1  # ... this many at a time
@@ -76,6 +79,10 @@ class BenchParams:
             raise ValueError("rate_seconds must be positive")
         if self.service_ms is not None and (self.service_ms < 0 or self.backend != "memory"):
             raise ValueError("service_ms models a server on the memory backend and must not be negative")
+        if self.via == "sidecar" and (
+            self.backend not in ("moto", "seaweedfs") or self.scenarios != ["idle"]
+        ):
+            raise ValueError("via sidecar runs the idle scenario alone, on moto or seaweedfs")
         if self.service_servers < 1 or (self.service_servers > 1 and self.service_ms is None):
             raise ValueError("service_servers must be at least 1, and more than 1 only with service_ms")
 

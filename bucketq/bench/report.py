@@ -95,6 +95,7 @@ def build_result(
     extra: dict[str, Any] | None = None,
     server: ServerCounts | None = None,
     profile: str | None = None,
+    via: str = "library",
     per_message: bool = True,
 ) -> RunResult:
     """Assemble a :class:`RunResult` from what a scenario measured.
@@ -134,6 +135,7 @@ def build_result(
         cpu_s=round(cpu_s, 2),
         completed=completed,
         strategy=strategy,
+        via=via,
         profile=profile,
         counted_at="server" if server is not None else "client",
         server_requests=server.total if server is not None else None,

@@ -148,12 +148,16 @@ def bench(
     via: Via = typer.Option(
         Via.library,
         "--via",
-        help="library: in-process connections; sidecar: apps speaking HTTP to sidecar processes (e2e).",
+        help="library: in-process connections; sidecar: apps speaking HTTP to sidecar processes (e2e, "
+        "or with -s idle alone: idle sidecars whose apps long-poll).",
     ),
     spark: bool = typer.Option(False, "--spark", help="Spark read and write throughput on local[2] instead."),
 ) -> None:
     """Measure throughput, S3 requests and their list price per message, latency, duplicates and losses."""
-    if via is Via.sidecar or spark:
+    idle_via_sidecar = via is Via.sidecar and [s.value for s in scenario] == ["idle"]
+    if via is Via.sidecar and "idle" in [s.value for s in scenario] and not idle_via_sidecar:
+        raise typer.BadParameter("-s idle --via sidecar runs on its own", param_hint="--via")
+    if (via is Via.sidecar and not idle_via_sidecar) or spark:
         if service_ms is not None or service_servers != 1:
             raise typer.BadParameter(
                 "models a server on --backend memory; --via sidecar and --spark run real servers",
@@ -207,6 +211,7 @@ def bench(
             tasks=tasks,
             service_ms=service_ms,
             service_servers=service_servers,
+            via="sidecar" if idle_via_sidecar else "library",
         )
     except ValueError as exc:
         fail(CliError(f"invalid bench parameters: {exc}"))

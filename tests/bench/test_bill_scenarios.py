@@ -385,3 +385,34 @@ def test_a_bench_on_the_served_model_is_labelled_with_its_speed(tmp_path: Path) 
     assert result.exit_code == 0, result.output
     (run,) = json.loads(out.read_text())
     assert (run["backend"], run["lost"], run["duplicates"]) == ("memory@2msx4", 0, 0)
+
+
+@pytest.mark.s3
+@pytest.mark.slow
+def test_idle_sidecars_whose_apps_long_poll_are_counted_at_the_server(tmp_path: Path) -> None:
+    """``-s idle --via sidecar``: the members are sidecar processes, their apps long-poll, and the
+    bill is the server's count (the sidecars' connections are not the bench's own)."""
+    out = tmp_path / "idle-sidecar.json"
+    args = ["bench", "-b", "moto", "-s", "idle", "--via", "sidecar", "--json", str(out)]
+    fast = ["--idle-seconds", "2.5", "--idle-warmup", "0.5", "--silence-seconds", "1", "--pickups", "2"]
+    result = CliRunner().invoke(app, [*args, *fast])
+    assert result.exit_code == 0, result.output
+    (run,) = json.loads(out.read_text())
+    assert (run["scenario"], run["via"], run["consumers"]) == ("idle", "sidecar", 2)
+    assert_clean(run)
+    assert run["counted_at"] == "server" and run["usd"] == pytest.approx(bill(run["server_requests_by_op"]))
+    phases = run["extra"]["phases"]
+    for phase in phases[:2]:
+        # the sidecars' own requests: the bench's connections made none while nobody published
+        assert sum(phase["client_requests_by_op"].values()) == 0, phase
+        assert phase["requests_per_min"] > 0 and phase["usd_per_month"] > 0, phase
+    assert "PUT member" in run["server_calls_by_key"]  # the sidecars' heartbeats, seen by the server
+    pickups = run["extra"]["pickups"]
+    assert (pickups["handled"], len(pickups["latencies_ms"])) == (2, 2)
+
+
+def test_idle_via_sidecar_needs_a_real_server_and_the_idle_scenario_alone() -> None:
+    for args in (["-b", "memory", "-s", "idle"], ["-b", "moto", "-s", "idle", "-s", "cost"]):
+        result = CliRunner().invoke(app, ["bench", *args, "--via", "sidecar"])
+        assert result.exit_code != 0
+        assert "sidecar" in result.output, result.output
