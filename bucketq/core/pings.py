@@ -5,9 +5,9 @@ An idle member looks at its topic's wake object every ``wake_poll_ms`` (I13). S3
 so a look costs a GET, and a median pickup under a second would need a GET every two seconds,
 around the clock. Pings make the first message after a silence fast without that: a member
 advertises a datagram address in its heartbeat (``"wake"``), and a producer that touches a
-topic's wake object (its first append after a quiet spell, core/wake.py) sends every advertised
-address of the topic's members a ping. A member that receives one looks at the wake object out of
-turn, and finds the touch.
+topic's wake object (core/wake.py) after a quiet spell of its own (no append for
+``PING_AFTER_QUIET_S``) sends every advertised address of the topic's members a ping. A member
+that receives one looks at the wake object out of turn, and finds the touch.
 
 Invariants:
 
@@ -50,6 +50,10 @@ PING_PREFIX = b"bucketq-wake/1\n"
 MAX_PING_BYTES = 1024
 # Looks at the wake object caused by pings are at least this far apart (per member and topic)
 PING_LOOK_GAP_S = 1.0
+# A producer pings with a touch only when its previous append to the topic is this old: readers go
+# idle after idle_after_s (10 s) without a find, so while it appends more often than this the
+# owners of its partitions are not idle, and each ping would cost a LIST for nothing
+PING_AFTER_QUIET_S = 5.0
 
 
 class PingNetwork(Protocol):

@@ -16,7 +16,7 @@ from bucketq.config import ProducerSettings
 from bucketq.core.batching import TIMER_RESOLUTION_S, Batcher
 from bucketq.core.ids import token
 from bucketq.core.keys import Keys
-from bucketq.core.pings import Pings
+from bucketq.core.pings import PING_AFTER_QUIET_S, Pings
 from bucketq.core.producer_peers import ProducerPeers
 from bucketq.core.segment import (
     Record,
@@ -345,6 +345,7 @@ class Producer:
         self._closed = False
         self.peers = peers
         self._woken: dict[str, float] = {}  # topic -> when this producer last touched its wake object
+        self._appended: dict[str, float] = {}  # topic -> when this producer's last append was durable
         self._wake_tasks: set[asyncio.Task[None]] = set()
         self.pings = pings
 
@@ -370,17 +371,22 @@ class Producer:
         WAKE_REFRESH_S (core/wake.py), then ping its members (core/pings.py); advisory, in the
         background, errors ignored."""
         now = time.monotonic()
+        # a ping only after a quiet spell of this producer: while it keeps appending, the readers
+        # of its partitions keep finding messages and are not idle (a touch alone keeps the rest)
+        last = self._appended.get(topic)
+        quiet = last is None or now - last >= PING_AFTER_QUIET_S
+        self._appended[topic] = now
         if now - self._woken.get(topic, -WAKE_REFRESH_S) < WAKE_REFRESH_S:
             return
         self._woken[topic] = now
-        task = asyncio.get_running_loop().create_task(self._touch_and_ping(topic))
+        task = asyncio.get_running_loop().create_task(self._touch_and_ping(topic, ping=quiet))
         self._wake_tasks.add(task)
         task.add_done_callback(self._wake_tasks.discard)
 
-    async def _touch_and_ping(self, topic: str) -> None:
+    async def _touch_and_ping(self, topic: str, *, ping: bool) -> None:
         # the ping follows the touch: a pinged member looks at the wake object and must find it
         # changed (a touch that did not land leaves the readers to their wake poll)
-        if await touch_wake(self.storage, self.keys, topic, self.id) and self.pings is not None:
+        if await touch_wake(self.storage, self.keys, topic, self.id) and ping and self.pings is not None:
             await self.pings.ping(topic)
 
     def _move_on(self, topic: str, partition: int) -> None:

@@ -23,6 +23,7 @@ from bucketq.bench.metered import MeteredStore
 from bucketq.core.pings import PING_LOOK_GAP_S, ping_payload, valid_address
 from bucketq.core.udp_pings import UdpPings, advertised_host, udp_pings
 from bucketq.errors import StorageError
+from bucketq.storage import Storage
 from bucketq.storage.memory import MemoryStore
 from tests.support.engine_helpers import Backend
 
@@ -300,3 +301,91 @@ async def test_no_route_to_the_bucket_turns_pings_off_with_a_warning(
         assert await udp_pings(unresolvable) is None
     assert "BUCKETQ_PING__ADVERTISE_HOST" in caplog.text
     assert await udp_pings(Settings.from_dict({**MEMORY, "ping": {"enabled": False}})) is None
+
+
+class _FailingMemberLists(MeteredStore):
+    """A store whose LISTs of the member registry fail (the producer's directory read)."""
+
+    def list(self, prefix: str, *, start_after: str | None = None):  # type: ignore[no-untyped-def]
+        if "/_registry/members/" in f"/{prefix}":
+            raise StorageError("LIST refused")
+        return super().list(prefix, start_after=start_after)
+
+
+async def test_a_directory_that_cannot_be_listed_sends_the_known_addresses_and_fails_nothing() -> None:
+    store = MeteredStore(MemoryStore())
+    b = Backend("memory", MEMORY, store)
+    try:
+        _, member = await _idle_member(b)
+        producer_bq = await b.connect()
+        pings = producer_bq._pings
+        assert pings is not None
+        assert await pings.ping("t") == 1  # learns the member's address
+        failing = _FailingMemberLists(store.inner)
+        pings.storage = Storage(failing)
+        assert await pings.ping("t") == 1  # the LIST failed: the address it knew still gets its ping
+        got = await member.poll(1, 0.5)
+        assert got == []  # nothing was published: the ping's look found no change
+    finally:
+        await b.close_all()
+
+
+async def test_a_ping_to_a_gone_member_is_dropped_and_the_socket_keeps_working() -> None:
+    network = UdpPings("127.0.0.1")
+    received: list[bytes] = []
+    address = await network.open(received.append)
+    assert address is not None
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as gone:
+        gone.bind(("127.0.0.1", 0))
+        dead = f"udp://127.0.0.1:{gone.getsockname()[1]}"
+    try:
+        for _ in range(3):
+            network.send(dead, b"x")  # ICMP port unreachable comes back: logged, not raised
+            network.send("udp://[::1]:9", b"x")  # another address family: dropped
+            await asyncio.sleep(0.05)
+        network.send(address, ping_payload("t/.wake"))
+        for _ in range(100):
+            if received:
+                break
+            await asyncio.sleep(0.01)
+        assert received == [ping_payload("t/.wake")]
+    finally:
+        network.close()
+        network.close()  # twice is fine
+    network.send(address, b"after close")  # dropped, no error
+
+
+async def test_a_producer_pings_after_a_quiet_spell_not_on_every_touch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """While a producer keeps appending, its refresh touches go without pings (the readers of its
+    partitions are finding messages); after a quiet spell, the next touch pings again."""
+    monkeypatch.setattr("bucketq.core.producer.WAKE_REFRESH_S", 0.5)
+    monkeypatch.setattr("bucketq.core.producer.PING_AFTER_QUIET_S", 0.4)
+    store = MeteredStore(MemoryStore())
+    b = Backend("memory", MEMORY, store)
+    try:
+        await _idle_member(b)
+        producer_bq = await b.connect()
+        producer = await producer_bq.register_producer("p")
+        pings = producer_bq._pings
+        assert pings is not None
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:  # an append every 0.1 s: touches every 0.5 s
+            await producer.publish("t", "stream")
+            await asyncio.sleep(0.1)
+        await producer.flush()
+        await asyncio.sleep(0.1)
+        touches = sum(n for call, n in store.calls.items() if call.startswith("PUT wake"))
+        assert touches >= 3, store.calls
+        assert pings.sent == 1  # the stream's first touch only
+        await asyncio.sleep(0.6)  # quiet
+        await producer.publish("t", "after a quiet spell")
+        await producer.flush()
+        for _ in range(100):
+            if pings.sent == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert pings.sent == 2
+    finally:
+        await b.close_all()
