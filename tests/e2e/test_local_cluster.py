@@ -428,7 +428,8 @@ def run_scenario(
     assert not refused["allowed"] and "does not exist" in refused["status"]["message"], refused
 
     # -- the kubelet: the native sidecar first, then the app ------------------------------------------
-    fields = {"metadata.namespace": NAMESPACE, "metadata.name": pod_name}
+    # the pod's processes run on this host: its IP (where producers ping the sidecar) is loopback
+    fields = {"metadata.namespace": NAMESPACE, "metadata.name": pod_name, "status.podIP": "127.0.0.1"}
     pod_secrets = {"bucketq-s3": read_secret(kube, "bucketq-s3", NAMESPACE)}
     sidecar = sidecars[0]
     assert sidecar["image"] == container["image"], "the sidecar runs the operator's image"
