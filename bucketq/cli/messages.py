@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import time
 from typing import TYPE_CHECKING, Any, Literal
 
 import typer
@@ -14,6 +13,7 @@ from rich.markup import escape
 from bucketq.cli.connection import Connection, connection
 from bucketq.cli.errors import EXIT_ERROR, CliError, fail, out, run, stderr, warn
 from bucketq.cli.formats import parse_headers, parse_payload
+from bucketq.cli.peek import print_message_line
 
 if TYPE_CHECKING:
     from bucketq import Message, Producer, PublishResult
@@ -185,8 +185,8 @@ def consume(
     """Print messages and ack them (at-least-once: a message is acked only after it is printed).
 
     Consuming joins the consumer group (creating its subscription, which keeps the topic's data
-    until it has consumed it: delete it with ``bucketq consumer delete``). It stops after ``--max``
-    messages (default 10) or ``--wait`` idle seconds; ``--follow`` runs until interrupted.
+    until it has consumed it: delete it with bucketq consumer delete). It stops after --max
+    messages (default 10) or --wait idle seconds; --follow runs until interrupted.
     """
     conn = connection(ctx)
     if no_ack and dead_letter:
@@ -290,11 +290,7 @@ def _print_message(msg: Message, as_json: bool, *, acked: bool) -> None:
     if as_json:
         typer.echo(json.dumps(message_json(msg, acked=acked), ensure_ascii=False))
         return
-    when = time.strftime("%H:%M:%S", time.localtime(msg.created_at))
-    meta = [f"p{msg.partition}@{msg.offset}", when, msg.id]
-    if msg.key is not None:
-        meta.append(f"key={msg.key}")
-    meta.extend(f"{k}={v}" for k, v in msg.headers.items())
-    if msg.deliveries > 1:
-        meta.append(f"delivery {msg.deliveries}")
-    out().print(f"[dim]{escape(' '.join(meta))}[/] {escape(_body_text(msg))}")
+    meta = [f"delivery {msg.deliveries}"] if msg.deliveries > 1 else []
+    print_message_line(
+        msg.partition, msg.offset, msg.created_at, msg.id, msg.key, msg.headers, meta, _body_text(msg)
+    )
