@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 
 from bucketq._extras import install_hint, missing_module
-from bucketq.cli import bench, consumers, dlq, gc, messages, peek, stats, topics
+from bucketq.cli import bench, consumers, dev, dlq, gc, messages, peek, runner, stats, topics
 from bucketq.cli.connection import Connection
 from bucketq.cli.errors import EXIT_ERROR
 
@@ -112,6 +112,7 @@ app.command("peek")(peek.peek)
 app.command("stats")(stats.stats)
 app.command("gc")(gc.gc)
 app.command("bench")(bench.bench)
+app.command("dev")(dev.command)
 
 
 def _demo_command() -> None:
@@ -147,6 +148,10 @@ def _optional_commands() -> None:
     Whether an extra is installed is looked up without importing it, so ``bucketq --help`` stays
     fast; a missing one leaves a stand-in command that names the extra to install.
     """
+    if missing_module("sidecar") is None:
+        app.command("run", cls=runner.SplitAtDashes)(runner.command)
+    else:
+        _needs_extra("run", "sidecar")
     for name, extra, module, attr in (
         ("sidecar", "sidecar", "bucketq.sidecar.cli", "command"),
         ("operator", "operator", "bucketq.operator.cli", "command"),
