@@ -80,7 +80,7 @@ def bench(
         [],
         "--scenario",
         "-s",
-        help="Scenario to run (repeatable; default publish, consume, e2e, latency).",
+        help="Scenario to run (repeatable). \\[default: publish, consume, e2e, latency]",
         show_default=False,
     ),
     messages: int = typer.Option(
@@ -108,7 +108,7 @@ def bench(
     profile: Profile | None = typer.Option(
         None,
         "--profile",
-        help="Engine profile of every connection (default: the engine's default).",
+        help="Engine profile of every connection. \\[default: the engine's default]",
         show_default=False,
     ),
     idle_seconds: float = typer.Option(
@@ -153,7 +153,7 @@ def bench(
     ),
     spark: bool = typer.Option(False, "--spark", help="Spark read and write throughput on local[2] instead."),
 ) -> None:
-    """Measure throughput, S3 requests and their list price per message, latency, duplicates and losses."""
+    """Measure throughput, S3 requests and cost per message, latency, losses."""
     idle_via_sidecar = via is Via.sidecar and [s.value for s in scenario] == ["idle"]
     if via is Via.sidecar and "idle" in [s.value for s in scenario] and not idle_via_sidecar:
         raise typer.BadParameter("-s idle --via sidecar runs on its own", param_hint="--via")

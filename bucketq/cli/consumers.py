@@ -46,7 +46,7 @@ def _row(s: SubscriptionStats, now: float) -> dict[str, Any]:
 @app.command("list")
 def list_command(
     ctx: typer.Context,
-    topic: str | None = typer.Argument(None, help="Only this topic (default: every topic)."),
+    topic: str | None = typer.Argument(None, help="Only this topic. \\[default: every topic]"),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
     """Subscriptions with backlog, leased, dead-lettered, members and idle time."""
@@ -180,8 +180,10 @@ def delete(
     consumer: str = typer.Argument(..., help="Consumer (group) name."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
 ) -> None:
-    """Delete a subscription: its cursors go, so it no longer holds the topic's retention. Members
-    still running recreate it from their start position."""
+    """Delete a subscription: its cursors go, so it no longer holds the topic's data.
+
+    Members still running recreate it from their start position.
+    """
     conn = connection(ctx)
     confirm(
         f"Delete subscription {consumer!r} of {topic!r}?",

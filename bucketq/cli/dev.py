@@ -93,8 +93,8 @@ def command(
     directory: Path | None = typer.Option(
         None,
         "--dir",
-        help="Where the state, the log and the file store live [default: $BUCKETQ_DEV_DIR or "
-        "~/.local/state/bucketq/dev].",
+        help="Where the state, the log and the file store live. \\[default: $BUCKETQ_DEV_DIR or "
+        "~/.local/state/bucketq/dev]",
         show_default=False,
     ),
     port: int = typer.Option(0, "--port", min=0, max=65535, help="The S3 server's port (0: a free one)."),
@@ -102,7 +102,7 @@ def command(
         False, "--stop", help="Stop the server and print the lines that unset the variables."
     ),
 ) -> None:
-    """Start a local bucket and print the environment that points at it: eval "$(bucketq dev)".
+    """Start a local bucket and print its environment: eval "$(bucketq dev)".
 
     The S3 server keeps running in the background (a second run reuses it) until bucketq dev
     --stop. Every bucketq command, the sidecar, bucketq run and the library read these

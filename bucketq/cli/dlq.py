@@ -95,7 +95,7 @@ def show(
     topic: str = typer.Argument(..., help="A topic (its dead letters) or a dead-letter topic."),
     limit: int = typer.Option(10, "--max", "-n", min=1, help="Show at most this many."),
     everything: bool = typer.Option(
-        False, "--all", help="Also show dead letters already redriven (default: only those waiting)."
+        False, "--all", help="Also show dead letters already redriven. \\[default: only those waiting]"
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per dead letter."),
 ) -> None:
@@ -178,7 +178,7 @@ def redrive(
     ctx: typer.Context,
     topic: str = typer.Argument(..., help="A topic (its dead letters) or a dead-letter topic."),
     to: str | None = typer.Option(
-        None, "--to", help="Move into this topic (default: each dead letter's source topic)."
+        None, "--to", help="Move into this topic. \\[default: each dead letter's source topic]"
     ),
     rate: float | None = typer.Option(
         None, "--rate", min=0.001, help="At most this many messages per second."

@@ -34,7 +34,7 @@ DELETED_KINDS = (
 
 def gc(
     ctx: typer.Context,
-    topics: list[str] | None = typer.Argument(None, help="Only these topics (default: every topic)."),
+    topics: list[str] | None = typer.Argument(None, help="Only these topics. \\[default: every topic]"),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
     """Collect garbage once: what retention frees, old cursor deltas, stale heartbeats.

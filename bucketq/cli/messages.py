@@ -37,7 +37,7 @@ def publish(
     header: list[str] = typer.Option([], "--header", "-H", help="Header name=value (repeatable)."),
     raw: bool = typer.Option(False, "--raw", help="Send each payload as text data instead of parsing JSON."),
     content_type: str | None = typer.Option(
-        None, "--content-type", help=f"With --raw (default {RAW_CONTENT_TYPE})."
+        None, "--content-type", help=f"With --raw. \\[default: {RAW_CONTENT_TYPE}]"
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON result per message."),
 ) -> None:
@@ -182,7 +182,7 @@ def consume(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per message."),
 ) -> None:
-    """Print messages and ack them (at-least-once: a message is acked only after it is printed).
+    """Print messages and ack each once printed (at least once).
 
     Consuming joins the consumer group (creating its subscription, which keeps the topic's data
     until it has consumed it: delete it with bucketq consumer delete). It stops after --max

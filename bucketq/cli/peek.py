@@ -23,7 +23,7 @@ def peek(
     topic: str = typer.Argument(..., help="Topic to look at."),
     limit: int = typer.Option(10, "--max", "-n", min=1, help="Show at most this many messages."),
     partition: list[int] = typer.Option(
-        [], "--partition", "-p", help="Only this partition (repeatable; default: all)."
+        [], "--partition", "-p", help="Only this partition (repeatable). \\[default: all]"
     ),
     offset: int | None = typer.Option(
         None, "--offset", min=0, help="Start at this offset in each chosen partition."
@@ -44,8 +44,10 @@ def peek(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per message."),
 ) -> None:
-    """Show messages without consuming them: no lease is taken and no delivery is counted, so peeking
-    never moves a message towards its dead-letter limit and never creates a subscription."""
+    """Show messages without consuming them: no lease, no delivery counted.
+
+    Peeking never moves a message towards its dead-letter limit and never creates a subscription.
+    """
     conn = connection(ctx)
     run(
         _peek(conn, topic, limit, partition, offset, since, consumer, include_done, as_json), debug=conn.debug

@@ -66,7 +66,7 @@ def command(
         None,
         "--consumer",
         "-c",
-        help="Consumer (group) name [default: the app's program name].",
+        help="Consumer (group) name. \\[default: the app's program name]",
         show_default=False,
     ),
     app_port: int | None = typer.Option(
@@ -83,7 +83,9 @@ def command(
         "60s", "--ready-timeout", help=f"Give up when the sidecar is not ready by then ({DURATION_HELP})."
     ),
 ) -> None:
-    """Run an app with a sidecar next to it: bucketq run orders -c billing -- python worker.py
+    """Run an app with a sidecar next to it, both stopped together.
+
+    bucketq run orders -c billing -- python worker.py
 
     The app finds the sidecar at $BUCKETQ_SIDECAR_URL (the bucketq clients read it); with
     --app-port the sidecar pushes messages to the app instead of waiting for pulls. The sidecar

@@ -34,7 +34,7 @@ COLUMNS = (
 
 def stats(
     ctx: typer.Context,
-    topic: str | None = typer.Argument(None, help="Only this topic (default: every topic)."),
+    topic: str | None = typer.Argument(None, help="Only this topic. \\[default: every topic]"),
     consumer: str | None = typer.Option(None, "--consumer", "-c", help="Only this consumer."),
     watch: bool = typer.Option(False, "--watch", "-w", help="Refresh every --interval until Ctrl-C."),
     interval: str = typer.Option(

@@ -33,28 +33,35 @@ app = typer.Typer(help="Create, list, describe and delete topics.", no_args_is_h
 def create(
     ctx: typer.Context,
     name: str = typer.Argument(..., help="Topic name (DNS-1123: lower-case letters, digits, '-', '.')."),
-    partitions: int | None = typer.Option(None, "--partitions", "-p", min=1, help="Partitions (default 1)."),
+    partitions: int | None = typer.Option(
+        None, "--partitions", "-p", min=1, help="Partitions. \\[default: 1]"
+    ),
     retention: str | None = typer.Option(
-        None, "--retention", help=f"Keep consumed messages at least this long ({DURATION_HELP}; default 7d)."
+        None,
+        "--retention",
+        help=f"Keep consumed messages at least this long ({DURATION_HELP}). \\[default: 7d]",
     ),
     max_message_bytes: int | None = typer.Option(
         None, "--max-message-bytes", help="Largest message accepted."
     ),
     max_deliveries: int | None = typer.Option(
-        None, "--max-deliveries", min=1, help="Dead-letter a message after this many deliveries (default 5)."
+        None,
+        "--max-deliveries",
+        min=1,
+        help="Dead-letter a message after this many deliveries. \\[default: 5]",
     ),
     dead_letter_topic: str | None = typer.Option(
-        None, "--dead-letter-topic", help="Where dead letters go (default NAME.dlq)."
+        None, "--dead-letter-topic", help="Where dead letters go. \\[default: NAME.dlq]"
     ),
     max_retention: str | None = typer.Option(
         None,
         "--max-retention",
-        help=f"Never keep a message longer, consumed or not ({DURATION_HELP}; default: no limit).",
+        help=f"Never keep a message longer, consumed or not ({DURATION_HELP}). \\[default: no limit]",
     ),
     subscription_timeout: str | None = typer.Option(
         None,
         "--subscription-timeout",
-        help="A subscription with no member and no activity this long stops holding data (default: never).",
+        help="A subscription with no member and no activity this long stops holding data. \\[default: never]",
     ),
 ) -> None:
     """Create a topic (idempotent: an existing topic is kept as it is)."""
