@@ -11,7 +11,7 @@ from typing import Any
 import typer
 
 from bucketq._extras import install_hint, missing_module
-from bucketq.cli import bench, consumers, dev, dlq, gc, messages, peek, runner, stats, topics
+from bucketq.cli import bench, consumers, dev, dlq, gc, messages, peek, runner, stats, topics, worker
 from bucketq.cli.connection import Connection
 from bucketq.cli.errors import EXIT_ERROR
 
@@ -133,6 +133,7 @@ app.command("stats")(stats.stats)
 app.command("gc")(gc.gc)
 app.command("bench")(bench.bench)
 app.command("dev")(dev.command)
+app.command("worker")(worker.command)
 
 
 def _demo_command() -> None:

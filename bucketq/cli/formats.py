@@ -107,7 +107,7 @@ def human_duration(seconds: float | None) -> str:
     if seconds < 1:
         return f"{seconds * 1000:.0f}ms"
     if seconds < 10:
-        return f"{seconds:.1f}s"
+        return f"{seconds:.1f}".removesuffix(".0") + "s"
     s = int(seconds)
     if s < 60:
         return f"{s}s"

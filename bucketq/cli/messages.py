@@ -16,6 +16,8 @@ from bucketq.cli.formats import parse_headers, parse_payload
 from bucketq.cli.peek import print_message_line
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from bucketq import Message, Producer, PublishResult
 
 RAW_CONTENT_TYPE = "text/plain; charset=utf-8"
@@ -235,7 +237,7 @@ async def _consume(
                     continue
                 break
             for msg in messages:
-                _print_message(msg, as_json, acked=settle == "ack")
+                print_message(msg, as_json, acked=settle == "ack")
             got += len(messages)
             if no_ack:
                 held.extend(messages)
@@ -286,11 +288,19 @@ def _body_text(msg: Message) -> str:
     return f"<{len(msg.data)} bytes {msg.content_type}>"
 
 
-def _print_message(msg: Message, as_json: bool, *, acked: bool) -> None:
+def print_message(msg: Message, as_json: bool, *, acked: bool, console: Console | None = None) -> None:
     if as_json:
         typer.echo(json.dumps(message_json(msg, acked=acked), ensure_ascii=False))
         return
     meta = [f"delivery {msg.deliveries}"] if msg.deliveries > 1 else []
     print_message_line(
-        msg.partition, msg.offset, msg.created_at, msg.id, msg.key, msg.headers, meta, _body_text(msg)
+        console or out(),
+        msg.partition,
+        msg.offset,
+        msg.created_at,
+        msg.id,
+        msg.key,
+        msg.headers,
+        meta,
+        _body_text(msg),
     )

@@ -14,6 +14,8 @@ from bucketq.cli.errors import CliError, out, run, stderr
 from bucketq.cli.formats import TIME_HELP, human_time, parse_time
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from bucketq import Bucketq
     from bucketq.core.peek import PeekedMessage
 
@@ -109,7 +111,7 @@ def body_text(message: PeekedMessage) -> str:
     return f"<{len(record.data)} bytes {record.content_type}>"
 
 
-def print_peeked(message: PeekedMessage, as_json: bool) -> None:
+def print_peeked(message: PeekedMessage, as_json: bool, console: Console | None = None) -> None:
     if as_json:
         typer.echo(json.dumps(message.to_json(), ensure_ascii=False))
         return
@@ -120,6 +122,7 @@ def print_peeked(message: PeekedMessage, as_json: bool) -> None:
         if message.deliveries:
             meta.append(f"deliveries={message.deliveries}")
     print_message_line(
+        console or out(),
         message.partition,
         message.offset,
         record.created_at,
@@ -132,6 +135,7 @@ def print_peeked(message: PeekedMessage, as_json: bool) -> None:
 
 
 def print_message_line(
+    console: Console,
     partition: int,
     offset: int,
     created_at: float,
@@ -147,4 +151,4 @@ def print_message_line(
     if key is not None:
         parts.append(f"key={key}")
     parts.extend(f"{k}={v}" for k, v in headers.items())
-    out().print(f"[dim]{escape(' '.join(parts))}[/] {escape(body)}")
+    console.print(f"[dim]{escape(' '.join(parts))}[/] {escape(body)}")
