@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
-from bucketq.cli.choices import LogLevel
+from bucketq.log_levels import LogLevel
 from bucketq.errors import ConfigError
 
 

@@ -13,7 +13,7 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from bucketq.cli.choices import LogLevel
+from bucketq.log_levels import LogLevel
 from bucketq.errors import ConfigError
 
 

@@ -1,4 +1,4 @@
-"""Choices shared by commands of several components (the help lists them)."""
+"""The log levels a command accepts (its help lists them): shared by the sidecar and the operator."""
 
 from __future__ import annotations
 

@@ -1,0 +1,217 @@
+"""``bucketq dev`` (a local bucket and its environment) and ``bucketq run`` (an app with its
+sidecar), as real processes: the examples run under it in pull and push mode, the two stop
+together whichever ends first, even when ``bucketq run`` itself is killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+
+def base_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("BUCKETQ_", "AWS_"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(ROOT), env.get("PYTHONPATH"))))
+    env["PATH"] = os.pathsep.join((str(Path(sys.executable).parent), env.get("PATH", "")))
+    return env | extra
+
+
+def bq(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "bucketq.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+    )
+
+
+def ok(*args: str, env: dict[str, str]) -> str:
+    result = bq(*args, env=env)
+    assert result.returncode == 0, (
+        f"bucketq {' '.join(args)} -> {result.returncode}: {result.stdout}{result.stderr}"
+    )
+    return result.stdout
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def exported(lines: str) -> dict[str, str]:
+    return dict(re.findall(r"^export (\w+)=(\S+)$", lines, re.MULTILINE))
+
+
+def sidecar_pid(stderr: str) -> int:
+    return int(re.search(r"bucketq run: sidecar at \S+ \(.*\), pid (\d+)", stderr)[1])  # type: ignore[index]
+
+
+@pytest.fixture
+def file_env(tmp_path: Path) -> dict[str, str]:
+    """The environment ``bucketq dev --backend file`` prints (no server)."""
+    env = base_env(BUCKETQ_DEV_DIR=str(tmp_path / "dev"))
+    return env | exported(ok("dev", "--backend", "file", env=env))
+
+
+@pytest.mark.s3
+def test_dev_starts_reuses_and_stops_a_moto_server(tmp_path: Path) -> None:
+    env = base_env(BUCKETQ_DEV_DIR=str(tmp_path / "dev"))
+    first = bq("dev", env=env)
+    assert first.returncode == 0, first.stderr
+    variables = exported(first.stdout)
+    assert variables["BUCKETQ_BACKEND"] == "s3" and variables["BUCKETQ_S3_BUCKET"] == "bucketq-dev"
+    pid = int(re.search(r"pid (\d+)", first.stderr)[1])  # type: ignore[index]
+    try:
+        assert exported(ok("dev", env=env)) == variables  # the running server is reused
+        with_env = env | variables
+        ok("topic", "create", "orders", env=with_env)
+        assert json.loads(ok("topic", "list", "--json", env=with_env)) == ["orders"]
+        # it lives in its own session: it outlived the command that started it
+        assert alive(pid) and os.getsid(pid) == pid
+    finally:
+        stopped = bq("dev", "--stop", env=env)
+    assert stopped.returncode == 0 and "unset BUCKETQ_S3_ENDPOINT_URL" in stopped.stdout
+    deadline = time.monotonic() + 10
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(pid)
+    assert "no dev server running" in bq("dev", "--stop", env=env).stderr
+
+
+def test_first_run_without_a_bucket_names_bucketq_dev() -> None:
+    result = bq("topic", "create", "orders", env=base_env())
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "error: no bucket configured: give --bucket (and --endpoint-url) or BUCKETQ_S3_BUCKET, or start a "
+        'local one with: eval "$(bucketq dev)" (or use a directory: --backend file --file-path DIR)'
+    )
+    assert "Value error" not in bq("--backend", "file", "topic", "list", env=base_env()).stderr
+
+
+def test_run_pull_worker_example_on_the_file_store(file_env: dict[str, str]) -> None:
+    """The documented loop on the file backend: the CLI, the sidecar and the app share a directory."""
+    ok("topic", "create", "orders", "-p", "2", env=file_env)
+    ok("publish", "orders", '{"id": 1, "amount": 5}', '{"id": 2}', '{"id": 3}', env=file_env)
+    result = bq(
+        "run",
+        "orders",
+        "--",
+        "python",
+        "examples/worker.py",
+        "--max-messages",
+        "3",
+        "--wait",
+        "1",
+        env=file_env,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "worker done: 3 processed, 0 failed" in result.stdout
+    assert "(consumer worker of orders)" in result.stderr  # the consumer is named after the app
+    assert "sidecar | " in result.stderr and "stopped (exit code 0)" in result.stderr
+    assert not alive(sidecar_pid(result.stderr))
+    (row,) = json.loads(ok("stats", "orders", "-c", "worker", "--json", env=file_env))
+    assert (row["acked"], row["backlog"], row["in_flight"]) == (3, 0, 0)
+
+
+def test_run_without_topics_is_publish_only_and_the_worker_says_what_to_do(file_env: dict[str, str]) -> None:
+    result = bq("run", "--", "python", "examples/worker.py", env=file_env)
+    assert result.returncode == 2
+    assert "(publish only)" in result.stderr
+    assert (
+        "the sidecar consumes no topic: name it, e.g. bucketq run orders -- python examples/worker.py"
+        in result.stderr
+    )
+
+
+def test_run_push_mode_delivers_to_the_app_port(file_env: dict[str, str]) -> None:
+    from tests.support.servers import free_ports
+
+    ok("topic", "create", "orders", env=file_env)
+    ok("publish", "orders", '{"id": 1}', '{"id": 2, "flaky": true}', '{"no": "id"}', env=file_env)
+    (port,) = free_ports(1)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bucketq.cli", "run", "orders", "-c", "pushed", "--app-port", str(port), "--",
+         "python", "examples/push_worker.py"],
+        env=file_env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:  # two acked (one after a RETRY), the one without an id dropped to the dead letters
+            stats = json.loads(ok("stats", "orders", "-c", "pushed", "--json", env=file_env) or "[]")
+            if stats and stats[0]["acked"] == 2 and stats[0]["dead_lettered"] == 1:
+                break
+            assert time.monotonic() < deadline and proc.poll() is None, "push delivery did not finish"
+            time.sleep(0.3)
+    finally:
+        proc.send_signal(signal.SIGTERM)  # passed on to the app; then the sidecar drains
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert f"--app-port {port}" not in err and "(consumer pushed of orders)" in err
+    assert f"push handler listening on http://127.0.0.1:{port}/bucketq" in err  # BUCKETQ_APP_PORT reached it
+    assert not alive(sidecar_pid(err))
+
+
+def test_the_apps_exit_code_and_environment(file_env: dict[str, str]) -> None:
+    app = (
+        "import os, sys, urllib.request; url = os.environ['BUCKETQ_SIDECAR_URL'];"
+        "print(urllib.request.urlopen(url + '/readyz').status); sys.exit(7)"
+    )
+    result = bq("run", "--", "python", "-c", app, env=file_env)
+    assert result.returncode == 7 and result.stdout.strip() == "200"  # the sidecar was ready first
+
+
+def test_a_sidecar_that_cannot_get_ready_never_starts_the_app(
+    file_env: dict[str, str], tmp_path: Path
+) -> None:
+    marker = tmp_path / "started"
+    result = bq("run", "missing", "--ready-timeout", "3s", "--", "touch", str(marker), env=file_env)
+    assert result.returncode == 1
+    assert "error: the sidecar was not ready within 3s:" in result.stderr
+    assert not marker.exists()
+    assert not alive(sidecar_pid(result.stderr))
+
+
+def test_when_the_sidecar_dies_the_app_is_stopped(file_env: dict[str, str]) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bucketq.cli", "run", "--", "python", "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(600)"],
+        env=file_env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    app_pid = int(proc.stdout.readline())
+    err_head = proc.stderr.readline()
+    os.kill(sidecar_pid(err_head), signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert "the sidecar exited with code -9: stopping the app" in err
+    assert not alive(app_pid)
+
+
+def test_killing_bucketq_run_stops_both(file_env: dict[str, str]) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bucketq.cli", "run", "--", "python", "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(600)"],
+        env=file_env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert proc.stdout is not None and proc.stderr is not None
+    app_pid = int(proc.stdout.readline())
+    sidecar = sidecar_pid(proc.stderr.readline())
+    proc.kill()  # SIGKILL: no cleanup of its own
+    proc.wait(10)
+    deadline = time.monotonic() + 30
+    while (alive(app_pid) or alive(sidecar)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(app_pid) and not alive(sidecar)
