@@ -11,8 +11,8 @@ from typing import Annotated, Any
 import typer
 from pydantic import ValidationError
 
-from bucketq.log_levels import LogLevel
 from bucketq.errors import ConfigError
+from bucketq.log_levels import LogLevel
 
 
 def command(

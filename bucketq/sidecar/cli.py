@@ -13,8 +13,8 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from bucketq.log_levels import LogLevel
 from bucketq.errors import ConfigError
+from bucketq.log_levels import LogLevel
 
 
 class DeliveryChoice(StrEnum):

@@ -159,7 +159,7 @@ def test_run_push_mode_delivers_to_the_app_port(file_env: dict[str, str]) -> Non
             time.sleep(0.3)
     finally:
         proc.send_signal(signal.SIGTERM)  # passed on to the app; then the sidecar drains
-        out, err = proc.communicate(timeout=60)
+        _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     assert f"--app-port {port}" not in err and "(consumer pushed of orders)" in err
     assert f"push handler listening on http://127.0.0.1:{port}/bucketq" in err  # BUCKETQ_APP_PORT reached it
