@@ -130,11 +130,20 @@ def _print_environment(state: DevState, where: Path) -> None:
     else:
         stderr().print(
             f"[green]✓[/] moto S3 server at {state.endpoint_url} (pid {state.pid}, bucket {DEV_BUCKET}, "
-            f'log {where / "moto.log"}); stop it with: eval "$(bucketq dev --stop)"',
+            f'log {_shown(where / "moto.log")}); stop it with: eval "$(bucketq dev --stop)"',
             highlight=False,
         )
     if sys.stdout.isatty():
         stderr().print('[dim]to use it in this shell: eval "$(bucketq dev)"[/]', highlight=False)
+
+
+def _shown(path: Path) -> str:
+    """``path`` with the home directory as ``~``, as a person would type it."""
+    home = Path.home()
+    try:
+        return "~/" + str(path.resolve().relative_to(home.resolve()))
+    except ValueError:
+        return str(path)
 
 
 def _file_store(where: Path) -> DevState:
