@@ -188,7 +188,7 @@ def consume(
 
     Consuming joins the consumer group (creating its subscription, which keeps the topic's data
     until it has consumed it: delete it with bucketq consumer delete). It stops after --max
-    messages (default 10) or --wait idle seconds; --follow runs until interrupted.
+    messages or --wait idle seconds; --follow runs until interrupted.
     """
     conn = connection(ctx)
     if no_ack and dead_letter:

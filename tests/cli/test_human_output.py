@@ -208,3 +208,55 @@ def test_destructive_commands_refuse_alike_without_yes_off_a_terminal(
     assert result.stderr.strip() == f"error: refusing to {action} without --yes (stdin is not a terminal)"
     assert result.stdout == ""
     assert "g" in cli.ok("consumer", "list", "jobs")  # nothing changed
+
+
+# -- the findings, one by one (each failed before the fix) ----------------------------------------
+
+
+def test_gc_prints_a_report_for_people_on_a_topic_with_data(tmp_path: Path) -> None:
+    cli = Session(tmp_path / "bucket")
+    cli.ok("topic", "create", "jobs")
+    cli.ok("publish", "jobs", "1", "2")
+    text = cli.ok("gc")  # it used to crash: "unsupported format string passed to dict.__format__"
+    assert text.startswith("gc of every topic: ")
+    assert re.search(r"^jobs\s+1\s+\S+B\s+0$", text, re.MULTILINE), text
+
+
+def test_names_are_whole_when_piped_at_80_columns(tmp_path: Path) -> None:
+    cli = Session(tmp_path / "bucket")
+    cli.ok("topic", "create", TOPIC, "--retention", "90m")
+    cli.ok("consume", TOPIC, "-c", GROUP, "-n", "1", "--wait", "0.1")
+    for args in (("topic", "list"), ("stats",), ("consumer", "list")):
+        text = cli.ok(*args)
+        assert TOPIC in text and "…" not in text, text
+        rows = [line for line in text.splitlines() if TOPIC in line]
+        assert rows and all(len(line.split()) > 2 for line in rows), text  # one line per row
+    assert re.search(rf"^{re.escape(TOPIC)}\s+1\s+0\s+1\s+1h30m$", cli.ok("topic", "list"), re.MULTILINE)
+
+
+def test_topic_describe_shows_the_limits_that_are_set(tmp_path: Path) -> None:
+    cli = Session(tmp_path / "bucket")
+    cli.ok("topic", "create", "jobs", "--max-retention", "30d", "--subscription-timeout", "3d")
+    text = cli.ok("topic", "describe", "jobs")
+    assert re.search(r"max retention\s+30d", text) and re.search(r"subscription timeout\s+3d", text), text
+
+
+def test_dlq_show_is_a_table_of_reason_consumer_and_age(tmp_path: Path) -> None:
+    cli = Session(tmp_path / "bucket")
+    cli.ok("topic", "create", "jobs")
+    cli.ok("publish", "jobs", '{"id": 7}')
+    cli.ok("consume", "jobs", "-c", "billing", "-n", "1", "--dead-letter")
+    text = cli.ok("dlq", "show", "jobs")
+    header, row = text.splitlines()
+    assert header.split() == ["POSITION", "AGE", "FROM", "CONSUMER", "DELIVERIES", "REASON", "PAYLOAD"]
+    assert re.fullmatch(r'p0@0\s+\d+(\.\d)?(ms|s)\s+jobs/p0\s+billing\s+1\s+nack\s+\{"id": 7\}', row), row
+
+
+def test_consume_and_peek_print_one_date_time_format(tmp_path: Path) -> None:
+    cli = Session(tmp_path / "bucket")
+    cli.ok("topic", "create", "jobs")
+    cli.ok("publish", "jobs", "1")
+    peeked = cli.ok("peek", "jobs").split()
+    consumed = cli.ok("consume", "jobs", "-c", "g", "-n", "1").split()
+    assert peeked[:4] == consumed[:4]  # position, date, time, id
+    assert DATE_TIME.fullmatch(f"{consumed[1]} {consumed[2]}")
