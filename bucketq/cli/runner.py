@@ -60,13 +60,15 @@ class SplitAtDashes(TyperCommand):
 def command(
     ctx: typer.Context,
     topics: list[str] | None = typer.Argument(
-        None, help="Topics the app consumes (none: a publish-only sidecar).", show_default=False
+        None,
+        help="Topics the app consumes. \\[default: $BUCKETQ_SIDECAR_TOPICS, else none: a publish-only sidecar]",
+        show_default=False,
     ),
     consumer: str | None = typer.Option(
         None,
         "--consumer",
         "-c",
-        help="Consumer (group) name. \\[default: the app's program name]",
+        help="Consumer (group) name. \\[default: $BUCKETQ_SIDECAR_CONSUMER, else the app's program name]",
         show_default=False,
     ),
     app_port: int | None = typer.Option(
@@ -102,6 +104,11 @@ def command(
                 "--app-port (push mode) needs the topics to consume: bucketq run orders --app-port ..."
             )
         timeout = parse_duration(ready_timeout)
+        # as for the sidecar itself, the environment may name what it consumes
+        topics = topics or [
+            t.strip() for t in os.environ.get("BUCKETQ_SIDECAR_TOPICS", "").split(",") if t.strip()
+        ]
+        consumer = consumer or os.environ.get("BUCKETQ_SIDECAR_CONSUMER") or None
         group = consumer or (default_consumer(argv) if topics else None)
         engine = conn.settings()
     except Exception as exc:  # bad input, bad settings: one line, exit 2

@@ -215,3 +215,12 @@ def test_killing_bucketq_run_stops_both(file_env: dict[str, str]) -> None:
     while (alive(app_pid) or alive(sidecar)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not alive(app_pid) and not alive(sidecar)
+
+
+def test_run_takes_its_topics_from_the_environment_as_the_sidecar_does(file_env: dict[str, str]) -> None:
+    ok("topic", "create", "orders", env=file_env)
+    ok("publish", "orders", '{"id": 1}', env=file_env)
+    env = file_env | {"BUCKETQ_SIDECAR_TOPICS": "orders"}
+    result = bq("run", "--", "python", "examples/worker.py", "--max-messages", "1", "--wait", "1", env=env)
+    assert result.returncode == 0, result.stderr
+    assert "(consumer worker of orders)" in result.stderr and "worker done: 1 processed" in result.stdout
