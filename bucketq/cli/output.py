@@ -14,6 +14,7 @@ Invariants (tests/cli/test_human_output.py checks them on every command):
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -74,8 +75,19 @@ def plain_table(columns: Sequence[Column], rows: Sequence[Sequence[Cell]]) -> li
     return lines
 
 
-def rich_table(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], title: str | None = None) -> Table:
-    """The table for a terminal: a bold header over a rule, no outer box."""
+def rich_table(
+    columns: Sequence[Column],
+    rows: Sequence[Sequence[Cell]],
+    title: str | None = None,
+    width: int | None = None,
+) -> Table:
+    """The table for a terminal: a bold header over a rule, no outer box.
+
+    Rich never wraps or cuts a cell here: free-text cells are wrapped beforehand (at spaces, to
+    fit ``width``; see :func:`fit_text`) and every column is as wide as its widest line. (Left to
+    itself, rich may wrap a cell at one width and draw it at a narrower one, dropping characters.)
+    """
+    rows = fit_text(columns, rows, width) if width is not None else rows
     table = Table(
         box=box.SIMPLE_HEAD,
         show_edge=False,
@@ -85,14 +97,11 @@ def rich_table(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], title:
         title_justify="left",
     )
     for i, column in enumerate(columns):
-        whole = column.kind != "text"
-        longest = _longest(column, rows, i)
         table.add_column(
             column.header,
             justify="right" if column.right else "left",
-            no_wrap=whole,
-            min_width=longest if whole else None,
-            overflow="fold",
+            no_wrap=True,
+            min_width=_widest_line(column, rows, i),
         )
     for row in rows:
         table.add_row(*row)
@@ -114,8 +123,8 @@ def print_table(
         for line in plain_table(columns, rows):
             console.print(line, markup=False, soft_wrap=True)
         return
-    table = rich_table(columns, rows, title)
-    width = narrowest(columns, rows)
+    table = rich_table(columns, rows, title, width=console.width)
+    width = table_width(columns, fit_text(columns, rows, console.width))
     if width <= console.width:
         console.print(table)
         return
@@ -125,22 +134,53 @@ def print_table(
         console.print(Segments([*segments, Segment.line()]), soft_wrap=True, end="")
 
 
-TEXT_MIN_WIDTH = 20  # a free-text column is folded to no narrower than this
+TEXT_MIN_WIDTH = 12  # a free-text column is wrapped to no narrower than this...
+TEXT_WORD_MAX = 30  # ...nor than its longest word, up to this many characters
 
 
-def _longest(column: Column, rows: Sequence[Sequence[Cell]], i: int) -> int:
-    return max([len(column.header), *(len(plain(row[i])) for row in rows)])
-
-
-def narrowest(columns: Sequence[Column], rows: Sequence[Sequence[Cell]]) -> int:
-    """The width :func:`rich_table` needs to print every whole column whole: their longest cells,
-    free text folded to ``TEXT_MIN_WIDTH``, one space of padding each side of a cell but the outer
-    ones, and a one-space rule between columns."""
-    cells = sum(
-        _longest(c, rows, i) if c.kind != "text" else min(TEXT_MIN_WIDTH, _longest(c, rows, i))
-        for i, c in enumerate(columns)
+def _widest_line(column: Column, rows: Sequence[Sequence[Cell]], i: int) -> int:
+    return max(
+        [len(column.header), *(len(line) for row in rows for line in plain(row[i]).splitlines() or [""])]
     )
-    return cells + 3 * (len(columns) - 1)
+
+
+def _narrowest_text(column: Column, rows: Sequence[Sequence[Cell]], i: int) -> int:
+    """How narrow a free-text column may be wrapped: not inside a word (a reason such as
+    ``max_deliveries``), unless the word is very long."""
+    words = [len(w) for row in rows for w in plain(row[i]).split()]
+    return min(_widest_line(column, rows, i), max(TEXT_MIN_WIDTH, min(TEXT_WORD_MAX, max(words, default=0))))
+
+
+def table_width(columns: Sequence[Column], rows: Sequence[Sequence[Cell]]) -> int:
+    """The width of :func:`rich_table`'s table: the columns, one space of padding each side of a
+    cell but the outer ones, and a one-space rule between columns."""
+    return sum(_widest_line(c, rows, i) for i, c in enumerate(columns)) + 3 * (len(columns) - 1)
+
+
+def fit_text(columns: Sequence[Column], rows: Sequence[Sequence[Cell]], width: int) -> list[Sequence[Cell]]:
+    """``rows`` with their free-text cells wrapped so that the table fits ``width`` if it can:
+    the whole columns keep their widest cell, the text columns share the rest, each no narrower
+    than :func:`_narrowest_text` and no wider than its widest line."""
+    text = [i for i, c in enumerate(columns) if c.kind == "text"]
+    if not text or table_width(columns, rows) <= width:
+        return list(rows)
+    whole = sum(_widest_line(c, rows, i) for i, c in enumerate(columns) if c.kind != "text")
+    room = width - whole - 3 * (len(columns) - 1)
+    limits: dict[int, int] = {}
+    # the narrowest content first, so that what a short column leaves goes to the others
+    for left, i in enumerate(sorted(text, key=lambda i: _widest_line(columns[i], rows, i)), start=0):
+        share = room // (len(text) - left)
+        limits[i] = max(_narrowest_text(columns[i], rows, i), min(_widest_line(columns[i], rows, i), share))
+        room -= limits[i]
+    return [
+        [
+            "\n".join(textwrap.wrap(plain(cell), limits[i], break_on_hyphens=False) or [""])
+            if i in limits
+            else cell
+            for i, cell in enumerate(row)
+        ]
+        for row in rows
+    ]
 
 
 def print_fields(pairs: Sequence[tuple[str, str]], console: Console | None = None, indent: int = 2) -> None:

@@ -15,6 +15,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rich.console import Console
 
 from bucketq import TopicConfig
@@ -215,3 +217,31 @@ def test_golden(case: str, mode: str) -> None:
             assert name in text, f"{name} is cut or wrapped in {case} ({mode})"
     if mode == "plain":
         assert "\x1b" not in text and "─" not in text and "│" not in text
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    width=st.integers(min_value=30, max_value=140),
+    names=st.lists(st.from_regex(r"[a-z][a-z0-9.-]{0,40}", fullmatch=True), min_size=1, max_size=4),
+    texts=st.lists(
+        st.lists(st.from_regex(r"[a-z0-9_{}\":,]{1,18}", fullmatch=True), max_size=12), min_size=1, max_size=4
+    ),
+)
+def test_a_terminal_table_drops_nothing(width: int, names: list[str], texts: list[list[str]]) -> None:
+    """Whatever the width: every name whole on its row's first line, every word of free text whole
+    and in order (rich alone could wrap a cell at one width and draw it narrower, dropping text)."""
+    from bucketq.cli.output import Column, print_table
+
+    rows = [
+        (name, f"{i:,}", " ".join(words))
+        for i, (name, words) in enumerate(zip(names, texts * 4, strict=False))
+    ]
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=width, force_terminal=True, color_system=None, soft_wrap=True)
+    print_table((Column("name"), Column("n", "number"), Column("text", "text")), rows, console)
+    text = buffer.getvalue()
+    body = text.splitlines()[2:]  # under the header and its rule
+    for name, _, words in rows:
+        start = next(i for i, line in enumerate(body) if line.split()[:1] == [name])
+        found = iter(" ".join(body[start:]).split())
+        assert all(any(w == f for f in found) for w in words.split()), (words, text)
