@@ -316,7 +316,13 @@ def test_malformed_config_exits_2(tmp_path: Path, text: str, fragment: str) -> N
 def test_missing_config_file_and_bad_flags_exit_2(tmp_path: Path) -> None:
     assert_error(invoke("--config", str(tmp_path / "none.yaml"), "topic", "list"), EXIT_USAGE, "cannot read")
     assert_error(invoke("--backend", "tape", "topic", "list"), EXIT_USAGE, "backend")
-    assert_error(invoke("--backend", "s3", "topic", "list"), EXIT_USAGE, "no bucket configured", "BUCKETQ_S3_BUCKET", "bucketq dev")
+    assert_error(
+        invoke("--backend", "s3", "topic", "list"),
+        EXIT_USAGE,
+        "no bucket configured",
+        "BUCKETQ_S3_BUCKET",
+        "bucketq dev",
+    )
 
 
 @pytest.mark.timeout(30)

@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.processes import alive
+from tests.support.servers import free_ports
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
@@ -43,14 +46,6 @@ def ok(*args: str, env: dict[str, str]) -> str:
         f"bucketq {' '.join(args)} -> {result.returncode}: {result.stdout}{result.stderr}"
     )
     return result.stdout
-
-
-def alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 def exported(lines: str) -> dict[str, str]:
@@ -139,8 +134,6 @@ def test_run_without_topics_is_publish_only_and_the_worker_says_what_to_do(file_
 
 
 def test_run_push_mode_delivers_to_the_app_port(file_env: dict[str, str]) -> None:
-    from tests.support.servers import free_ports
-
     ok("topic", "create", "orders", env=file_env)
     ok("publish", "orders", '{"id": 1}', '{"id": 2, "flaky": true}', '{"no": "id"}', env=file_env)
     (port,) = free_ports(1)
@@ -186,15 +179,21 @@ def test_a_sidecar_that_cannot_get_ready_never_starts_the_app(
     assert not alive(sidecar_pid(result.stderr))
 
 
-def test_when_the_sidecar_dies_the_app_is_stopped(file_env: dict[str, str]) -> None:
+def run_sleeping_app(env: dict[str, str]) -> tuple[subprocess.Popen[str], int, int]:
+    """``bucketq run`` of an app that sleeps; returns it, the app's pid and the sidecar's."""
+    app = "import os, time; print(os.getpid(), flush=True); time.sleep(600)"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "bucketq.cli", "run", "--", "python", "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(600)"],
-        env=file_env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [sys.executable, "-m", "bucketq.cli", "run", "--", "python", "-c", app],
+        env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     assert proc.stdout is not None and proc.stderr is not None
     app_pid = int(proc.stdout.readline())
-    err_head = proc.stderr.readline()
-    os.kill(sidecar_pid(err_head), signal.SIGKILL)
+    return proc, app_pid, sidecar_pid(proc.stderr.readline())
+
+
+def test_when_the_sidecar_dies_the_app_is_stopped(file_env: dict[str, str]) -> None:
+    proc, app_pid, sidecar = run_sleeping_app(file_env)
+    os.kill(sidecar, signal.SIGKILL)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1
     assert "the sidecar exited with code -9: stopping the app" in err
@@ -202,13 +201,7 @@ def test_when_the_sidecar_dies_the_app_is_stopped(file_env: dict[str, str]) -> N
 
 
 def test_killing_bucketq_run_stops_both(file_env: dict[str, str]) -> None:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bucketq.cli", "run", "--", "python", "-c", "import os, time; print(os.getpid(), flush=True); time.sleep(600)"],
-        env=file_env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    assert proc.stdout is not None and proc.stderr is not None
-    app_pid = int(proc.stdout.readline())
-    sidecar = sidecar_pid(proc.stderr.readline())
+    proc, app_pid, sidecar = run_sleeping_app(file_env)
     proc.kill()  # SIGKILL: no cleanup of its own
     proc.wait(10)
     deadline = time.monotonic() + 30
