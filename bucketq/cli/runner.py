@@ -204,6 +204,9 @@ def run_app(
     }
     with _sidecar_config(engine) as config:
         env = base | {"BUCKETQ_SIDECAR_CONFIG": str(config), "PYTHONUNBUFFERED": "1"}
+        # the sidecar is stopped only once the app has exited: no app is left to settle what it
+        # holds, so the drain would only wait (what it still holds is requeued at once)
+        env.setdefault("BUCKETQ_SIDECAR_DRAIN_GRACE_S", "0")
         sidecar = subprocess.Popen(
             args,
             stdin=subprocess.DEVNULL,

@@ -14,7 +14,7 @@ from rich.text import Text
 
 from bucketq.cli.connection import Connection, connection
 from bucketq.cli.consumers import dead_count
-from bucketq.cli.errors import CliError, fail, out, run
+from bucketq.cli.errors import EXIT_ERROR, CliError, fail, out, run
 from bucketq.cli.formats import DURATION_HELP, human_duration, human_time, parse_duration
 from bucketq.cli.output import Cell, Column, print_table, rich_table
 
@@ -40,6 +40,13 @@ def stats(
     interval: str = typer.Option(
         "2s", "--interval", help=f"With --watch: time between refreshes ({DURATION_HELP})."
     ),
+    sidecar: str | None = typer.Option(
+        None,
+        "--sidecar",
+        help="Also ask this sidecar (its API URL, e.g. $BUCKETQ_SIDECAR_URL) which of its leases its app "
+        "holds and which it prefetched.",
+        show_default=False,
+    ),
     as_json: bool = typer.Option(
         False, "--json", help="Print JSON (with per-partition detail; with --watch one line per refresh)."
     ),
@@ -54,7 +61,15 @@ def stats(
         every = parse_duration(interval)
     except CliError as exc:
         fail(exc)
+    if sidecar is not None and (watch or as_json):
+        fail(
+            CliError(
+                "--sidecar prints a line for people: not with --watch or --json (GET /v1/status is JSON)"
+            )
+        )
     run(_stats(conn, topic, consumer, as_json, every if watch else None), debug=conn.debug)
+    if sidecar is not None:
+        run(_sidecar_leases(sidecar), debug=conn.debug)
 
 
 async def _stats(
@@ -106,6 +121,26 @@ async def _watch(
             body = rich_table(COLUMNS, stats_rows(rows)) if rows else Text(_empty(topic))
             live.update(Group(head, body), refresh=True)
             await asyncio.sleep(every)
+
+
+async def _sidecar_leases(url: str) -> None:
+    """The sidecar's leases split as its /v1/status splits them: handed to the app and not settled,
+    and prefetched (held for the next pulls or pushes)."""
+    from bucketq.client import AsyncClient, SidecarError
+
+    try:
+        async with AsyncClient(url, timeout=10) as client:
+            status = await client.status()
+    except SidecarError as exc:
+        raise CliError(f"sidecar {url} did not answer its status: {exc}", EXIT_ERROR) from None
+    held = int(status.get("leases_held", 0))
+    delivered = int(status.get("delivered_unsettled", 0))
+    out().print(
+        f"sidecar {url} ({status.get('consumer') or 'publish only'}): {held:,} leased = "
+        f"{delivered:,} delivered to the app and not settled + {max(0, held - delivered):,} prefetched",
+        markup=False,
+        highlight=False,
+    )
 
 
 def _empty(topic: str | None) -> str:

@@ -217,3 +217,30 @@ def test_run_takes_its_topics_from_the_environment_as_the_sidecar_does(file_env:
     result = bq("run", "--", "python", "examples/worker.py", "--max-messages", "1", "--wait", "1", env=env)
     assert result.returncode == 0, result.stderr
     assert "(consumer worker of orders)" in result.stderr and "worker done: 1 processed" in result.stdout
+
+
+def test_stats_separates_what_the_app_holds_from_what_the_sidecar_prefetched(
+    file_env: dict[str, str],
+) -> None:
+    """The bucket knows leases only; the sidecar knows which of them it handed to its app."""
+    ok("topic", "create", "orders", env=file_env)
+    ok("publish", "orders", *(str(n) for n in range(20)), env=file_env)
+    app = (
+        "import os, subprocess, sys, time; from bucketq.client import Client\n"
+        "url = os.environ['BUCKETQ_SIDECAR_URL']\n"
+        "with Client(url) as c: held = c.pull(max_messages=3, wait=5)\n"
+        "assert len(held) == 3\n"
+        "sys.exit(subprocess.run([sys.executable, '-m', 'bucketq.cli', 'stats', 'orders', '--sidecar', url]).returncode)"
+    )
+    result = bq("run", "orders", "-c", "billing", "--", "python", "-c", app, env=file_env)
+    assert result.returncode == 0, result.stderr
+    line = re.search(
+        r"^sidecar http://\S+ \(billing\): (\d+) leased = (\d+) delivered .* \+ (\d+) prefetched$",
+        result.stdout,
+        re.M,
+    )
+    assert line, result.stdout
+    leased, delivered, prefetched = map(int, line.groups())
+    assert delivered == 3 and leased == delivered + prefetched
+    table = re.search(r"^orders\s+billing\s+20\s+(\d+)\s+(\d+)\s", result.stdout, re.M)
+    assert table and int(table[2]) >= delivered, result.stdout  # the bucket's leased column: both kinds
