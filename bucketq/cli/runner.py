@@ -217,7 +217,8 @@ def run_app(
             preexec_fn=_die_with_parent,
         )
         assert sidecar.stdout is not None
-        threading.Thread(target=_pump, args=(sidecar.stdout, "sidecar | "), daemon=True).start()
+        pump = threading.Thread(target=_pump, args=(sidecar.stdout, "sidecar | "), daemon=True)
+        pump.start()
         try:
             what = f"consumer {consumer} of {', '.join(topics)}" if consumer and topics else "publish only"
             stderr().print(
@@ -228,6 +229,7 @@ def run_app(
             return _run_app(argv, url, app_port, sidecar)
         finally:
             _stop_sidecar(sidecar)
+            pump.join(5.0)  # the sidecar's last lines (how it stopped) before this process exits
 
 
 def _wait_ready(url: str, sidecar: subprocess.Popen[bytes], timeout: float) -> bool:

@@ -244,3 +244,34 @@ def test_stats_separates_what_the_app_holds_from_what_the_sidecar_prefetched(
     assert delivered == 3 and leased == delivered + prefetched
     table = re.search(r"^orders\s+billing\s+20\s+(\d+)\s+(\d+)\s", result.stdout, re.M)
     assert table and int(table[2]) >= delivered, result.stdout  # the bucket's leased column: both kinds
+
+
+def test_ctrl_c_reaches_the_app_once_then_the_sidecar_stops(file_env: dict[str, str]) -> None:
+    """Ctrl-C at a terminal signals the foreground process group: the app (which shares it) gets
+    it once, bucketq run waits for the app and then stops the sidecar (in its own session)."""
+    import pty
+
+    master, slave = pty.openpty()
+    app = (
+        "import os, signal, sys, time\n"
+        "signal.signal(signal.SIGINT, lambda *a: (print('interrupted', flush=True), sys.exit(42)))\n"
+        "print(os.getpid(), flush=True); time.sleep(600)"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bucketq.cli", "run", "--", "python", "-c", app],
+        stdin=slave, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=file_env, cwd=ROOT, text=True,
+        start_new_session=True,  # its own process group, as a shell's foreground job
+    )  # fmt: skip
+    os.close(slave)
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        app_pid = int(proc.stdout.readline())
+        sidecar = sidecar_pid(proc.stderr.readline())
+        os.killpg(proc.pid, signal.SIGINT)  # what the terminal does on Ctrl-C
+        out, err = proc.communicate(timeout=60)
+    finally:
+        os.close(master)
+    assert proc.returncode == 42, err
+    assert out.count("interrupted") == 1  # once: bucketq run did not pass on a second SIGINT
+    assert not alive(app_pid) and not alive(sidecar)
+    assert "stopped (exit code 0)" in err
