@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,7 +37,7 @@ import typer
 import yaml
 from typer.core import TyperCommand
 
-from bucketq.cli.connection import Connection, connection
+from bucketq.cli.connection import connection
 from bucketq.cli.errors import EXIT_ERROR, CliError, fail, stderr
 from bucketq.cli.formats import DURATION_HELP, parse_duration
 
@@ -99,32 +100,32 @@ def command(
     try:
         if not argv:
             raise CliError("give the app's command after --: bucketq run [TOPIC]... -- python worker.py")
-        if app_port is not None and not topics:
-            raise CliError(
-                "--app-port (push mode) needs the topics to consume: bucketq run orders --app-port ..."
-            )
         timeout = parse_duration(ready_timeout)
         # as for the sidecar itself, the environment may name what it consumes
         topics = topics or [
             t.strip() for t in os.environ.get("BUCKETQ_SIDECAR_TOPICS", "").split(",") if t.strip()
         ]
+        if app_port is not None and not topics:
+            raise CliError(
+                "--app-port (push mode) needs the topics to consume: bucketq run orders --app-port ..."
+            )
         consumer = consumer or os.environ.get("BUCKETQ_SIDECAR_CONSUMER") or None
         group = consumer or (default_consumer(argv) if topics else None)
         engine = conn.settings()
     except Exception as exc:  # bad input, bad settings: one line, exit 2
         fail(exc, debug=conn.debug)
-    code = run_app(conn, engine_config(engine), argv, topics or [], group, app_port, app_path, port, timeout)
+    code = run_app(engine_config(engine), argv, topics or [], group, app_port, app_path, port, timeout)
     raise typer.Exit(code)
 
 
 def default_consumer(argv: list[str]) -> str:
-    """A consumer name from the app's command: its script or program, as a DNS-1123 label."""
-    import re
-
-    words = [w for w in argv if not w.startswith("-")]
-    script = next((w for w in words if w.endswith(".py")), words[-1] if words else "app")
-    stem = Path(script).stem.lower()
-    name = re.sub(r"[^a-z0-9-]+", "-", stem).strip("-")
+    """A consumer name from the app's command, as a DNS-1123 label: the module of ``python -m M``,
+    else the first ``*.py`` script, else the program (``worker`` for ``python examples/worker.py``)."""
+    if "-m" in argv[:-1]:
+        program = argv[argv.index("-m") + 1].rsplit(".", 1)[-1]
+    else:
+        program = Path(next((w for w in argv if w.endswith(".py")), argv[0])).stem
+    name = re.sub(r"[^a-z0-9-]+", "-", program.lower()).strip("-")
     return name or "app"
 
 
@@ -176,7 +177,6 @@ def _sidecar_config(engine: dict[str, Any]) -> Iterator[Path]:
 
 
 def run_app(
-    conn: Connection,
     engine: dict[str, Any],
     argv: list[str],
     topics: list[str],

@@ -275,3 +275,14 @@ def test_ctrl_c_reaches_the_app_once_then_the_sidecar_stops(file_env: dict[str, 
     assert out.count("interrupted") == 1  # once: bucketq run did not pass on a second SIGINT
     assert not alive(app_pid) and not alive(sidecar)
     assert "stopped (exit code 0)" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "name"),
+    [(["python", "examples/worker.py"], "worker"), (["python", "-m", "shop.billing_worker"], "billing-worker"),
+     (["bash"], "bash"), (["python", "-c", "pass"], "python"), (["./Run Me"], "run-me")],
+)  # fmt: skip
+def test_the_default_consumer_is_named_after_the_app(argv: list[str], name: str) -> None:
+    from bucketq.cli.runner import default_consumer
+
+    assert default_consumer(argv) == name
