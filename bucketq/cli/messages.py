@@ -12,7 +12,7 @@ from rich.markup import escape
 
 from bucketq.cli.connection import Connection, connection
 from bucketq.cli.errors import EXIT_ERROR, CliError, fail, out, run, stderr, warn
-from bucketq.cli.formats import parse_headers, parse_payload
+from bucketq.cli.formats import DURATION_HELP, human_duration, parse_duration, parse_headers, parse_payload
 from bucketq.cli.peek import print_message_line
 
 if TYPE_CHECKING:
@@ -161,13 +161,12 @@ def consume(
     max_messages: int = typer.Option(
         10, "--max", "-n", min=1, help="Stop after this many messages (ignored with --follow)."
     ),
-    wait: float = typer.Option(
-        5.0,
+    wait: str = typer.Option(
+        "5s",
         "--wait",
         "-w",
-        min=0,
-        help="Stop after this many seconds without a message, counted from the member's first look at "
-        "its partitions (not with --follow).",
+        help="Stop after this long without a message, counted from the member's first look at its "
+        f"partitions ({DURATION_HELP}, or 0; not with --follow).",
     ),
     follow: bool = typer.Option(
         False, "--follow", "-f", help="Keep consuming until interrupted (Ctrl-C), like a console consumer."
@@ -194,7 +193,11 @@ def consume(
     if no_ack and dead_letter:
         fail(CliError("give --no-ack or --dead-letter, not both"))
     settle: Settle = "release" if no_ack else "dead" if dead_letter else "ack"
-    run(_consume(conn, topic, consumer, max_messages, wait, settle, as_json, follow), debug=conn.debug)
+    try:
+        idle = 0.0 if wait.strip() in ("0", "0s") else parse_duration(wait)
+    except CliError as exc:
+        fail(exc)
+    run(_consume(conn, topic, consumer, max_messages, idle, settle, as_json, follow), debug=conn.debug)
 
 
 FOLLOW_BATCH = 100
@@ -246,7 +249,9 @@ async def _consume(
         lost += await _settle(held, "release")
         await member.close()
     if not got:
-        stderr().print(f"[dim]no messages on {escape(topic)} for {escape(group)} within {wait:g}s[/]")
+        stderr().print(
+            f"[dim]no messages on {escape(topic)} for {escape(group)} within {human_duration(wait)}[/]"
+        )
     if lost:
         raise CliError(
             f"{lost} message(s) printed but their lease was lost: they may be delivered again", EXIT_ERROR

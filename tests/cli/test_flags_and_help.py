@@ -76,7 +76,11 @@ def test_commands_take_compound_durations(tmp_path: Path) -> None:
     assert "retention 1h30m" in created.stdout and "max retention 14d" in created.stdout
     assert runner.invoke(app, [*flags, "publish", "t", "1"]).exit_code == 0
     assert runner.invoke(app, [*flags, "peek", "t", "--since", "1h30m"]).stdout.count("\n") == 1
-    assert runner.invoke(app, [*flags, "consume", "t", "-c", "g", "-n", "1"]).exit_code == 0
+    assert (
+        runner.invoke(app, [*flags, "consume", "t", "-c", "g", "-n", "1", "--wait", "1m30s"]).exit_code == 0
+    )
+    idle = runner.invoke(app, [*flags, "consume", "t", "-c", "g", "--wait", "300ms"])
+    assert idle.exit_code == 0 and "no messages on t for g within 300ms" in idle.stderr
     seek = runner.invoke(app, [*flags, "consumer", "seek", "t", "g", "--to", "1h30m", "--yes"])
     assert seek.exit_code == 0 and "moved g on t to p0@0" in seek.stdout
 
