@@ -191,10 +191,9 @@ def _moto(where: Path, port: int) -> DevState:
 
     exe = find_tool("moto_server")
     if exe is None:
-        raise CliError(
-            "bucketq dev needs moto's S3 server: pip install 'moto[server]' (or use --backend file)",
-            EXIT_ERROR,
-        )
+        from bucketq._extras import install_hint
+
+        raise CliError(f"{install_hint('bucketq dev', 'local')} (or use --backend file)", EXIT_ERROR)
     where.mkdir(parents=True, exist_ok=True)
     port = port or free_ports(1)[0]
     url = f"http://127.0.0.1:{port}"

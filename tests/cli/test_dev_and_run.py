@@ -88,6 +88,19 @@ def test_dev_starts_reuses_and_stops_a_moto_server(tmp_path: Path) -> None:
     assert "no dev server running" in bq("dev", "--stop", env=env).stderr
 
 
+def test_dev_without_moto_names_the_extra(tmp_path: Path) -> None:
+    # an interpreter that finds no moto_server (as in an install without the extra)
+    no_moto = "import bucketq.bench.servers as s; s.find_tool = lambda name: None; from bucketq.cli import main; main()"
+    result = subprocess.run(
+        [sys.executable, "-c", no_moto, "dev"],
+        env=base_env(BUCKETQ_DEV_DIR=str(tmp_path / "dev")), capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert result.stderr.strip() == (
+        "error: bucketq dev needs the local extra: pip install 'bucketq[local]' (or use --backend file)"
+    )
+
+
 def test_first_run_without_a_bucket_names_bucketq_dev() -> None:
     result = bq("topic", "create", "orders", env=base_env())
     assert result.returncode == 2
