@@ -9,11 +9,13 @@ A ``_name`` is its module's own: another package that imports it (the demo once 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import bucketq
 
 PACKAGE = Path(bucketq.__file__).parent
+ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
 
 
 def _top(module: str) -> str:
@@ -52,3 +54,30 @@ def test_the_check_sees_a_private_import() -> None:
         "bucketq.demo.processes: bucketq.bench.servers._die_with_parent"
     ]
     assert _private_imports(line, "bucketq.bench.sidecar") == []
+
+
+def test_the_where_is_table_names_modules_and_functions_that_exist() -> None:
+    """docs/architecture.md answers each question with a module (and often a function or class in
+    it): a rename that leaves the table pointing nowhere fails here."""
+    text = ARCHITECTURE.read_text()
+    rows = [
+        line
+        for line in text[text.index("## Where is") :].splitlines()
+        if line.startswith("| ") and "---" not in line
+    ]
+    assert len(rows) > 20, "the table could not be read"
+    missing = []
+    for row in rows[1:]:  # rows[0] is the header
+        names = re.findall(r"`([^`]+)`", row)
+        files = [
+            PACKAGE.parent / (n if n.startswith("bucketq/") else f"bucketq/{n}")
+            for n in names
+            if n.endswith(".py")
+        ]
+        missing += [str(f) for f in files if not f.is_file()]
+        sources = "\n".join(f.read_text() for f in files if f.is_file())
+        for name in (n for n in names if not n.endswith(".py")):
+            leaf = name.split(".")[-1]
+            if not re.search(rf"^\s*(async def|def|class) {leaf}\b", sources, flags=re.M):
+                missing.append(f"{name} (in {[f.name for f in files]})")
+    assert not missing, f"docs/architecture.md names what does not exist: {missing}"
