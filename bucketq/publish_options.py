@@ -4,8 +4,9 @@ A message is a body (a JSON ``payload`` or raw ``data`` bytes) and these options
 (:meth:`bucketq.Producer.publish`, :meth:`bucketq.Bucketq.publish`), the sidecar's wire model
 (:class:`bucketq.api_models.OutgoingMessage`), the sidecar clients (:mod:`bucketq.client`) and the
 CLI all take the same :class:`PublishOptions`, so a field is added, documented and defaulted in
-one place. The public publish methods still take each option as a keyword argument, as before;
-``options=`` passes them as one value instead (not both at once)::
+one place. The public publish methods still take each option as a keyword argument, as before
+(typed field by field: ``**fields: Unpack[PublishFields]``); ``options=`` passes them as one value
+instead (not both at once)::
 
     opts = PublishOptions(key="customer-7", headers={"source": "shop"}, delay=30)
     await producer.publish("orders", {"id": 1}, options=opts)
@@ -20,10 +21,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypedDict, Unpack
 
 from bucketq.errors import InvalidArgument
 
-__all__ = ["DEFAULT_OPTIONS", "PublishOptions", "resolve_options"]
+__all__ = ["DEFAULT_OPTIONS", "PublishFields", "PublishOptions", "resolve_options"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -53,35 +55,31 @@ class PublishOptions:
 DEFAULT_OPTIONS = PublishOptions()
 
 
-def resolve_options(
-    options: PublishOptions | None,
-    *,
-    key: str | None = None,
-    headers: Mapping[str, str] | None = None,
-    dedup_id: str | None = None,
-    priority: int = 0,
-    delay: float | None = None,
-    not_before: float | None = None,
-    content_type: str | None = None,
-) -> PublishOptions:
+class PublishFields(TypedDict, total=False):
+    """The fields of :class:`PublishOptions` as keyword arguments of a publish method (PEP 692:
+    type checkers and IDEs check and show each one). tests/test_public_api.py keeps the two equal."""
+
+    key: str | None
+    headers: Mapping[str, str] | None
+    dedup_id: str | None
+    priority: int
+    delay: float | None
+    not_before: float | None
+    content_type: str | None
+
+
+def resolve_options(options: PublishOptions | None, **fields: Unpack[PublishFields]) -> PublishOptions:
     """The options of a publish method's call: ``options`` if given, else its keyword arguments.
 
-    Raises :class:`~bucketq.errors.InvalidArgument` when a call gives both: which one wins would be
-    a guess.
+    Raises :class:`~bucketq.errors.InvalidArgument` when a call gives both (which one wins would be
+    a guess) or ``options`` is not a :class:`PublishOptions`; ``TypeError`` for an unknown keyword.
     """
-    fields = PublishOptions(
-        key=key,
-        headers=headers,
-        dedup_id=dedup_id,
-        priority=priority,
-        delay=delay,
-        not_before=not_before,
-        content_type=content_type,
-    )
     if options is None:
-        return fields
+        return PublishOptions(**fields)
     if not isinstance(options, PublishOptions):
         raise InvalidArgument(f"options must be a PublishOptions, got {type(options).__name__}")
-    if fields != DEFAULT_OPTIONS:
-        raise InvalidArgument("give the publish options either as options= or as keyword arguments, not both")
+    if fields:
+        raise InvalidArgument(
+            f"give the publish options either as options= or as keyword arguments, not both ({', '.join(fields)})"
+        )
     return options

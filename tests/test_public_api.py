@@ -262,11 +262,15 @@ def test_producer_overrides_are_register_producers_keywords() -> None:
 
 
 def test_publish_methods_take_every_publish_option() -> None:
-    """The keyword arguments of every publish method are PublishOptions' fields (and ``options``),
-    so a new option cannot be added to one way of publishing and forgotten in another."""
+    """Every publish method takes the options as ``options=`` or as keyword arguments typed by
+    PublishFields, whose keys are PublishOptions' fields: an option is added in one place and every
+    way to publish has it."""
     import dataclasses
 
+    from bucketq.publish_options import PublishFields
+
     fields = {f.name for f in dataclasses.fields(bucketq.PublishOptions)}
+    assert set(PublishFields.__annotations__) == fields
     for func in (
         bucketq.Bucketq.publish,
         bucketq.Producer.publish,
@@ -275,5 +279,7 @@ def test_publish_methods_take_every_publish_option() -> None:
         bucketq.client.message,
     ):
         params = inspect.signature(func).parameters
-        keywords = {p for p in params if params[p].kind is inspect.Parameter.KEYWORD_ONLY}
-        assert fields | {"options", "data"} <= keywords, f"{func.__qualname__} lacks {fields - keywords}"
+        assert params["options"].kind is inspect.Parameter.KEYWORD_ONLY, func.__qualname__
+        assert params["data"].kind is inspect.Parameter.KEYWORD_ONLY, func.__qualname__
+        (var_keyword,) = [p for p in params.values() if p.kind is inspect.Parameter.VAR_KEYWORD]
+        assert var_keyword.annotation == "Unpack[PublishFields]", func.__qualname__

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, Self, Unpack
 
@@ -38,7 +38,7 @@ from bucketq.core.subscriptions import (
 from bucketq.core.topics import TopicCatalog, TopicInfo
 from bucketq.core.udp_pings import udp_pings
 from bucketq.errors import AlreadyExists, BucketqError, ConfigError, Contended, PreconditionFailed
-from bucketq.publish_options import PublishOptions, resolve_options
+from bucketq.publish_options import PublishFields, PublishOptions
 from bucketq.storage import ObjectStore, Storage, open_storage
 
 log = logging.getLogger("bucketq")
@@ -347,30 +347,14 @@ class Bucketq:
         payload: Any = None,
         *,
         data: bytes | None = None,
-        key: str | None = None,
-        headers: Mapping[str, str] | None = None,
-        dedup_id: str | None = None,
-        priority: int = 0,
-        delay: float | None = None,
-        not_before: float | None = None,
-        content_type: str | None = None,
         options: PublishOptions | None = None,
+        **fields: Unpack[PublishFields],
     ) -> PublishResult:
         """Publish one message through this connection's shared default producer; returns once it
         is durable. The arguments and errors are :meth:`Producer.publish`'s: a JSON ``payload`` or
         raw ``data``, and the options of :class:`~bucketq.PublishOptions` as keyword arguments or
         as one ``options`` value."""
-        opts = resolve_options(
-            options,
-            key=key,
-            headers=headers,
-            dedup_id=dedup_id,
-            priority=priority,
-            delay=delay,
-            not_before=not_before,
-            content_type=content_type,
-        )
-        return await self._dlq_producer().publish(topic, payload, data=data, options=opts)
+        return await self._dlq_producer().publish(topic, payload, data=data, options=options, **fields)
 
     async def init_subscription(
         self, topic: str, consumer: str, start_position: Literal["earliest", "latest"] = "earliest"

@@ -10,7 +10,7 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Unpack
 
 from bucketq.config import ProducerSettings
 from bucketq.core.batching import TIMER_RESOLUTION_S, Batcher
@@ -37,7 +37,7 @@ from bucketq.errors import (
     PublishTimeout,
     StorageError,
 )
-from bucketq.publish_options import DEFAULT_OPTIONS, PublishOptions, resolve_options
+from bucketq.publish_options import DEFAULT_OPTIONS, PublishFields, PublishOptions, resolve_options
 from bucketq.storage import Storage
 
 log = logging.getLogger("bucketq.producer")
@@ -444,40 +444,25 @@ class Producer:
         payload: Any = None,
         *,
         data: bytes | None = None,
-        key: str | None = None,
-        headers: Mapping[str, str] | None = None,
-        dedup_id: str | None = None,
-        priority: int = 0,
-        delay: float | None = None,
-        not_before: float | None = None,
-        content_type: str | None = None,
         options: PublishOptions | None = None,
         message_id: str | None = None,
         created_at: float | None = None,
+        **fields: Unpack[PublishFields],
     ) -> PublishResult:
         """Publish one message; returns once it is durable in the bucket.
 
         The body is a JSON-serialisable ``payload`` or raw ``data`` bytes (not both). The options
         (``key``, ``headers``, ``dedup_id``, ``priority``, ``delay`` or ``not_before``,
-        ``content_type``) are described on :class:`~bucketq.PublishOptions`; give them as keyword
-        arguments or as one ``options`` value, not both. ``message_id`` and ``created_at`` replace
-        the generated id and the publish time (replays, benchmarks).
+        ``content_type``; see :class:`~bucketq.PublishOptions`) are keyword arguments, or one
+        ``options`` value, not both. ``message_id`` and ``created_at`` replace the generated id and
+        the publish time (replays, benchmarks).
 
         Raises :class:`~bucketq.TopicNotFound`, :class:`~bucketq.InvalidMessage` or
         :class:`~bucketq.MessageTooLarge` (nothing was published), :class:`~bucketq.PublishTimeout`
         or :class:`~bucketq.StorageError` (not acknowledged; it may still have landed, so retry
         with a ``dedup_id``), :class:`~bucketq.TopicDeleted`, :class:`~bucketq.Closed`.
         """
-        opts = resolve_options(
-            options,
-            key=key,
-            headers=headers,
-            dedup_id=dedup_id,
-            priority=priority,
-            delay=delay,
-            not_before=not_before,
-            content_type=content_type,
-        )
+        opts = resolve_options(options, **fields)
         prepared = await self.prepare(
             topic, payload, data=data, options=opts, message_id=message_id, created_at=created_at
         )
