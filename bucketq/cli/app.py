@@ -11,7 +11,7 @@ from typing import Any
 import typer
 
 from bucketq._extras import install_hint, missing_module
-from bucketq.cli import bench, consumers, dev, dlq, gc, messages, peek, runner, stats, topics, worker
+from bucketq.cli import bench, consumers, demo, dev, dlq, gc, messages, peek, runner, stats, topics, worker
 from bucketq.cli.connection import Connection
 from bucketq.cli.errors import EXIT_ERROR
 
@@ -132,14 +132,9 @@ app.command("peek")(peek.peek)
 app.command("stats")(stats.stats)
 app.command("gc")(gc.gc)
 app.command("bench")(bench.bench)
+app.command("demo")(demo.command)
 app.command("dev")(dev.command)
 app.command("worker")(worker.command)
-
-
-def _demo_command() -> None:
-    from bucketq.demo import command
-
-    app.command("demo")(command)
 
 
 def _needs_extra(name: str, extra: str) -> None:
@@ -204,7 +199,6 @@ def _reflow_help(typer_app: typer.Typer) -> None:
             _reflow_help(group.typer_instance)
 
 
-_demo_command()
 _optional_commands()
 _reflow_help(app)
 

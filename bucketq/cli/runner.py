@@ -140,7 +140,7 @@ def engine_config(settings: Any) -> dict[str, Any]:
 
 
 def _die_with_parent() -> None:
-    from bucketq.bench.servers import _die_with_parent as die
+    from bucketq.bench.servers import die_with_parent as die
 
     die()
 
