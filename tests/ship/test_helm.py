@@ -963,7 +963,7 @@ def exported_metric_names() -> set[str]:
 def queries(full: list[Doc]) -> list[str]:
     """PromQL of the dashboard, the chart's ScaledObjects and the example ScaledObjects."""
     dashboard = json.loads(one(full, "ConfigMap", f"{FULLNAME}-dashboard")["data"]["bucketq-queues.json"])
-    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", ())]
     examples = [d for p in (REPO / "examples").glob("*.yaml") for d in yaml.safe_load_all(p.read_text())]
     for so in find(full, "ScaledObject") + find(examples, "ScaledObject"):
         exprs += [t["metadata"]["query"] for t in so["spec"]["triggers"] if t["type"] == "prometheus"]
