@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 
+from bucketq.client.retry import parse_retry_after
 from bucketq.errors import SidecarError
 
 
@@ -66,13 +67,7 @@ def error_for(status: int, body: bytes, headers: Mapping[str, str]) -> SidecarEr
             message = str(data.get("message", message))
     except ValueError:
         pass
-    retry_after: float | None = None
-    raw = headers.get("Retry-After")
-    if raw is not None:
-        try:
-            retry_after = float(raw)
-        except ValueError:
-            retry_after = None
+    retry_after = parse_retry_after(headers.get("Retry-After"))
     if status == 404 and code != "topic_not_found":
         return SidecarError(status, code, message)
     return _BY_STATUS.get(status, SidecarError)(status, code, message, retry_after=retry_after)

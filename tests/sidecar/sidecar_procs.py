@@ -76,11 +76,13 @@ class SidecarProc:
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
+    # The sidecar's tests look at each answer as it comes: their clients do not retry 429/503 by
+    # themselves unless a test asks for it (retry=RetryPolicy(...)); tests/client tests the retries.
     def client(self, **kw: Any) -> Client:
-        return Client(self.url, **kw)
+        return Client(self.url, **{"retry": None, **kw})
 
     def aclient(self, **kw: Any) -> AsyncClient:
-        return AsyncClient(self.url, **kw)
+        return AsyncClient(self.url, **{"retry": None, **kw})
 
     def log(self, lines: int = 60) -> str:
         try:
