@@ -157,7 +157,7 @@ def _optional_commands() -> None:
         else:
             _needs_extra(name, extra)
     if missing_module("spark") is None:
-        from bucketq.spark.cli import app as spark
+        from bucketq.cli.spark import app as spark
 
         app.add_typer(spark, name="spark")
     else:
