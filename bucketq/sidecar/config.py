@@ -38,8 +38,18 @@ DEFAULT_API_PORT = 3580
 DEFAULT_METRICS_PORT = 9580
 MAX_RETRY_DELAY_S = 366 * 86_400.0  # the longest nack delay the API accepts
 
+# Set by the kubelet in every container of a pod (whatever enableServiceLinks says).
+POD_ENV = "KUBERNETES_SERVICE_HOST"
+
 Delivery = Literal["pull", "push"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+
+
+def default_metrics_host(env: Mapping[str, str] | None = None) -> str:
+    """Where metrics and probes listen unless configured: every interface in a pod (the kubelet's
+    probes and Prometheus come from outside the pod's network namespace), else loopback only (a
+    sidecar on a laptop or a VM shows nothing to its network)."""
+    return "0.0.0.0" if (os.environ if env is None else env).get(POD_ENV) else "127.0.0.1"
 
 
 class SidecarSettings(BaseSettings):
@@ -95,8 +105,9 @@ class SidecarSettings(BaseSettings):
     idle_timeout_s: float = Field(30.0, gt=0)
     body_timeout_s: float = Field(30.0, gt=0)
 
-    # metrics and probes for Prometheus and the kubelet (0: only on the API port)
-    metrics_host: str = "0.0.0.0"
+    # metrics and probes for Prometheus and the kubelet (0: only on the API port); the address
+    # defaults to every interface in a pod only (default_metrics_host)
+    metrics_host: str = Field(default_factory=default_metrics_host)
     metrics_port: int = Field(DEFAULT_METRICS_PORT, ge=0, le=65535)
 
     # publishing
