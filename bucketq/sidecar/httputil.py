@@ -195,7 +195,8 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
             404: f"no such endpoint: {request.method} {request.path}",
             405: f"method {request.method} is not allowed on {request.path}",
         }.get(exc.status, exc.reason)
-        return ApiError(exc.status, code, message).response()
+        allow = {"Allow": exc.headers["Allow"]} if "Allow" in exc.headers else None  # 405 must say
+        return ApiError(exc.status, code, message, headers=allow).response()
     except Exception as exc:
         log.exception("error serving %s %s", request.method, request.path)
         return from_exception(exc).response()

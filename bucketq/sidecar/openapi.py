@@ -48,6 +48,8 @@ ERRORS = {
     "refused without a bucket request.",
     "413": "A message, a batch, the body, its count of JSON values or the publish buffer's bytes is "
     "over its limit; nothing was published.",
+    "405": "The path exists, not for this method (e.g. GET /v1/pull); the `Allow` header names the "
+    "methods it takes. Answered on every path of this document for any method it does not list.",
     "415": "The body is not `application/json`.",
     "429": "The publish buffer is full; retry after `Retry-After` seconds.",
     "503": "Starting, draining, or the bucket did not answer in time; retry after `Retry-After`.",
@@ -180,6 +182,9 @@ def build() -> dict[str, Any]:
         responses[f"E{code}"]["headers"] = {
             "Retry-After": {"schema": {"type": "integer"}, "description": "Seconds to wait before retrying."}
         }
+    responses["E405"]["headers"] = {
+        "Allow": {"schema": {"type": "string"}, "description": "The methods the path takes, e.g. `POST`."}
+    }
     return {
         "openapi": "3.1.0",
         "info": {
@@ -188,7 +193,8 @@ def build() -> dict[str, Any]:
             "description": "The HTTP/1.1 + JSON API a bucketq sidecar serves to the app next to it "
             "(default http://127.0.0.1:3580). See docs/sidecar-api.md. In push mode the "
             "sidecar POSTs `DeliveredMessage` (or `PushBatch`) to the app, which answers "
-            "`PushReply`.",
+            "`PushReply`. A method a path does not list is answered 405 `method_not_allowed` "
+            "(`#/components/responses/E405`) with an `Allow` header.",
         },
         "servers": [{"url": "http://127.0.0.1:3580"}],
         "security": [{}, {"bearer": []}],
