@@ -42,6 +42,7 @@ MAX_RETRY_DELAY_S = 366 * 86_400.0  # the longest nack delay the API accepts
 POD_ENV = "KUBERNETES_SERVICE_HOST"
 
 Delivery = Literal["pull", "push"]
+PushFormat = Literal["json", "cloudevents-structured", "cloudevents-binary"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
 
 
@@ -73,6 +74,8 @@ class SidecarSettings(BaseSettings):
     push_concurrency: int = Field(16, ge=1, le=10_000)
     push_batch_size: int = Field(1, ge=1, le=1000)
     push_timeout_s: float = Field(600.0, gt=0)
+    # the pushed request's form: the API's JSON, or a CloudEvent (bucketq.sidecar.push_request)
+    push_format: PushFormat = "json"
     # The delay before the n-th redelivery of a pushed message that failed (n = its deliveries so
     # far) is min(max, initial * multiplier**(n-1)), halved and topped up by a uniform share of the
     # other half (equal jitter): see bucketq.sidecar.backoff. The message is nacked with that delay,
@@ -165,6 +168,10 @@ class SidecarSettings(BaseSettings):
             raise ValueError("push delivery needs a consumer and topics")
         if self.delivery == "push" and self.app_port is None:
             raise ValueError("push delivery needs the app's port (BUCKETQ_SIDECAR_APP_PORT)")
+        if self.push_format == "cloudevents-binary" and self.push_batch_size > 1:
+            raise ValueError(
+                "push_format cloudevents-binary carries one message per request: push_batch_size must be 1"
+            )
         if self.publish_buffer_bytes < self.max_body_bytes:
             # else one request within the body limit could never fit the buffer
             raise ValueError("publish_buffer_bytes must be at least max_body_bytes")

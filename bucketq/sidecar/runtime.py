@@ -17,6 +17,7 @@ from bucketq.sidecar.config import SidecarConfig
 from bucketq.sidecar.errors import ApiError, unavailable
 from bucketq.sidecar.instrumented import InstrumentedStore
 from bucketq.sidecar.metrics import Metrics
+from bucketq.sidecar.tracecontext import Tracing
 from bucketq.storage.strategies import build_store
 
 log = logging.getLogger("bucketq.sidecar")
@@ -44,6 +45,7 @@ class Runtime:
         self.strategy: str | None = None
         self.connected = asyncio.Event()
         self.started_at = time.time()
+        self.tracing = Tracing()  # spans when opentelemetry is installed (the otel extra)
         metrics.buffer_capacity.set(self.cfg.publish_buffer_size)
 
     # -- state -----------------------------------------------------------------------------------

@@ -83,7 +83,9 @@ async def test_bad_requests_are_4xx_and_change_nothing(
             400,
             "invalid_request",
         ),
-        ("/v1/publish/small", b'{"payload": 1}', "text/plain", 415, "unsupported_media_type"),
+        # a publish takes any type (a raw body); the other endpoints JSON only
+        ("/v1/pull", b'{"max_messages": 1}', "text/plain", 415, "unsupported_media_type"),
+        ("/v1/publish/small/batch", b'{"messages": []}', "text/plain", 415, "unsupported_media_type"),
         ("/v1/publish/Not_A_Topic", b'{"payload": 1}', "application/json", 400, "invalid_name"),
         ("/v1/publish/ghost", b'{"payload": 1}', "application/json", 404, "topic_not_found"),
         (
