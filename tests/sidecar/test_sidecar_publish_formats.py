@@ -313,3 +313,33 @@ def _no_sdk() -> Any:
     from opentelemetry.trace import NoOpTracerProvider
 
     return NoOpTracerProvider()
+
+
+def test_push_spans_continue_the_messages_trace() -> None:
+    """One pushed message: a CONSUMER span, child of the message's context, whose context the push
+    carries; a batch: one span linked to each message's context."""
+    sdk = pytest.importorskip("opentelemetry.sdk.trace", reason="the OpenTelemetry SDK is a dev dependency")
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.trace import SpanKind
+
+    exporter = InMemorySpanExporter()
+    provider = sdk.TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing = Tracing(tracer_provider=provider)
+    with tracing.deliver("orders", [{"traceparent": PARENT, "other": "x"}]) as carried:
+        pass
+    (span,) = exporter.get_finished_spans()
+    assert span.kind == SpanKind.CONSUMER and span.name == "process orders"
+    assert f"{span.parent.span_id:016x}" == "00f067aa0ba902b7"
+    assert carried == {"traceparent": f"00-{TRACE_ID}-{span.context.span_id:016x}-01"}
+    exporter.clear()
+    second = f"00-{'1' * 32}-{'2' * 16}-01"
+    with tracing.deliver("orders", [{"traceparent": PARENT}, {"traceparent": second}, {}]):
+        pass
+    (span,) = exporter.get_finished_spans()
+    assert span.parent is None and span.attributes["messaging.batch.message_count"] == 3
+    assert sorted(f"{link.context.span_id:016x}" for link in span.links) == ["00f067aa0ba902b7", "2" * 16]
+    without = Tracing(tracer_provider=_no_sdk())
+    with without.deliver("orders", [{"traceparent": PARENT}]) as carried:
+        assert carried == {"traceparent": PARENT}, "without an SDK the context passes through"
