@@ -44,10 +44,11 @@ venv: $(STAMP) ## Create .venv with bucketq and its dev tools (reinstalls when p
 demo: $(STAMP) ## Run the demo: embedded S3, a topic, a sidecar, a producer and the example worker
 	$(BIN)/bucketq demo
 
-lint: $(STAMP) ## Ruff (lint and format check) and mypy
+lint: $(STAMP) ## Ruff (lint and format check), mypy, and the layering contracts (import-linter)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy bucketq
+	$(BIN)/lint-imports
 
 format: $(STAMP) ## Reformat the code (ruff format) and apply ruff's safe fixes
 	$(BIN)/ruff format .
@@ -153,5 +154,5 @@ bench: $(STAMP) ## Benchmark against a moto server, results in bench.json
 	$(BIN)/bucketq bench --backend moto --json bench.json
 
 clean: ## Remove the venv, tools, caches and build output
-	rm -rf $(VENV) $(TOOLS) .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist *.egg-info
+	rm -rf $(VENV) $(TOOLS) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .hypothesis build dist *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

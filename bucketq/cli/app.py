@@ -10,7 +10,7 @@ from pathlib import Path
 import typer
 
 from bucketq._extras import install_hint, missing_module
-from bucketq.cli import bench, consumers, dlq, gc, messages, peek, stats, topics
+from bucketq.cli import bench, consumers, demo, dlq, gc, messages, peek, stats, topics
 from bucketq.cli.connection import Connection
 from bucketq.cli.errors import EXIT_ERROR
 
@@ -112,12 +112,7 @@ app.command("peek")(peek.peek)
 app.command("stats")(stats.stats)
 app.command("gc")(gc.gc)
 app.command("bench")(bench.bench)
-
-
-def _demo_command() -> None:
-    from bucketq.demo import command
-
-    app.command("demo")(command)
+app.command("demo")(demo.command)
 
 
 def _needs_extra(name: str, extra: str) -> None:
@@ -164,7 +159,6 @@ def _optional_commands() -> None:
         _needs_extra("spark", "spark")
 
 
-_demo_command()
 _optional_commands()
 
 

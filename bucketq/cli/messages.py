@@ -17,6 +17,7 @@ from bucketq.cli.formats import parse_headers, parse_payload
 
 if TYPE_CHECKING:
     from bucketq import Message, Producer, PublishResult
+    from bucketq.core.producer import PreparedRecord
 
 RAW_CONTENT_TYPE = "text/plain; charset=utf-8"
 CLI_PRODUCER = "cli"
@@ -53,13 +54,11 @@ def _read_stdin() -> list[tuple[str, str]]:
     return [(where, text) for where, text in lines if text.strip()]
 
 
-def _bodies(texts: list[tuple[str, str]], raw: bool, content_type: str | None) -> list[dict[str, Any]]:
+def _bodies(texts: list[tuple[str, str]], raw: bool) -> list[tuple[Any, bytes | None]]:
+    """Each message's body: (payload, None) parsed as JSON, or (None, data) with --raw."""
     if raw:
-        ctype = content_type or RAW_CONTENT_TYPE
-        return [{"data": text.encode(), "content_type": ctype} for _, text in texts]
-    if content_type is not None:
-        raise CliError("--content-type needs --raw (JSON payloads are application/json)")
-    return [{"payload": parse_payload(text, where)} for where, text in texts]
+        return [(None, text.encode()) for _, text in texts]
+    return [(parse_payload(text, where), None) for where, text in texts]
 
 
 async def _publish(
@@ -73,29 +72,35 @@ async def _publish(
     as_json: bool,
 ) -> None:
     from bucketq.core.keys import validate_name
-    from bucketq.core.segment import build_record, encode_record
+    from bucketq.publish_options import PublishOptions
 
     validate_name(topic)
-    headers = parse_headers(header)
+    if content_type is not None and not raw:
+        raise CliError("--content-type needs --raw (JSON payloads are application/json)")
+    options = PublishOptions(
+        key=key,
+        headers=parse_headers(header),
+        content_type=(content_type or RAW_CONTENT_TYPE) if raw else None,
+    )
     texts = [(f"argument {n}", p) for n, p in enumerate(payloads, start=1)] if payloads else _read_stdin()
     if not texts:
         raise CliError("nothing to publish: stdin had no lines")
-    bodies = _bodies(texts, raw, content_type)
+    bodies = _bodies(texts, raw)
     async with conn.open() as bq:
-        limit = (await bq.catalog.config(topic)).max_message_bytes
+        await bq.catalog.config(topic)  # an unknown topic before the producer registers
         producer = await bq.register_producer(CLI_PRODUCER)
-        for body in bodies:  # all or nothing: check every message before sending any
-            encode_record(build_record(key=key, headers=headers, producer_id=producer.id, **body), limit)
-        outcomes = await _send(producer, topic, bodies, key, headers)
+        # all or nothing: every message is built and checked before any is sent, once
+        prepared = [
+            await producer.prepare(topic, payload, data=data, options=options) for payload, data in bodies
+        ]
+        outcomes = await _send(producer, prepared)
     _report_publish(topic, outcomes, as_json)
 
 
 PROGRESS_FROM = 100  # a progress bar for bulk publishes of at least this many messages
 
 
-async def _send(
-    producer: Producer, topic: str, bodies: list[dict[str, Any]], key: str | None, headers: dict[str, str]
-) -> list[PublishResult | BaseException]:
+async def _send(producer: Producer, prepared: list[PreparedRecord]) -> list[PublishResult | BaseException]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(
@@ -105,17 +110,17 @@ async def _send(
         TimeElapsedColumn(),
         console=stderr(),
         transient=True,
-        disable=len(bodies) < PROGRESS_FROM,
+        disable=len(prepared) < PROGRESS_FROM,
     ) as bar:
-        task = bar.add_task("publish", total=len(bodies))
+        task = bar.add_task("publish", total=len(prepared))
 
-        async def one(body: dict[str, Any]) -> PublishResult:
+        async def one(message: PreparedRecord) -> PublishResult:
             try:
-                return await producer.publish(topic, key=key, headers=headers, **body)
+                return await producer.publish_prepared(message)
             finally:
                 bar.advance(task)
 
-        return list(await asyncio.gather(*(one(b) for b in bodies), return_exceptions=True))
+        return list(await asyncio.gather(*(one(m) for m in prepared), return_exceptions=True))
 
 
 def _report_publish(topic: str, outcomes: list[PublishResult | BaseException], as_json: bool) -> None:

@@ -6,7 +6,7 @@ import asyncio
 import json
 from collections.abc import Iterable, Mapping
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypeVar, Unpack
 
 import aiohttp
 from pydantic import BaseModel
@@ -34,6 +34,7 @@ from bucketq.client._common import (
 )
 from bucketq.client.errors import ConnectionFailed, SidecarError, error_for
 from bucketq.client.retry import NO_RETRY, RetryPolicy
+from bucketq.publish_options import PublishFields, PublishOptions
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -117,26 +118,15 @@ class AsyncClient:
         payload: Any = None,
         *,
         data: bytes | None = None,
-        content_type: str | None = None,
-        key: str | None = None,
-        headers: Mapping[str, str] | None = None,
-        dedup_id: str | None = None,
-        priority: int = 0,
-        delay: float | None = None,
-        not_before: float | None = None,
+        options: PublishOptions | None = None,
+        **fields: Unpack[PublishFields],
     ) -> PublishResponse:
-        """Publish one message; returns once it is durable in the bucket."""
-        m = message(
-            payload,
-            data=data,
-            content_type=content_type,
-            key=key,
-            headers=headers,
-            dedup_id=dedup_id,
-            priority=priority,
-            delay=delay,
-            not_before=not_before,
-        )
+        """Publish one message; returns once it is durable in the bucket.
+
+        A JSON ``payload`` or raw ``data`` bytes, and the options of :class:`~bucketq.PublishOptions`
+        as keyword arguments or as one ``options`` value (not both).
+        """
+        m = message(payload, data=data, options=options, **fields)
         return await self._model(PublishResponse, "POST", publish_path(topic), wire(m))
 
     async def publish_batch(

@@ -14,6 +14,7 @@ from typing import Literal
 
 from bucketq.config import ConsumerSettings
 from bucketq.core.cursor import Pos
+from bucketq.core.hooks import CommitHook
 from bucketq.core.ids import token
 from bucketq.core.keys import Keys
 from bucketq.core.membership import Membership
@@ -29,6 +30,7 @@ from bucketq.core.wake import WAKE_ACTIVE_S, WakeWatch, next_wake_turn, touch_wa
 from bucketq.errors import (
     BucketqError,
     Closed,
+    InvalidArgument,
     InvalidReceipt,
     LeaseLost,
     StorageError,
@@ -151,7 +153,7 @@ class Consumer:
         self._last_refresh = 0.0
         self._poll_delay = settings.poll_min_ms / 1000
         self._error: BaseException | None = None
-        self.on_commit: Callable[[str, int, CycleResult, float], None] | None = None
+        self.on_commit: CommitHook | None = None
         self.pings = pings
         self._unlisten: list[Callable[[], None]] = []
 
@@ -775,7 +777,7 @@ class Consumer:
     async def extend(self, receipt: str, seconds: float) -> float:
         """Keep the lease for ``seconds`` more from now; returns the new deadline."""
         if seconds <= 0:
-            raise BucketqError("extend needs a positive number of seconds")
+            raise InvalidArgument("extend needs a positive number of seconds")
         until = time.time() + seconds
         r = Receipt.decode(receipt)
         if receipt in self._settled:

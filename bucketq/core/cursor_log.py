@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bucketq.core.cursor import CursorState, Delta, Op, apply_delta
-from bucketq.core.fences import DELTA_GRACE_S, DELTA_TRUST_S, FenceView
+from bucketq.core.fences import DELTA_TRUST_S, FenceView
 from bucketq.core.ids import token
 from bucketq.core.keys import Keys
 from bucketq.errors import AlreadyExists, Contended, StorageError
@@ -34,10 +34,6 @@ from bucketq.storage import Storage
 
 log = logging.getLogger("bucketq.cursor")
 
-# Kept for callers that name the windows by their old meaning: GC frees deltas only below a trim
-# fence older than GC_DELTA_GRACE_S; replicas trust a fence copy for RELOAD_AFTER_S.
-GC_DELTA_GRACE_S = DELTA_GRACE_S
-RELOAD_AFTER_S = DELTA_TRUST_S
 # Another member's delta stamped further than this in our future means a clock is off by more
 # than the configured margin: reported (log + counter), since lease expiry relies on the margin.
 SKEW_REPORT_S = 5.0
@@ -184,6 +180,9 @@ class CursorLog:
             applied += 1
 
     def _check_clock(self, delta: Delta) -> None:
+        """I10: a clock off by more than the margin is reported (lease expiry relies on it): a
+        delta stamped more than ``clock_skew_s`` in our future is logged, naming its member, and
+        the largest lead seen is kept in ``skew_seen``."""
         if not delta.member:
             return  # an undecodable delta: no clock to compare
         lead = delta.at - self.clock()

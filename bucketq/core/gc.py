@@ -14,7 +14,15 @@ GC frees numbers in two phases, so that a number that was ever taken is never ta
 
 A partition where any subscription has not started its cursor yet is left alone (its start
 position is being decided). Also collected: stale member heartbeats, expired dedup markers,
-leftover probe and csprng claim objects, and objects a fenced writer left under a deleted topic.
+leftover probe and csprng claim objects, objects a fenced writer left under a deleted topic,
+expired pending job records (aborted, never deleted) and Spark staging nobody needs any more.
+
+GC is not the only code that deletes (docs/architecture.md, "Where is"): deleting a topic purges
+everything under it but its fences, which stay as tombstones (``TopicCatalog.delete``, I6);
+deleting a subscription removes its cursors (``core/subscriptions.delete_subscription``); a Spark
+write job removes its own staging area once committed (``spark/commit.py``), and a Spark redrive
+its round's intent (``spark/redrive.py``). None of them deletes a segment or delta number a
+writer could still take: that is GC's, through the fences.
 """
 
 from __future__ import annotations
@@ -228,8 +236,9 @@ async def _abandoned(
     now: float,
     member_ttl_s: float,
 ) -> set[str]:
-    """Subscriptions of ``topic`` GC no longer waits for: inactive longer than the topic's
-    ``subscription_timeout_seconds`` (no live member heartbeat and no cursor write that long).
+    """Subscriptions of ``topic`` GC no longer waits for (I12: retention cannot be held hostage):
+    inactive longer than the topic's ``subscription_timeout_seconds`` (no live member heartbeat and
+    no cursor write that long).
 
     A subscription that is passed keeps its cursors: when it is read again, its readers find the
     collected segments below the floor fence and record an ``expire`` op that skips them, counted
@@ -275,7 +284,7 @@ async def _collect_segments(
 
     A segment is kept while it is younger than ``retention_s`` or some subscription still needs
     it (``min_floor``), except that none is kept past ``max_retention_s`` (the topic's hard limit:
-    no subscription can hold the topic's data hostage). ``lagging_floor`` (every started
+    no subscription can hold the topic's data hostage, I12). ``lagging_floor`` (every started
     subscription's, passed ones included) only tells which freed segments were unconsumed.
     """
     fence_key = keys.segment_floor(topic, partition)

@@ -471,6 +471,7 @@ class PartitionWorker:
             if record is None:
                 if ordered:
                     # not loaded (beyond the window): a later record of its key must not pass it
+                    # (I9: per-key order holds for any number of open segments)
                     complete = False
                     break
                 continue

@@ -12,7 +12,7 @@ from bucketq.core.segment import taken_header
 from bucketq.core.topics import TopicCatalog, find_tail, first_segment
 from bucketq.core.txn import stable_limits
 from bucketq.core.wake import touch_wake
-from bucketq.errors import BucketqError
+from bucketq.errors import InvalidArgument
 from bucketq.storage import Storage
 
 StartPosition = Literal["earliest", "latest"]
@@ -136,19 +136,19 @@ async def seek_subscription(
     moved: dict[int, tuple[int, int]] = {}
     for p in chosen:
         if not 0 <= p < config.partitions:
-            raise BucketqError(f"topic {topic!r} has partitions 0..{config.partitions - 1}, not {p}")
+            raise InvalidArgument(f"topic {topic!r} has partitions 0..{config.partitions - 1}, not {p}")
         if to == "latest":
             target: tuple[int, int] | None = await find_tail(storage, keys, topic, p)
         elif to == "earliest":
             target = await first_segment(storage, keys, topic, p)
         elif isinstance(to, int) and not isinstance(to, bool):
             if to < 0:
-                raise BucketqError(f"offset must be 0 or more, got {to}")
+                raise InvalidArgument(f"offset must be 0 or more, got {to}")
             target = await segment_at(storage, keys, topic, p, offset=to)
         elif isinstance(to, float):
             target = await segment_at(storage, keys, topic, p, since=to)
         else:
-            raise BucketqError(f"seek to 'earliest', 'latest', an offset or a time, not {to!r}")
+            raise InvalidArgument(f"seek to 'earliest', 'latest', an offset or a time, not {to!r}")
         seq, base = target if target is not None else await find_tail(storage, keys, topic, p)
         cursor = CursorLog(storage, keys, topic, consumer, p, member="seek")
         await cursor.load()

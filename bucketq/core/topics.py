@@ -15,7 +15,14 @@ from bucketq.core.ids import token
 from bucketq.core.keys import Keys, parse_seq, validate_name
 from bucketq.core.models import TopicConfig, TopicMarker
 from bucketq.core.segment import taken_header
-from bucketq.errors import AlreadyExists, BucketqError, Contended, TopicDeleted, TopicNotFound
+from bucketq.errors import (
+    AlreadyExists,
+    BucketqError,
+    Contended,
+    InvalidArgument,
+    TopicDeleted,
+    TopicNotFound,
+)
 from bucketq.storage import Storage
 
 CONFIG_TTL_S = 10.0
@@ -197,7 +204,7 @@ class TopicCatalog:
         """Overwrite the topic's config. Partitions may only grow."""
         current = await self.marker(topic, fresh=True)
         if config.partitions < current.config.partitions:
-            raise BucketqError(
+            raise InvalidArgument(
                 f"topic {topic!r} has {current.config.partitions} partitions; partitions may only grow "
                 f"(asked for {config.partitions})"
             )

@@ -9,7 +9,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from bucketq import __version__
 from bucketq.core.app import FORMAT
-from bucketq.core.partition_worker import CycleResult
+from bucketq.core.hooks import CommitCounts
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _MSG = ("topic", "consumer")
@@ -158,7 +158,7 @@ class Metrics:
         self.s3_requests.labels(op, status, kind).inc()
         self.s3_seconds.labels(op).observe(seconds)
 
-    def observe_commit(self, consumer: str, topic: str, result: CycleResult, seconds: float) -> None:
+    def observe_commit(self, consumer: str, topic: str, result: CommitCounts, seconds: float) -> None:
         self.commit_ops.labels(topic, consumer).observe(result.ops)
         self.commit_seconds.labels(topic, consumer).observe(seconds)
         if result.conflicts:

@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 from bucketq.core.app import Bucketq
 from bucketq.core.consumer import Consumer
-from bucketq.core.partition_worker import CycleResult
+from bucketq.core.hooks import CommitCounts
 from bucketq.core.producer import Producer
 from bucketq.errors import BucketqError, ConfigError, InvalidName, StorageError, TopicNotFound
 from bucketq.sidecar.config import SidecarConfig
@@ -187,7 +187,7 @@ class Runtime:
         )
         name = self.cfg.consumer
 
-        def on_commit(topic: str, partition: int, result: CycleResult, seconds: float) -> None:
+        def on_commit(topic: str, partition: int, result: CommitCounts, seconds: float) -> None:
             self.metrics.observe_commit(name, topic, result, seconds)
 
         consumer.on_commit = on_commit

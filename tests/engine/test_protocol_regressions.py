@@ -518,7 +518,7 @@ async def test_a_takeover_that_fails_keeps_where_the_first_attempt_may_have_land
     assert stored == 1
 
 
-# -- ordering, bounded loops, bad segments, clocks ----------------------------------------------------
+# -- I9: per-key order holds for any number of open segments ----------------------------------------
 
 
 @pytest.mark.slow  # waits on wall-clock time: not in make test-fast
@@ -550,6 +550,9 @@ async def test_ordered_delivery_with_more_open_segments_than_the_window(backend:
         assert all(f"K{i}" in got[: got.index("K4")] for i in range(4) if f"K{i}" in got), got
 
 
+# -- I8: no lost response, 412 storm, outage or bad object ends a loop -------------------------------
+
+
 async def test_segment_writer_gives_up_after_max_attempts_of_412() -> None:
     faulty = FaultyStore(MemoryStore())
     storage = Storage(faulty)
@@ -573,6 +576,9 @@ async def test_undecodable_segment_is_skipped_and_counted(backend: Backend) -> N
     assert c._subs["t"].workers[0].state.counters.corrupt == 1
 
 
+# -- I10: a clock off by more than the margin is reported ------------------------------------------
+
+
 async def test_clock_far_ahead_is_reported(caplog: pytest.LogCaptureFixture) -> None:
     storage = Storage(MemoryStore())
     keys = Keys()
@@ -583,6 +589,9 @@ async def test_clock_far_ahead_is_reported(caplog: pytest.LogCaptureFixture) -> 
         await reader.load()
     assert reader.skew_seen > 50
     assert "ahead of ours" in caplog.text
+
+
+# -- I3, I4: a member cut off past its lease is told LeaseLost, and its log never forks -------------
 
 
 @pytest.mark.slow  # waits on wall-clock time: not in make test-fast

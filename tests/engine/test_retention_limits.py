@@ -1,4 +1,4 @@
-"""Retention that cannot be held hostage (docs/operations.md, "Retention"): a subscription inactive
+"""I12: retention that cannot be held hostage (docs/operations.md, "Retention"): a subscription inactive
 past the topic's ``subscription_timeout_seconds`` and segments past ``max_retention_seconds`` no
 longer keep the topic's data; the subscriptions GC passed skip what was collected, counted.
 

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -76,6 +77,13 @@ def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str
         return made[extra]
 
     return make
+
+
+def test_wheel_ships_the_typing_marker(wheel: Path) -> None:
+    """PEP 561: without ``py.typed`` in the installed package, users' type checkers ignore
+    bucketq's hints (every call would be ``Any``)."""
+    with zipfile.ZipFile(wheel) as built:
+        assert "bucketq/py.typed" in built.namelist()
 
 
 def _heavy(bin_dir: Path, *modules: str) -> list[str]:

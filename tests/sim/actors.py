@@ -20,13 +20,17 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from bucketq import Bucketq, Settings
-from bucketq.core import cursor_log
+from bucketq.core.fences import DELTA_TRUST_S
 from bucketq.core.models import DeadLetterConfig, TopicConfig
 from bucketq.core.subscriptions import SeekTarget
 from bucketq.errors import BucketqError
 
 from .pings import SimPingNetwork
 from .process import Processes, SimProcess
+
+# The engine's replica reload interval: a replica trusts its copy of a cursor log's trim fence this
+# long (I1, I2). The gc family draws GC's delta grace as a multiple of it (schedule.GcPlan).
+RELOAD_AFTER_S = DELTA_TRUST_S
 
 if TYPE_CHECKING:
     from bucketq.core.consumer import Consumer
@@ -505,9 +509,8 @@ class GcRole(Role):
         assert plan is not None
         bq = await self.setup(proc, sim.connect)
         options: dict[str, Any] = {}
-        reload_after = getattr(cursor_log, "RELOAD_AFTER_S", None)
-        if plan.delta_grace_factor is not None and reload_after is not None:
-            options["delta_grace_s"] = plan.delta_grace_factor * float(reload_after)
+        if plan.delta_grace_factor is not None:
+            options["delta_grace_s"] = plan.delta_grace_factor * RELOAD_AFTER_S
         rng = random.Random(f"gc/{sim.schedule.seed}/{self.incarnation}")
         while True:
             # the operator keeps collecting while the system drains, at a calmer pace

@@ -130,7 +130,7 @@ class JobPlan:
 class GcPlan:
     start: float = 5.0
     interval: tuple[float, float] = (5.0, 30.0)
-    # GC's cursor-delta grace as a multiple of the engine's replica reload interval (RELOAD_AFTER_S),
+    # GC's cursor-delta grace as a multiple of the engine's replica reload interval (actors.RELOAD_AFTER_S),
     # the shortest setting the protocol allows being > 1; None: the engine's default
     delta_grace_factor: float | None = None
 
@@ -150,7 +150,7 @@ class Schedule:
     producer: dict[str, Any]
     skew: float  # processes' clocks are within ±skew/2 (skew <= consumer clock_skew_s)
     restart_delay: tuple[float, float] = (1.0, 20.0)
-    # quiesce budget: longer than the engine's replica reload interval (RELOAD_AFTER_S, 10 min), the
+    # quiesce budget: longer than the engine's replica reload interval (actors.RELOAD_AFTER_S, 10 min), the
     # slowest designed recovery of a stale member, so a slow recovery is not mistaken for a loss
     quiesce_s: float = 660.0
     hang_limit_s: float = 300.0
