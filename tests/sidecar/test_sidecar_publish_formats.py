@@ -343,3 +343,17 @@ def test_push_spans_continue_the_messages_trace() -> None:
     without = Tracing(tracer_provider=_no_sdk())
     with without.deliver("orders", [{"traceparent": PARENT}]) as carried:
         assert carried == {"traceparent": PARENT}, "without an SDK the context passes through"
+
+
+def test_without_opentelemetry_the_context_passes_through(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    for name in [m for m in sys.modules if m == "opentelemetry" or m.startswith("opentelemetry.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "opentelemetry", None)  # import opentelemetry fails
+    tracing = Tracing()
+    assert not tracing.enabled
+    with tracing.publish("orders", {"Traceparent": PARENT, "tracestate": "a=b"}) as carried:
+        assert carried == {"traceparent": PARENT, "tracestate": "a=b"}
+    with tracing.deliver("orders", [{"traceparent": PARENT}, {}]) as carried:
+        assert carried == {}
