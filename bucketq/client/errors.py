@@ -15,6 +15,7 @@ import re
 from collections.abc import Mapping
 
 from bucketq import errors
+from bucketq.client.retry import parse_retry_after
 from bucketq.errors import SidecarError
 
 # How the sidecar's 404 message names the topic: the engine's TopicNotFound and TopicDeleted
@@ -96,13 +97,7 @@ def error_for(status: int, body: bytes, headers: Mapping[str, str]) -> SidecarEr
             message = str(data.get("message", message))
     except ValueError:
         pass
-    retry_after: float | None = None
-    raw = headers.get("Retry-After")
-    if raw is not None:
-        try:
-            retry_after = float(raw)
-        except ValueError:
-            retry_after = None
+    retry_after = parse_retry_after(headers.get("Retry-After"))
     if status == 404 and code != "topic_not_found":
         return SidecarError(status, code, message)
     return _BY_STATUS.get(status, SidecarError)(status, code, message, retry_after=retry_after)

@@ -78,8 +78,8 @@ class Metrics:
         )
         self.s3_requests = Counter(
             "bucketq_s3_requests",
-            "Object store requests by operation and status.",
-            ["op", "status"],
+            "Object store requests by operation, status and kind of object (segment, delta, head...).",
+            ["op", "status", "kind"],
             registry=r,
         )
         self.s3_seconds = Histogram(
@@ -154,8 +154,8 @@ class Metrics:
                 for outcome in ("success", "retry", "drop"):
                     self.push_outcomes.labels(topic, outcome)
 
-    def observe_s3(self, op: str, status: str, seconds: float) -> None:
-        self.s3_requests.labels(op, status).inc()
+    def observe_s3(self, op: str, status: str, seconds: float, kind: str = "other") -> None:
+        self.s3_requests.labels(op, status, kind).inc()
         self.s3_seconds.labels(op).observe(seconds)
 
     def observe_commit(self, consumer: str, topic: str, result: CommitCounts, seconds: float) -> None:

@@ -24,14 +24,15 @@ from typing import Any
 
 import aiohttp
 
-from bucketq.api_models import PushBatch, PushStatus
+from bucketq.api_models import PushStatus
 from bucketq.core.consumer import Consumer
 from bucketq.core.message import Message
 from bucketq.errors import BucketqError, Closed, LeaseLost
 from bucketq.sidecar.backoff import RetryBackoff
-from bucketq.sidecar.delivery import Deliveries, to_wire
+from bucketq.sidecar.delivery import Deliveries
 from bucketq.sidecar.errors import ApiError
 from bucketq.sidecar.metrics import Metrics
+from bucketq.sidecar.push_request import push_request
 from bucketq.sidecar.runtime import Runtime
 
 log = logging.getLogger("bucketq.sidecar.push")
@@ -208,22 +209,18 @@ class Pusher:
     async def _post(self, messages: list[Message]) -> dict[str, PushStatus]:
         assert self._session is not None
         ids = [m.id for m in messages]
-        body: Any
-        if self.cfg.push_batch_size > 1:
-            body = PushBatch(messages=[to_wire(m, with_receipt=False) for m in messages]).model_dump(
-                mode="json", exclude_none=True
-            )
-        else:
-            body = to_wire(messages[0], with_receipt=False).model_dump(mode="json", exclude_none=True)
-        headers = {"bucketq-topic": messages[0].topic, "bucketq-consumer": self.runtime.consumer_name}
-        if self._token is not None:
-            headers["Authorization"] = f"Bearer {self._token}"
-        if len(messages) == 1:
-            headers.update({"bucketq-id": messages[0].id, "bucketq-deliveries": str(messages[0].deliveries)})
+        with self.runtime.tracing.deliver(messages[0].topic, [m.headers for m in messages]) as trace:
+            headers, body = push_request(messages, self.cfg.push_format, self.runtime.consumer_name, trace)
+            if self._token is not None:
+                headers["Authorization"] = f"Bearer {self._token}"
+            return await self._send(ids, headers, body)
+
+    async def _send(self, ids: list[str], headers: dict[str, str], body: bytes) -> dict[str, PushStatus]:
+        assert self._session is not None
         backoff = 0.1
         while True:
             try:
-                async with self._session.post(self.cfg.app_url, json=body, headers=headers) as resp:
+                async with self._session.post(self.cfg.app_url, data=body, headers=headers) as resp:
                     return interpret(resp.status, await resp.read(), ids)
             except aiohttp.ClientConnectorError as exc:  # never reached the app: same delivery again
                 if self._stopping:

@@ -242,7 +242,7 @@ def referenced_queries() -> dict[str, str]:
     out: dict[str, str] = {}
     dashboard = json.loads((REPO / "helm" / "bucketq" / "files" / "dashboard-queues.json").read_text())
     for panel in dashboard["panels"]:
-        for target in panel["targets"]:
+        for target in panel.get("targets", ()):
             out[f"dashboard panel {panel['title']!r} {target['refId']}"] = target["expr"]
     for variable in dashboard["templating"]["list"]:
         if variable["type"] == "query":
@@ -343,7 +343,7 @@ def test_example_scaled_object_asks_the_scaling_endpoint() -> None:
 
 def test_dashboard_shows_scaling_health_alerts_and_versions() -> None:
     dashboard = json.loads((REPO / "helm" / "bucketq" / "files" / "dashboard-queues.json").read_text())
-    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p.get("targets", ()))
     for wanted in (
         "bucketq_subscription_pending",
         "bucketq_consumer_lease_holders",

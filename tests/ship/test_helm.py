@@ -233,6 +233,74 @@ def test_chart_packages_with_crds_schema_and_notes(tmp_path: Path) -> None:
         assert wanted in names, f"{wanted} is not in the packaged chart"
 
 
+def test_chart_lints_without_a_single_notice() -> None:
+    """`helm lint --strict` passes on warnings only; the icon notice is an [INFO]: none is left."""
+    result = helm("lint", "--strict", str(CHART))
+    notices = [line for line in result.stdout.splitlines() if line.startswith("[")]
+    assert not notices, f"helm lint has something to say:\n{result.stdout}"
+
+
+def test_packaged_chart_carries_icon_and_registry_metadata(tmp_path: Path) -> None:
+    """What `make chart` packages: what `helm push` turns into the OCI manifest's annotations
+    (org.opencontainers.image.title/version/description/url/source/authors) and what Artifact Hub
+    shows (icon, license, images, CRDs), each consistent with the rest of the repository."""
+    helm("package", str(CHART), "--destination", str(tmp_path))
+    (archive,) = tmp_path.glob("bucketq-*.tgz")
+    meta = yaml.safe_load(helm("show", "chart", str(archive)).stdout)
+    assert archive.name == f"bucketq-{meta['version']}.tgz"
+    assert re.fullmatch(r"\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?", meta["version"]), "OCI tags need SemVer"
+    assert meta["name"] == "bucketq" and meta["description"]
+    assert meta["home"] == "https://github.com/bucketq/bucketq" and meta["sources"][0] == meta["home"]
+    assert meta["maintainers"] and all(
+        m.get("name") and (m.get("url") or m.get("email")) for m in meta["maintainers"]
+    )
+    # the icon is this repository's file, at the URL registries fetch it from
+    prefix = "https://raw.githubusercontent.com/bucketq/bucketq/main/"
+    assert meta["icon"].startswith(prefix), meta["icon"]
+    icon = REPO / meta["icon"].removeprefix(prefix)
+    import xml.etree.ElementTree as ET
+
+    svg = ET.parse(icon).getroot()
+    assert svg.tag == "{http://www.w3.org/2000/svg}svg"
+    _, _, width, height = map(float, svg.attrib["viewBox"].split())
+    assert width == height, "Artifact Hub shows icons square"
+    annotations = meta["annotations"]
+    assert annotations["artifacthub.io/license"] == "Apache-2.0"
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    images = yaml.safe_load(annotations["artifacthub.io/images"])
+    assert images == [{"name": "bucketq", "image": f"{values['image']['repository']}:{meta['appVersion']}"}]
+    from bucketq.operator.models import KINDS
+
+    listed = yaml.safe_load(annotations["artifacthub.io/crds"])
+    crds = load_crds(CHART / "crds")
+    assert [c["kind"] for c in listed] == [k.kind for k in KINDS]
+    for entry, kind in zip(listed, KINDS, strict=True):
+        crd = crds[("bucketq.io", kind.kind)]
+        assert entry["name"] == crd["metadata"]["name"]
+        assert entry["version"] == crd["spec"]["versions"][0]["name"]
+        assert entry["description"] == (kind.spec.__doc__ or "").strip()
+
+
+def test_make_chart_packages_and_pushes_the_versioned_archive() -> None:
+    plan = subprocess.run(
+        [
+            "make",
+            "-n",
+            "-o",
+            ".venv/.installed",
+            "chart-push",
+            "CHART_REGISTRY=oci://registry.example.com/charts",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
+    assert "lint --strict helm/bucketq" in plan and "package helm/bucketq --destination dist" in plan
+    assert f"push dist/bucketq-{version}.tgz oci://registry.example.com/charts" in plan, plan
+
+
 def test_notes_explain_the_install(tmp_path: Path) -> None:
     result = helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client")
     notes = result.stdout.split("NOTES:", 1)[1]
@@ -284,6 +352,89 @@ def test_values_schema_rejects_bad_values(values: dict[str, Any], complaint: str
     result = template(values, check=False)
     assert result.returncode != 0, f"the chart accepted {values}"
     assert complaint in result.stderr, f"the error does not name {complaint!r}:\n{result.stderr}"
+
+
+# A refused value names the rule it breaks in words: helm prints the failing keyword (a bare `not`
+# prints "'not' failed", a pattern prints the regular expression), so each such rule is written as
+# `if: <breaks the rule>, then: {const: <reason>}` and helm prints "value must be '<reason>'".
+@pytest.mark.parametrize(
+    ("values", "path", "reason"),
+    [
+        (
+            {"image": {"tag": "latest"}},
+            "/image/tag",
+            "latest is refused because it moves under a running release",
+        ),
+        ({"image": {"tag": "1.0 beta"}}, "/image/tag", "a fixed image tag such as 0.1.0"),
+        (
+            {"image": {"digest": "sha256:nothex"}},
+            "/image/digest",
+            "sha256: followed by 64 lowercase hexadecimal",
+        ),
+        ({"s3": {"bucket": "My_Bucket"}}, "/s3/bucket", "an S3 bucket name: 3 to 63 lowercase letters"),
+        ({"s3": {"existingSecret": "Creds"}}, "/s3/existingSecret", "empty, or a DNS-1123 label"),
+        ({"s3": {"endpointUrl": "minio:9000"}}, "/s3/endpointUrl", "an http:// or https:// URL"),
+        ({"sidecar": {"s3Secret": "S3"}}, "/sidecar/s3Secret", "none: no credentials, for pod identity"),
+        ({"operator": {"namespaces": ["Shop"]}}, "/operator/namespaces/0", "a DNS-1123 label"),
+        (
+            {"sidecar": {"resources": {"limits": {"memory": "lots"}}}},
+            "/sidecar/resources/limits/memory",
+            "a Kubernetes quantity",
+        ),
+        (
+            {"metrics": {"podMonitor": {"interval": "soon"}}},
+            "/metrics/podMonitor/interval",
+            "a duration such as 30s, 5m or 1h30m",
+        ),
+        (
+            {"operator": {"extraEnv": [{"name": "1X", "value": "v"}]}},
+            "/operator/extraEnv/0/name",
+            "an environment variable name",
+        ),
+        ({"webhook": {"replicas": 1}}, "/webhook/replicas", "one replica answers while another is drained"),
+        (
+            {"metrics": {"prometheusRule": {"alertLabels": {"severity": "page"}}}},
+            "/metrics/prometheusRule/alertLabels/severity",
+            "each alert sets its own severity",
+        ),
+        (
+            {"keda": {"operatorUrl": "http://op:9090/?x=1"}},
+            "/keda/operatorUrl",
+            "without ?query or #fragment",
+        ),
+    ],
+)
+def test_values_schema_says_why_a_value_is_refused(values: dict[str, Any], path: str, reason: str) -> None:
+    for args in (["template", RELEASE, str(CHART)], ["lint", "--strict", str(CHART)]):
+        result = helm(*args, "--values", "-", stdin=yaml.safe_dump(values), check=False)
+        output = result.stdout + result.stderr
+        assert result.returncode != 0, f"helm {args[0]} accepted {values}"
+        assert f"at '{path}': value must be '" in output and reason in output, (
+            f"helm {args[0]} does not say why {values} is refused ({reason!r}):\n{output}"
+        )
+        assert "'not' failed" not in output and "does not match pattern" not in output, output
+
+
+def test_values_schema_has_no_rule_that_fails_without_a_reason() -> None:
+    """No bare `not`, `pattern` or `anyOf` (helm prints only the keyword or the expression): each rule
+    is an `if` whose `then` is the reason."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    bare: list[str] = []
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            bare.extend(f"{path}: {k}" for k in ("not", "pattern", "anyOf", "oneOf") if k in node)
+            if "if" in node:
+                assert set(node["then"]) == {"const"} and " " in node["then"]["const"], path
+            for key, value in node.items():
+                if key != "if":  # the rule itself, inside the condition
+                    walk(value, f"{path}/{key}")
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{path}/{i}")
+
+    walk(schema, "")
+    assert not bare, f"rules helm would report without a reason: {bare}"
 
 
 def test_integrations_asked_for_without_their_api_fail_clearly() -> None:
@@ -812,7 +963,7 @@ def exported_metric_names() -> set[str]:
 def queries(full: list[Doc]) -> list[str]:
     """PromQL of the dashboard, the chart's ScaledObjects and the example ScaledObjects."""
     dashboard = json.loads(one(full, "ConfigMap", f"{FULLNAME}-dashboard")["data"]["bucketq-queues.json"])
-    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", ())]
     examples = [d for p in (REPO / "examples").glob("*.yaml") for d in yaml.safe_load_all(p.read_text())]
     for so in find(full, "ScaledObject") + find(examples, "ScaledObject"):
         exprs += [t["metadata"]["query"] for t in so["spec"]["triggers"] if t["type"] == "prometheus"]
