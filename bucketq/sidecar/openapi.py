@@ -48,7 +48,9 @@ ERRORS = {
     "refused without a bucket request.",
     "413": "A message, a batch, the body, its count of JSON values or the publish buffer's bytes is "
     "over its limit; nothing was published.",
-    "415": "The body is not `application/json`.",
+    "415": "The body is not `application/json` (`unsupported_media_type`), or it was sent with a "
+    "`Content-Encoding` other than `identity` (`unsupported_content_encoding`: compressed bodies are "
+    "refused unread, never inflated); nothing was applied.",
     "429": "The publish buffer is full; retry after `Retry-After` seconds.",
     "503": "Starting, draining, or the bucket did not answer in time; retry after `Retry-After`.",
 }
