@@ -28,7 +28,7 @@ from bucketq.operator.consumers import (
     delete_consumer,
     unsubscribe,
 )
-from bucketq.operator.metrics import QueueMetrics
+from bucketq.operator.metrics import GC_KINDS, QueueMetrics
 from bucketq.operator.models import (
     GROUP,
     VERSION,
@@ -257,6 +257,7 @@ class Operator:
         dlp_index: Index,
         **_: Any,
     ) -> None:
+        self.metrics.revive(namespace, name)
         async with self.reconciler.reconciling("Topic", namespace, body, patch, retry=retry) as out:
             out.set(**await self._topic(name, namespace, spec, dlp_index, with_figures=False))
 
@@ -271,7 +272,7 @@ class Operator:
         logger: Any,
         **_: Any,
     ) -> None:
-        self.metrics.forget_topic(namespace, name)
+        self.metrics.forget_topic(namespace, name, f"{name}.dlq")
         policy = spec.get("deletionPolicy", DeletionPolicy.RETAIN)
         if policy != DeletionPolicy.DELETE:
             logger.info(f"deletionPolicy {policy}: topic {name!r} is left in the bucket")
@@ -316,7 +317,7 @@ class Operator:
             self.metrics.storage_reachable.labels(namespace).set(0)
             logger.warning(f"garbage collection of {name!r} failed: {self.buckets.redact(str(exc))}")
             return
-        for kind in ("segments", "deltas", "checkpoints", "members", "dedup_markers", "probes", "claims"):
+        for kind in GC_KINDS:
             count = getattr(report, kind)
             if count:
                 self.metrics.gc_deleted.labels(namespace, name, kind).inc(count)
@@ -426,6 +427,7 @@ class Operator:
         logger: Any,
         **_: Any,
     ) -> None:
+        self.metrics.forget_consumer(namespace, name)
         if spec.get("deletionPolicy", DeletionPolicy.RETAIN) != DeletionPolicy.DELETE:
             logger.info(f"deletionPolicy Retain: the cursors of consumer {name!r} are kept")
             return

@@ -24,6 +24,8 @@ from bucketq.operator.scaling import ROUTE, scaling_handler
 from bucketq.operator.topics import TopicFigures
 
 _TOPIC = ["namespace", "topic"]
+# the kinds of objects garbage collection counts (bucketq_gc_deleted_objects{kind})
+GC_KINDS = ("segments", "deltas", "checkpoints", "members", "dedup_markers", "probes", "claims")
 _SUB = ["namespace", "topic", "consumer"]
 
 
@@ -32,6 +34,7 @@ class QueueMetrics(Collector):
 
     def __init__(self) -> None:
         self._topics: dict[tuple[str, str], TopicFigures] = {}
+        self._retired: set[tuple[str, str]] = set()  # deleted topics (forget_topic), until revived
         self._refreshed: dict[tuple[str, str], float] = {}  # Unix time of each topic's snapshot
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.build_info = Gauge(
@@ -86,7 +89,10 @@ class QueueMetrics(Collector):
         r.register(self)
 
     def set_storage(self, namespace: str, topic: str, stored: TopicStorage) -> None:
-        """What a topic stores, as its last garbage collection counted it."""
+        """What a topic stores, as its last garbage collection counted it (ignored for a topic
+        forgotten since: a collection that was running when its Topic was deleted)."""
+        if (namespace, topic) in self._retired:
+            return
         self.stored_bytes.labels(namespace, topic).set(stored.bytes)
         self.stored_segments.labels(namespace, topic).set(stored.segments)
         self.held_for_lagging.labels(namespace, topic).set(stored.held_for_lagging)
@@ -98,12 +104,44 @@ class QueueMetrics(Collector):
     ) -> None:
         """Keep a topic's figures for scrapes and scaling answers; ``at``: when they were computed
         (Unix time, default now), so that an answer can say how old its figures are."""
+        if (namespace, topic) in self._retired:
+            return
         self._topics[(namespace, topic)] = figures
         self._refreshed[(namespace, topic)] = time.time() if at is None else at
 
-    def forget_topic(self, namespace: str, topic: str) -> None:
-        self._topics.pop((namespace, topic), None)
-        self._refreshed.pop((namespace, topic), None)
+    def forget_topic(self, namespace: str, topic: str, *also: str) -> None:
+        """Drop every series of ``topic`` (and of the topics in ``also``: its default dead-letter
+        topic, which its garbage collection counts) when its Topic is deleted.
+
+        Invariant: no series of a deleted topic is exported after its deletion began (else they
+        would stay until the operator restarts, and grow with every topic ever created). The
+        topics stay retired, their late snapshots ignored, until :meth:`revive`: a refresh or
+        collection that was running when the deletion began cannot bring them back.
+        """
+        for name in (topic, *also):
+            key = (namespace, name)
+            self._retired.add(key)
+            self._topics.pop(key, None)
+            self._refreshed.pop(key, None)
+            for gauge in (self.stored_bytes, self.stored_segments, self.held_for_lagging):
+                gauge.remove(namespace, name)
+            for kind in GC_KINDS:
+                self.gc_deleted.remove(namespace, name, kind)
+
+    def revive(self, namespace: str, topic: str) -> None:
+        """A Topic of that name is reconciled (again): its series may be exported."""
+        self._retired.discard((namespace, topic))
+
+    def forget_consumer(self, namespace: str, consumer: str) -> None:
+        """Drop the consumer's series from every topic's snapshot when its Consumer is deleted.
+
+        A subscription left in the bucket (deletionPolicy Retain) still holds its topic's data
+        and reappears with the topic's next refresh; one deleted with the Consumer does not.
+        """
+        for (ns, topic), figures in list(self._topics.items()):
+            if ns == namespace and any(s.consumer == consumer for s in figures.subscriptions):
+                kept = [s for s in figures.subscriptions if s.consumer != consumer]
+                self._topics[(ns, topic)] = TopicFigures(figures.info, kept)
 
     def consumer_figures(self, namespace: str, consumer: str) -> list[tuple[SubscriptionStats, float]]:
         """Every subscription of ``consumer`` in ``namespace`` with the Unix time of its snapshot."""
