@@ -111,6 +111,7 @@ app.command("consume")(messages.consume)
 app.command("peek")(peek.peek)
 app.command("stats")(stats.stats)
 app.command("gc")(gc.gc)
+app.command("doctor")(importlib.import_module("bucketq.cli.doctor").doctor)
 app.command("bench")(bench.bench)
 
 
