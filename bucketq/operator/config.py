@@ -48,6 +48,11 @@ class OperatorSettings(BaseSettings):
         ge=0,
         description=f"The same for cursor deltas (writers trust a fence copy {DELTA_TRUST_S:.0f} s).",
     )
+    store_checks: bool = Field(
+        True,
+        description="Run the store checks (bucketq doctor) at start and report them as the StoreChecked "
+        "condition of every Topic and in bucketq_store_check_passed.",
+    )
     retry_min_s: float = Field(2.0, gt=0, description="First retry delay after a failed reconcile.")
     retry_max_s: float = Field(300.0, gt=0, description="Longest retry delay (exponential backoff).")
 

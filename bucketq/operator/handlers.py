@@ -41,6 +41,7 @@ from bucketq.operator.models import (
 )
 from bucketq.operator.outcome import InvalidSpec, Reconciler, Waiting
 from bucketq.operator.status import DEAD_LETTER_POLICY, Cond, now_iso
+from bucketq.operator.store_checks import StoreCheckRun
 from bucketq.operator.topics import apply_topic, current_config, delete_topic, topic_config, topic_figures
 from bucketq.operator.webhook import SELECTORS, SidecarInjector
 
@@ -127,6 +128,7 @@ class Operator:
             self.buckets, self.metrics, self.settings.retry_min_s, self.settings.retry_max_s
         )
         self.injector = SidecarInjector(engine, self.settings)
+        self.store_checks = StoreCheckRun(engine, self.buckets.redact)
         self._metrics_runner: web.AppRunner | None = None
 
     # -- registration ----------------------------------------------------------------------------
@@ -191,6 +193,8 @@ class Operator:
             )(_fn(self.injector.mutate))
 
     async def startup(self, **_: Any) -> None:
+        if self.settings.store_checks:
+            self.store_checks.start(self.metrics.set_store_checks)
         if self.settings.metrics_port:
             self._metrics_runner = await self.metrics.serve(
                 self.settings.metrics_host, self.settings.metrics_port
@@ -202,6 +206,7 @@ class Operator:
             )
 
     async def cleanup(self, **_: Any) -> None:
+        await self.store_checks.stop()
         if self._metrics_runner is not None:
             await self._metrics_runner.cleanup()
             self._metrics_runner = None
@@ -260,6 +265,7 @@ class Operator:
         self.metrics.revive(namespace, name)
         async with self.reconciler.reconciling("Topic", namespace, body, patch, retry=retry) as out:
             out.set(**await self._topic(name, namespace, spec, dlp_index, with_figures=False))
+            self._store_condition(out.conditions)
 
     async def finalize_topic(
         self,
@@ -332,6 +338,11 @@ class Operator:
         patch.status["garbageCollectedObjects"] = report.total
         if report.total:
             logger.info(f"garbage collection of {name!r}: deleted {report.total} objects")
+
+    def _store_condition(self, conditions: list[Cond]) -> None:
+        """``StoreChecked`` on a Topic: what the store checks at operator start found."""
+        if self.settings.store_checks:
+            conditions.append(self.store_checks.condition())
 
     # -- consumers -------------------------------------------------------------------------------
 
@@ -530,6 +541,7 @@ class Operator:
         async with self.reconciler.reconciling(kind, namespace, body, patch, raise_errors=False) as out:
             if kind == "Topic":
                 out.set(**await self._topic(name, namespace, spec, dlp_index, with_figures=True))
+                self._store_condition(out.conditions)
             elif kind == "Consumer":
                 indexes = {"dlp_index": dlp_index, "topic_index": topic_index}
                 out.set(

@@ -22,6 +22,7 @@ from bucketq.core.gc import TopicStorage
 from bucketq.core.stats import SubscriptionStats
 from bucketq.operator.scaling import ROUTE, scaling_handler
 from bucketq.operator.topics import TopicFigures
+from bucketq.storage.checks import StoreReport
 
 _TOPIC = ["namespace", "topic"]
 # the kinds of objects garbage collection counts (bucketq_gc_deleted_objects{kind})
@@ -86,7 +87,19 @@ class QueueMetrics(Collector):
             _TOPIC,
             registry=r,
         )
+        self.store_check_passed = Gauge(
+            "bucketq_store_check_passed",
+            "1 when the store passed the check at operator start, 0 when it failed (bucketq doctor).",
+            ["check"],
+            registry=r,
+        )
         r.register(self)
+
+    def set_store_checks(self, report: StoreReport) -> None:
+        """The verdicts of the store checks (a skipped check has no series)."""
+        for check in report.checks:
+            if check.verdict != "skip":
+                self.store_check_passed.labels(check.name).set(0 if check.failed else 1)
 
     def set_storage(self, namespace: str, topic: str, stored: TopicStorage) -> None:
         """What a topic stores, as its last garbage collection counted it (ignored for a topic

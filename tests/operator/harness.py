@@ -174,6 +174,9 @@ def fast_settings(namespaces: list[str], **overrides: Any) -> OperatorSettings:
         "liveness_port": 0,
         "metrics_port": 0,
         "webhook": False,
+        # the store checks write under the root: tests that compare the bucket's objects before
+        # and after turn them off (tests/operator/test_store_checks.py runs them)
+        "store_checks": False,
     }
     values.update(overrides)
     return OperatorSettings(**values)
