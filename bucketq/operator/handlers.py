@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
@@ -171,6 +172,21 @@ class Operator:
         kopf.timer(GROUP, VERSION, "topics", id="gc", interval=s.gc_interval_s, registry=reg)(
             _fn(self.collect_garbage)
         )
+        self.register_scaling_watch(reg)
+
+    def register_scaling_watch(self, reg: kopf.OperatorRegistry) -> None:
+        """Follow every Consumer's ``status.scaling`` (a watch only: no writes, no finalizer), so
+        that the scaling endpoint answers from the last persisted figures until this operator's
+        own refresh has them (after a start; all along on a standby replica)."""
+        kopf.on.event(GROUP, VERSION, "consumers", id="scaling_watch", registry=reg)(_fn(self.follow_scaling))
+
+    def follow_scaling(
+        self, type: str | None, namespace: str, name: str, body: Mapping[str, Any], **_: Any
+    ) -> None:
+        if type == "DELETED":
+            self.metrics.forget_scaling(namespace, name)
+            return
+        self.metrics.remember_scaling(namespace, name, (body.get("status") or {}).get("scaling"))
 
     def _register_webhook(self, reg: kopf.OperatorRegistry) -> None:
         """The injector, once per objectSelector (webhook.SELECTORS), with one failure policy.
@@ -367,6 +383,7 @@ class Operator:
         if with_figures:
             figures = await consumer_figures(bq, name, list(consumer.topics))
             fields.update(figures.status())
+            fields["scaling"] = figures.scaling(time.time())
             out_conditions.append(figures.stalled())
         return fields
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import platform
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
@@ -20,7 +21,13 @@ from bucketq import __version__
 from bucketq.core.app import FORMAT
 from bucketq.core.gc import TopicStorage
 from bucketq.core.stats import SubscriptionStats
-from bucketq.operator.scaling import ROUTE, scaling_handler
+from bucketq.operator.scaling import (
+    ROUTE,
+    PersistedLoad,
+    SubscriptionLoad,
+    persisted_loads,
+    scaling_handler,
+)
 from bucketq.operator.topics import TopicFigures
 from bucketq.storage.checks import StoreReport
 
@@ -36,6 +43,8 @@ class QueueMetrics(Collector):
     def __init__(self) -> None:
         self._topics: dict[tuple[str, str], TopicFigures] = {}
         self._retired: set[tuple[str, str]] = set()  # deleted topics (forget_topic), until revived
+        # each Consumer's status.scaling as last seen through the watch: (loads, refreshed at)
+        self._persisted: dict[tuple[str, str], tuple[list[PersistedLoad], float]] = {}
         self._refreshed: dict[tuple[str, str], float] = {}  # Unix time of each topic's snapshot
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.build_info = Gauge(
@@ -151,20 +160,44 @@ class QueueMetrics(Collector):
         A subscription left in the bucket (deletionPolicy Retain) still holds its topic's data
         and reappears with the topic's next refresh; one deleted with the Consumer does not.
         """
+        self.forget_scaling(namespace, consumer)
         for (ns, topic), figures in list(self._topics.items()):
             if ns == namespace and any(s.consumer == consumer for s in figures.subscriptions):
                 kept = [s for s in figures.subscriptions if s.consumer != consumer]
                 self._topics[(ns, topic)] = TopicFigures(figures.info, kept)
 
-    def consumer_figures(self, namespace: str, consumer: str) -> list[tuple[SubscriptionStats, float]]:
-        """Every subscription of ``consumer`` in ``namespace`` with the Unix time of its snapshot."""
-        return [
+    def consumer_figures(
+        self, namespace: str, consumer: str
+    ) -> tuple[list[tuple[SubscriptionLoad, float]], str]:
+        """Every subscription of ``consumer`` in ``namespace`` with the Unix time of its snapshot,
+        from this operator's refreshes (``refresh``), else as last persisted in the Consumer's
+        status (``status``: right after a start, or on a standby replica)."""
+        live: list[tuple[SubscriptionLoad, float]] = [
             (sub, self._refreshed[key])
             for key, figures in sorted(self._topics.items())
             if key[0] == namespace
             for sub in figures.subscriptions
             if sub.consumer == consumer
         ]
+        if live:
+            return live, "refresh"
+        persisted = self._persisted.get((namespace, consumer))
+        if persisted is None:
+            return [], "status"
+        loads, at = persisted
+        return [(load, at) for load in loads], "status"
+
+    def remember_scaling(self, namespace: str, consumer: str, scaling: Mapping[str, Any] | None) -> None:
+        """Keep a Consumer's persisted ``status.scaling`` (what every watch event of it carries)."""
+        found = persisted_loads(scaling)
+        if found is None:
+            self._persisted.pop((namespace, consumer), None)
+        else:
+            self._persisted[(namespace, consumer)] = found
+
+    def forget_scaling(self, namespace: str, consumer: str) -> None:
+        """The Consumer is gone: no figures of it are answered any more."""
+        self._persisted.pop((namespace, consumer), None)
 
     def subscription(self, namespace: str, topic: str, consumer: str) -> SubscriptionStats | None:
         figures = self._topics.get((namespace, topic))
