@@ -211,7 +211,11 @@ class Operator:
     async def startup(self, **_: Any) -> None:
         if self.settings.store_checks:
             self.store_checks.start(self.metrics.set_store_checks)
-        if self.settings.metrics_port:
+        await self.serve_metrics()
+
+    async def serve_metrics(self) -> None:
+        """Serve /metrics and /scaling on the metrics port (once; a standby serves them too)."""
+        if self.settings.metrics_port and self._metrics_runner is None:
             self._metrics_runner = await self.metrics.serve(
                 self.settings.metrics_host, self.settings.metrics_port
             )
@@ -221,11 +225,14 @@ class Operator:
                 self.settings.metrics_port,
             )
 
-    async def cleanup(self, **_: Any) -> None:
-        await self.store_checks.stop()
+    async def stop_metrics(self) -> None:
         if self._metrics_runner is not None:
             await self._metrics_runner.cleanup()
             self._metrics_runner = None
+
+    async def cleanup(self, **_: Any) -> None:
+        await self.store_checks.stop()
+        await self.stop_metrics()
         await self.buckets.close()
 
     def index_spec(self, namespace: str, name: str, spec: Mapping[str, Any], **_: Any) -> dict[Any, Any]:

@@ -35,6 +35,7 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "events": ("v1", True),
     "mutatingwebhookconfigurations": ("admissionregistration.k8s.io/v1", False),
     "customresourcedefinitions": ("apiextensions.k8s.io/v1", False),
+    "leases": ("coordination.k8s.io/v1", True),
 }
 PLURALS = {
     "Topic": "topics",
