@@ -42,6 +42,8 @@ from typing import Any
 import aiohttp
 import kopf
 
+from bucketq import __version__
+
 log = logging.getLogger("bucketq.operator.leader")
 
 LoginFn = Callable[..., Any]
@@ -117,7 +119,7 @@ class LeaseApi:
         if not isinstance(info, kopf.ConnectionInfo):
             raise RuntimeError("no Kubernetes credentials for leader election (login returned nothing)")
         self._server = info.server.rstrip("/")
-        headers = {"Accept": "application/json"}
+        headers = {"Accept": "application/json", "User-Agent": f"bucketq-operator/{__version__}"}
         if info.token:
             headers["Authorization"] = f"{info.scheme or 'Bearer'} {info.token}"
         auth = aiohttp.BasicAuth(info.username, info.password or "") if info.username else None
