@@ -106,3 +106,73 @@ def scaling_refused(port: int) -> bool:
 )
 def test_an_unreadable_persisted_status_is_no_figure(scaling_status: Any) -> None:
     assert persisted_loads(scaling_status) is None
+
+
+def test_a_standby_replica_answers_from_the_persisted_figures_and_writes_nothing(
+    emulator: EmulatorThread, kube: Kube, moto_server: S3Server
+) -> None:
+    """A replica standing by (another holds the Lease) serves /scaling from the Consumers' status,
+    and makes no write to the custom resources: no finalizer, no annotation, no status."""
+    ns = kube.namespace("standby")
+    engine = moto_server.settings(strategy="conditional_write")
+    (port,) = free_ports(1)
+    first = start_operator(emulator.url, engine, fast_settings([ns]))
+    try:
+        kube.create(topic(ns, "orders"))
+        kube.create(consumer(ns, "billing", topics=["orders"]))
+        wait_for(lambda: ready(kube, "consumers", ns, "billing"), "Consumer billing to be Ready")
+        publish(engine, ns, "orders", 3)
+        wait_for(
+            lambda: ((kube.get("consumers", ns, "billing") or {}).get("status") or {}).get("scaling"),
+            "status.scaling",
+        )
+    finally:
+        first.stop()
+    before = kube.get("consumers", ns, "billing")
+    # someone else holds the Lease, freshly: the new replica stands by for its whole duration
+    kube.request(
+        "POST",
+        kube.path("leases", ns),
+        {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": "bucketq-operator", "namespace": ns},
+            "spec": {"holderIdentity": "the-leader", "leaseDurationSeconds": 60},
+        },
+    )
+    assert emulator.emulator is not None
+    seen = len(emulator.emulator._requests)
+    standby = start_operator(
+        emulator.url,
+        engine,
+        fast_settings(
+            [ns],
+            metrics_host="127.0.0.1",
+            metrics_port=port,
+            leader_election=True,
+            leader_lease_namespace=ns,
+            leader_lease_duration_s=60.0,
+            leader_renew_deadline_s=40.0,
+            leader_retry_period_s=0.5,
+        ),
+    )
+    try:
+        _, body = wait_for(
+            lambda: (r := scaling(port, ns, "billing"))[0] == 200 and r, "the standby to answer", 30
+        )
+        assert body["source"] == "status" and body["pending"] == 3
+        time.sleep(2.0)  # several status and GC intervals of a leader: the standby runs none
+        writes = [
+            r
+            for r in list(emulator.emulator._requests)[seen:]
+            if str(getattr(r.method, "value", r.method)).upper() in ("POST", "PUT", "PATCH", "DELETE")
+            and r.resource is not None
+            and r.resource.group == "bucketq.io"
+        ]
+        assert writes == [], [f"{r.method} {r.url}" for r in writes]
+        after = kube.get("consumers", ns, "billing")
+        assert after is not None and before is not None
+        assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+        assert kube.get("leases", ns, "bucketq-operator")["spec"]["holderIdentity"] == "the-leader"
+    finally:
+        standby.stop()
