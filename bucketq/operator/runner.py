@@ -185,39 +185,19 @@ async def serve_elected(
     stopped = asyncio.create_task(_flag_set(stop_flag), name="stop flag")
     try:
         await operator.serve_metrics()
-        standby_stop = asyncio.Event()
-        standby = asyncio.create_task(
-            _run_kopf(
-                operator,
-                standby_registry(operator, login=login),
-                _standby_settings(s),
-                stop_flag=standby_stop,
-                ready_flag=ready_flag,
-            ),
-            name="standby",
+        standby, standby_stop = _start_kopf(
+            operator, standby_registry(operator, login=login), _standby_settings(s), ready_flag, "standby"
         )
-        leading = asyncio.create_task(elector.leading.wait())
-        await asyncio.wait({stopped, leading, standby}, return_when=asyncio.FIRST_COMPLETED)
-        leading.cancel()
+        await _until(elector.leading, stopped, standby)
         standby_stop.set()
         await standby
         if stopped.done() or not elector.leading.is_set():
             return
         log.info("%s leads: reconciliation and garbage collection start", config.identity)
-        leader_stop = asyncio.Event()
-        leader = asyncio.create_task(
-            _run_kopf(
-                operator,
-                registry_for(operator, login=login),
-                kopf_settings(s),
-                stop_flag=leader_stop,
-                ready_flag=None,
-            ),
-            name="leader",
+        leader, leader_stop = _start_kopf(
+            operator, registry_for(operator, login=login), kopf_settings(s), None, "leader"
         )
-        lost = asyncio.create_task(elector.lost.wait())
-        await asyncio.wait({stopped, lost, leader}, return_when=asyncio.FIRST_COMPLETED)
-        lost.cancel()
+        await _until(elector.lost, stopped, leader)
         leader_stop.set()
         if not await _stop_before_fence(leader, elector):
             (on_fence_breach or exit_at_once)()
@@ -232,6 +212,30 @@ async def serve_elected(
         stopped.cancel()
         await operator.stop_metrics()
         await api.close()
+
+
+def _start_kopf(
+    operator: Operator,
+    registry: kopf.OperatorRegistry,
+    settings: kopf.OperatorSettings,
+    ready_flag: Flag | None,
+    name: str,
+) -> tuple[asyncio.Task[None], asyncio.Event]:
+    """kopf running ``registry`` in a task, and the event that stops it."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(
+        _run_kopf(operator, registry, settings, stop_flag=stop, ready_flag=ready_flag), name=name
+    )
+    return task, stop
+
+
+async def _until(event: asyncio.Event, *tasks: asyncio.Task[None]) -> None:
+    """Wait until ``event`` is set or one of ``tasks`` ends."""
+    waiter = asyncio.create_task(event.wait())
+    try:
+        await asyncio.wait({waiter, *tasks}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
 
 
 async def _stop_before_fence(leader: asyncio.Task[None], elector: LeaderElector) -> bool:

@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.operator.harness import Kube, wait_for
+from tests.operator.harness import Kube, fast_settings, wait_for
 from tests.operator.k8s_emulator import EmulatorThread
 from tests.operator.test_consumers import consumer
 from tests.operator.test_topics import topic
@@ -58,24 +58,17 @@ class Cluster:
 
     def start(self, who: str) -> Worker:
         proxy = TcpProxy.to(self.emulator.url).start()
-        settings = {
-            "namespaces": [self.ns],
-            "status_interval_s": 0.5,
-            "gc_interval_s": 0.3,
-            "retry_min_s": 0.3,
-            "retry_max_s": 2.0,
-            "namespace_resync_s": 2.0,
-            "liveness_port": 0,
-            "metrics_port": 0,
-            "webhook": False,
-            "store_checks": False,
-            "leader_election": True,
-            "leader_identity": who,
-            "leader_lease_namespace": self.ns,
-            "leader_lease_duration_s": LEASE_S,
-            "leader_renew_deadline_s": RENEW_S,
-            "leader_retry_period_s": RETRY_S,
-        }
+        settings = fast_settings(
+            [self.ns],
+            status_interval_s=0.5,
+            gc_interval_s=0.3,
+            leader_election=True,
+            leader_identity=who,
+            leader_lease_namespace=self.ns,
+            leader_lease_duration_s=LEASE_S,
+            leader_renew_deadline_s=RENEW_S,
+            leader_retry_period_s=RETRY_S,
+        ).model_dump(mode="json")
         config = self.tmp / f"{who}.json"
         config.write_text(
             json.dumps(
@@ -208,8 +201,8 @@ def test_one_operator_works_at_a_time_and_a_standby_takes_over(
         cluster.stop_all()
     ended = {w.who: w.ended_at or time.monotonic() for w in cluster.workers.values()}
     runs = intervals(cluster.events(), ended)
-    assert {r[0] for r in runs} == {"a", "b", "c", "d"}, "every leader in turn worked"
-    assert len(runs) > 40, f"only {len(runs)} handler runs: the history shows too little to check"
+    per_operator = {who: sum(r[0] == who for r in runs) for who in "abcd"}
+    assert min(per_operator.values()) >= 3, f"too little history to check: {per_operator} handler runs"
     problems = overlaps(runs)
     assert problems == [], "\n".join(problems[:10])
 

@@ -47,18 +47,14 @@ def test_a_restarted_operator_answers_from_the_persisted_figures(
         wait_for(lambda: ready(kube, "consumers", ns, "billing"), "Consumer billing to be Ready")
         publish(engine, ns, "orders", 7)
 
-        def persisted() -> dict[str, Any] | None:
-            status = (kube.get("consumers", ns, "billing") or {}).get("status") or {}
-            found = status.get("scaling")
-            return found if found and sum(t["pending"] for t in found["topics"]) == 7 else None
-
-        saved = wait_for(persisted, "status.scaling with the 7 pending messages")
-        assert [t["topic"] for t in saved["topics"]] == ["orders"]
+        wait_for(lambda: persisted_pending(kube, ns, "billing") == 7, "status.scaling with 7 pending")
         status, live = scaling(port, ns, "billing")
         assert status == 200 and live["source"] == "refresh"
     finally:
         first.stop()
     assert scaling_refused(port), "the first operator's port is closed"
+    saved = (kube.get("consumers", ns, "billing") or {})["status"]["scaling"]  # its last refresh
+    assert [t["topic"] for t in saved["topics"]] == ["orders"]
 
     # the second operator cannot reach the bucket at all: it never refreshes anything
     with LyingS3(moto_server.endpoint_url) as proxy:
@@ -84,6 +80,11 @@ def test_a_restarted_operator_answers_from_the_persisted_figures(
         assert (status, body["error"]) == (404, "consumer_not_found")
     finally:
         second.stop()
+
+
+def persisted_pending(kube: Kube, ns: str, name: str) -> int | None:
+    found = ((kube.get("consumers", ns, name) or {}).get("status") or {}).get("scaling")
+    return sum(t["pending"] for t in found["topics"]) if found else None
 
 
 def scaling_refused(port: int) -> bool:
@@ -122,10 +123,7 @@ def test_a_standby_replica_answers_from_the_persisted_figures_and_writes_nothing
         kube.create(consumer(ns, "billing", topics=["orders"]))
         wait_for(lambda: ready(kube, "consumers", ns, "billing"), "Consumer billing to be Ready")
         publish(engine, ns, "orders", 3)
-        wait_for(
-            lambda: ((kube.get("consumers", ns, "billing") or {}).get("status") or {}).get("scaling"),
-            "status.scaling",
-        )
+        wait_for(lambda: persisted_pending(kube, ns, "billing") == 3, "status.scaling with 3 pending")
     finally:
         first.stop()
     before = kube.get("consumers", ns, "billing")

@@ -13,7 +13,14 @@ from typing import Any
 import pytest
 
 from bucketq.config import Settings
-from tests.operator.harness import Kube, condition, fast_settings, start_operator, wait_for
+from tests.operator.harness import (
+    Kube,
+    RunningOperator,
+    condition,
+    fast_settings,
+    start_operator,
+    wait_for,
+)
 from tests.operator.k8s_emulator import EmulatorThread
 from tests.operator.test_consumers import metrics_text
 from tests.operator.test_topics import topic
@@ -29,15 +36,16 @@ def _checked(kube: Kube, ns: str, status: str) -> dict[str, Any]:
     return wait_for(found, f"the Topic's StoreChecked condition to be {status}")
 
 
+def _checking_operator(emulator: EmulatorThread, engine: Settings, ns: str, port: int) -> RunningOperator:
+    settings = fast_settings([ns], store_checks=True, metrics_host="127.0.0.1", metrics_port=port)
+    return start_operator(emulator.url, engine, settings)
+
+
 def test_a_healthy_store_is_reported_checked(emulator: EmulatorThread, kube: Kube, tmp_path: Path) -> None:
     ns = kube.namespace("checked")
     engine = Settings.from_dict({"backend": "file", "file_path": str(tmp_path / "bucket")})
     (port,) = free_ports(1)
-    running = start_operator(
-        emulator.url,
-        engine,
-        fast_settings([ns], store_checks=True, metrics_host="127.0.0.1", metrics_port=port),
-    )
+    running = _checking_operator(emulator, engine, ns, port)
     try:
         kube.create(topic(ns, "orders"))
         cond = _checked(kube, ns, "True")
@@ -58,11 +66,7 @@ def test_a_broken_store_is_reported_on_every_topic_in_metrics_and_logs(
     caplog.set_level(logging.INFO, logger="bucketq.operator")
     with LyingS3(moto_server.endpoint_url, ignore_if_match=True) as proxy:
         engine = moto_server.settings(strategy="conditional_write", s3_endpoint_url=proxy.url)
-        running = start_operator(
-            emulator.url,
-            engine,
-            fast_settings([ns], store_checks=True, metrics_host="127.0.0.1", metrics_port=port),
-        )
+        running = _checking_operator(emulator, engine, ns, port)
         try:
             kube.create(topic(ns, "orders"))
             cond = _checked(kube, ns, "False")
