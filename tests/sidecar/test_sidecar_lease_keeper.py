@@ -23,7 +23,7 @@ from bucketq.sidecar.push import KEEPER_RETRY_INITIAL_S, keep_leases, keeper_bac
 from bucketq.storage import MemoryStore
 from bucketq.storage.faults import FaultyStore
 
-VT = 3.0
+VT = 6.0
 MESSAGES = 4
 SETTINGS = Settings.from_dict({"backend": "memory", "strategy": "conditional_write"})
 
@@ -74,18 +74,20 @@ async def test_keeper_backs_off_while_extends_fail_fast() -> None:
         member, messages = await _leased(bq)
         first_deadline = min(m.lease_until for m in messages)
         faulty = FailingExtends(member)
-        faulty.failing = True  # until 2.6 s, past the first due extend (about 2 s, a third before)
+        # failing from the first due extend (a third of the lease before it runs out, 2 s) until
+        # 0.9 s before: the keeper's last chance (0.5 s before) comes after the outage
+        faulty.failing = True
         keeper = asyncio.create_task(keep_leases(faulty, messages, keeper_backoff(VT)))  # type: ignore[arg-type]
-        await asyncio.sleep(2.6)
+        await asyncio.sleep(first_deadline - 0.9 - time.time())
         faulty.failing = False
         await asyncio.sleep(VT / 2)
         keeper.cancel()
         await asyncio.gather(keeper, return_exceptions=True)
         rounds = len(faulty.failed_calls) // MESSAGES
         assert rounds >= 1, "the keeper never tried during the outage: the test tests nothing"
-        # 0.6 s of failing extends: every 50 ms that was about 12 rounds; with the backoff at most
-        # four (after 0.125-0.25 s, then 0.25-0.5 s, and the last chance before the leases run out)
-        assert rounds <= 4, f"{rounds} rounds of failed extends in 0.6 s"
+        # 1.1 s of failing extends: every 50 ms that was about 22 rounds; with the backoff (steps of
+        # 0.125-0.25, 0.25-0.5, 0.5-1 s) at most five
+        assert rounds <= 5, f"{rounds} rounds of failed extends in 1.1 s"
         assert all(m.lease_until > first_deadline for m in messages), "a lease was not kept"
         assert member.in_flight == MESSAGES, "a lease was lost"
         await member.close()
@@ -96,9 +98,9 @@ async def test_keeper_keeps_the_leases_across_a_store_brownout() -> None:
     async with Bucketq(SETTINGS, store=store) as bq:
         member, messages = await _leased(bq)
         first_deadline = min(m.lease_until for m in messages)
-        brownout = store.add(op="PUT", kind="error", times=None)  # every write fails until 2.6 s
+        brownout = store.add(op="PUT", kind="error", times=None)  # every write fails until 0.9 s before
         keeper = asyncio.create_task(keep_leases(member, messages, keeper_backoff(VT)))
-        await asyncio.sleep(2.6)
+        await asyncio.sleep(first_deadline - 0.9 - time.time())
         store.faults.remove(brownout)
         assert store.injected["error"] >= 1, "nothing was written during the brownout"
         await asyncio.sleep(VT / 2)
