@@ -33,6 +33,7 @@ import random
 import socket
 import ssl
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -215,11 +216,16 @@ class LeaderElector:
     """
 
     def __init__(
-        self, api: LeaseApi, config: LeaseConfig, clock: Callable[[], float] = time.monotonic
+        self,
+        api: LeaseApi,
+        config: LeaseConfig,
+        clock: Callable[[], float] = time.monotonic,
+        on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self.api = api
         self.config = config
         self.clock = clock
+        self.on_change = on_change  # called when leading or lost changes
         self.leading = asyncio.Event()
         self.lost = asyncio.Event()
         self.renewed_at: float | None = None  # start of the last successful acquire or renewal
@@ -238,6 +244,7 @@ class LeaderElector:
         while not self.leading.is_set():
             if await self._attempt(c.retry_period_s):
                 self.leading.set()
+                self.on_change()
                 log.info("%s leads (Lease %s/%s)", c.identity, c.namespace, c.name)
                 break
             await asyncio.sleep(c.retry_period_s * random.uniform(1.0, 1.2))
@@ -256,6 +263,7 @@ class LeaderElector:
                 )
                 self.leading.clear()
                 self.lost.set()
+                self.on_change()
                 return
 
     async def _attempt(self, budget_s: float) -> bool:
@@ -334,3 +342,77 @@ class LeaderElector:
             log.info("%s released the Lease", self.config.identity)
         except (TimeoutError, aiohttp.ClientError, RuntimeError, OSError) as exc:
             log.warning("could not release the Lease (it expires on its own): %s", exc)
+
+
+class ElectionThread:
+    """A :class:`LeaderElector` on a thread and event loop of its own.
+
+    The operator's loop can be busy or blocked for seconds (a synchronous step in a handler, a
+    storage client built on first use, a loaded host): renewals must not wait for it, or a
+    leader that is working loses its Lease for nothing. The runner reads :attr:`leading`,
+    :attr:`lost` (threading events) and :meth:`fence_at`, and ends it with :meth:`stop`.
+    """
+
+    def __init__(self, api: LeaseApi, config: LeaseConfig) -> None:
+        self.api = api
+        self.config = config
+        self.leading = threading.Event()
+        self.lost = threading.Event()
+        self.elector = LeaderElector(api, config, on_change=self._mirror)
+        self._loop = asyncio.new_event_loop()
+        self._stop: asyncio.Event | None = None
+        self._release = False
+        self._started = threading.Event()
+        self._thread = threading.Thread(target=self._main, name="leader-election", daemon=True)
+
+    def start(self) -> ElectionThread:
+        self._thread.start()
+        self._started.wait(10)
+        return self
+
+    def fence_at(self) -> float:
+        return self.elector.fence_at()
+
+    def clock(self) -> float:
+        return self.elector.clock()
+
+    def _mirror(self) -> None:
+        if self.elector.leading.is_set():
+            self.leading.set()
+        else:
+            self.leading.clear()
+        if self.elector.lost.is_set():
+            self.lost.set()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_until_complete(self._run())
+        finally:
+            self._loop.close()
+
+    async def _run(self) -> None:
+        self._stop = asyncio.Event()
+        self._started.set()
+        campaign = asyncio.create_task(self.elector.run())
+        await self._stop.wait()
+        campaign.cancel()
+        await asyncio.gather(campaign, return_exceptions=True)
+        if self._release:
+            await self.elector.release()
+            self._mirror()
+        await self.api.close()
+
+    async def stop(self, *, release: bool) -> None:
+        """Stop campaigning and renewing; with ``release``, give the Lease up first (all work has
+        stopped). Waits for the thread to end."""
+        if not self._thread.is_alive():
+            return
+
+        def signal() -> None:
+            self._release = release
+            assert self._stop is not None
+            self._stop.set()
+
+        self._loop.call_soon_threadsafe(signal)
+        await asyncio.to_thread(self._thread.join, self.config.renew_deadline_s + 5)

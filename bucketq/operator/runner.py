@@ -16,7 +16,7 @@ from bucketq.config import Settings
 from bucketq.operator.config import OperatorSettings
 from bucketq.operator.handlers import Operator
 from bucketq.operator.leader import (
-    LeaderElector,
+    ElectionThread,
     LeadershipLost,
     LeaseApi,
     LeaseConfig,
@@ -179,39 +179,36 @@ async def serve_elected(
         retry_period_s=s.leader_retry_period_s,
     )
     api = LeaseApi(login, config.namespace, config.name, timeout_s=config.renew_deadline_s)
-    elector = LeaderElector(api, config)
+    election = ElectionThread(api, config).start()
     log.info("%s stands by for Lease %s/%s", config.identity, config.namespace, config.name)
-    campaign = asyncio.create_task(elector.run(), name="leader election")
     stopped = asyncio.create_task(_flag_set(stop_flag), name="stop flag")
+    lost = False
     try:
         await operator.serve_metrics()
         standby, standby_stop = _start_kopf(
             operator, standby_registry(operator, login=login), _standby_settings(s), ready_flag, "standby"
         )
-        await _until(elector.leading, stopped, standby)
+        await _until(election.leading, stopped, standby)
         standby_stop.set()
         await standby
-        if stopped.done() or not elector.leading.is_set():
+        if stopped.done() or not election.leading.is_set():
             return
         log.info("%s leads: reconciliation and garbage collection start", config.identity)
         leader, leader_stop = _start_kopf(
             operator, registry_for(operator, login=login), kopf_settings(s), None, "leader"
         )
-        await _until(elector.lost, stopped, leader)
+        await _until(election.lost, stopped, leader)
         leader_stop.set()
-        if not await _stop_before_fence(leader, elector):
+        if not await _stop_before_fence(leader, election):
             (on_fence_breach or exit_at_once)()
-        if elector.lost.is_set():
+        lost = election.lost.is_set()
+        if lost:
             raise LeadershipLost(f"{config.identity} lost the Lease and stopped working")
         leader.result()  # kopf ending by itself is an error: raised after the Lease is released
     finally:
-        campaign.cancel()
-        await asyncio.gather(campaign, return_exceptions=True)
-        if not elector.lost.is_set():
-            await elector.release()
+        await election.stop(release=not lost)
         stopped.cancel()
         await operator.stop_metrics()
-        await api.close()
 
 
 def _start_kopf(
@@ -229,16 +226,15 @@ def _start_kopf(
     return task, stop
 
 
-async def _until(event: asyncio.Event, *tasks: asyncio.Task[None]) -> None:
-    """Wait until ``event`` is set or one of ``tasks`` ends."""
-    waiter = asyncio.create_task(event.wait())
-    try:
-        await asyncio.wait({waiter, *tasks}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        waiter.cancel()
+async def _until(event: threading.Event, *tasks: asyncio.Task[None]) -> None:
+    """Wait until ``event`` (set by the election thread) is set or one of ``tasks`` ends."""
+    while not event.is_set():
+        done, _ = await asyncio.wait(tasks, timeout=0.05, return_when=asyncio.FIRST_COMPLETED)
+        if done:
+            return
 
 
-async def _stop_before_fence(leader: asyncio.Task[None], elector: LeaderElector) -> bool:
+async def _stop_before_fence(leader: asyncio.Task[None], elector: ElectionThread) -> bool:
     """Wait for the leader's kopf to stop; False when the fence passed first. While the Lease is
     still renewed (a stop, not a loss) the fence moves on with each renewal."""
     while not leader.done():

@@ -48,8 +48,13 @@ def test_a_restarted_operator_answers_from_the_persisted_figures(
         publish(engine, ns, "orders", 7)
 
         wait_for(lambda: persisted_pending(kube, ns, "billing") == 7, "status.scaling with 7 pending")
-        status, live = scaling(port, ns, "billing")
-        assert status == 200 and live["source"] == "refresh"
+        wait_for(
+            lambda: (
+                (r := scaling(port, ns, "billing"))[0] == 200
+                and (r[1]["source"], r[1]["pending"]) == ("refresh", 7)
+            ),
+            "the operator's own figures",
+        )
     finally:
         first.stop()
     assert scaling_refused(port), "the first operator's port is closed"
