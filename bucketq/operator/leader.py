@@ -272,7 +272,7 @@ class LeaderElector:
             async with asyncio.timeout(max(0.05, budget_s)):
                 won = await self._try()
         except (TimeoutError, aiohttp.ClientError, RuntimeError, OSError, ValueError) as exc:
-            log.warning("leader election: %s", exc)
+            log.warning("leader election: %s", str(exc) or type(exc).__name__)
             return False
         if won:
             self.renewed_at = started
