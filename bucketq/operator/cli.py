@@ -80,7 +80,14 @@ def command(
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    asyncio.run(run(engine, settings))
+    from bucketq.operator.leader import LeadershipLost
+
+    try:
+        asyncio.run(run(engine, settings))
+    except LeadershipLost as exc:
+        # its work has stopped; the pod restarts as a standby (docs/operator.md, "High availability")
+        typer.echo(f"bucketq operator: {exc}", err=True)
+        raise typer.Exit(1) from None
 
 
 def crds_command(
