@@ -27,8 +27,9 @@ from dataclasses import dataclass
 
 from bucketq.core.cursor import CursorState, Delta, Op, apply_delta
 from bucketq.core.fences import DELTA_GRACE_S, DELTA_TRUST_S, FenceView
+from bucketq.core.foreign import skip_foreign
 from bucketq.core.ids import token
-from bucketq.core.keys import Keys
+from bucketq.core.keys import Keys, seq_of
 from bucketq.errors import AlreadyExists, Contended, StorageError
 from bucketq.storage import Storage
 
@@ -101,7 +102,12 @@ class CursorLog:
             self.keys.checkpoint(self.topic, self.consumer, self.partition, after) if after else None
         )
         for _ in range(10):
-            listed = [info.key async for info in self.storage.list(prefix, start_after=start_after)]
+            listed = []
+            async for info in self.storage.list(prefix, start_after=start_after):
+                if seq_of(info.key, "json") is None:
+                    skip_foreign(info.key, f"cursor {self.topic}/{self.consumer}/p{self.partition}")
+                else:
+                    listed.append(info.key)
             vanished = False
             for key in reversed(listed):
                 blob = await self.storage.get(key)

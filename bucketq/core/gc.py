@@ -26,14 +26,23 @@ from dataclasses import dataclass, field
 from bucketq.core.cursor import CursorState
 from bucketq.core.cursor_log import CursorLog
 from bucketq.core.fences import DELTA_GRACE_S, SEGMENT_GRACE_S, FenceValue, raise_fence, read_fence
+from bucketq.core.foreign import skip_foreign
 from bucketq.core.ids import token
-from bucketq.core.keys import Keys, parse_seq
+from bucketq.core.keys import (
+    Keys,
+    heartbeat_member,
+    is_dedup_key,
+    is_topic_object,
+    key_kind,
+    seq_of,
+    validate_name,
+)
 from bucketq.core.membership import live_heartbeats
 from bucketq.core.models import TopicConfig
 from bucketq.core.segment import taken_header
 from bucketq.core.topics import TopicCatalog
 from bucketq.core.txn import collect_transactions
-from bucketq.errors import StorageError, TopicNotFound
+from bucketq.errors import InvalidName, StorageError, TopicNotFound
 from bucketq.storage import Storage
 from bucketq.storage.strategies import CLAIM_SUFFIX
 
@@ -75,6 +84,18 @@ class GcReport:
     # anyway): the operator exports these as metrics
     stored: dict[str, TopicStorage] = field(default_factory=dict)
     deleted_keys: list[str] = field(default_factory=list)
+    # objects under the collected prefixes that bucketq did not write (a ``.keep``, a README):
+    # skipped, never deleted (invariant I8, core/foreign.py)
+    foreign_keys: set[str] = field(default_factory=set)
+
+    @property
+    def foreign_objects(self) -> int:
+        return len(self.foreign_keys)
+
+    def foreign(self, key: str, where: str) -> None:
+        """A listing met ``key``, a name bucketq does not write: skip it (logged once, counted)."""
+        self.foreign_keys.add(key)
+        skip_foreign(key, where)
 
     @property
     def total(self) -> int:
@@ -156,7 +177,7 @@ async def collect_garbage(
             config = await catalog.config(topic)
         except TopicNotFound:
             continue
-        consumers = await catalog.consumers(topic)
+        consumers = await catalog.consumers(topic, foreign=report.foreign)
         states = {
             (consumer, partition): await CursorLog(
                 storage, keys, topic, consumer, partition, member="gc"
@@ -164,6 +185,12 @@ async def collect_garbage(
             for consumer in consumers
             for partition in range(config.partitions)
         }
+        # a folder under subs/ that holds no cursor object is no subscription (someone dropped a
+        # file there): its "unstarted cursors" must not hold the topic's retention back
+        for consumer in list(consumers):
+            started = any(states[(consumer, p)].started for p in range(config.partitions))
+            if not started and not await _holds_cursor_objects(storage, keys, topic, consumer, report):
+                consumers.remove(consumer)
         passed = await _abandoned(storage, keys, topic, consumers, states, config, now, member_ttl_s)
         report.abandoned_subscriptions.extend(f"{topic}/{c}" for c in passed)
         for partition in range(config.partitions):
@@ -197,18 +224,26 @@ async def collect_garbage(
                 max_retention_s=config.max_retention_seconds,
                 lagging_floor=min(lagging) if lagging else None,
             )
-        async for info in storage.list(keys.dedup_prefix(topic)):
-            if now - info.last_modified > dedup_window_s:
+        dedup_prefix = keys.dedup_prefix(topic)
+        async for info in storage.list(dedup_prefix):
+            if not is_dedup_key(info.key, dedup_prefix):
+                report.foreign(info.key, f"{topic}: collecting dedup markers")
+            elif now - info.last_modified > dedup_window_s:
                 await deleter.add(info.key)
                 report.dedup_markers += 1
-        async for info in storage.list(keys.members_topic_prefix(topic)):
-            if now - info.last_modified > member_ttl_s:
+        members_prefix = keys.members_topic_prefix(topic)
+        async for info in storage.list(members_prefix):
+            if not _is_heartbeat(info.key, members_prefix):
+                report.foreign(info.key, f"{topic}: collecting member heartbeats")
+            elif now - info.last_modified > member_ttl_s:
                 await deleter.add(info.key)
                 report.members += 1
     if topics is None:
         await _collect_deleted_topics(storage, keys, catalog, now, deleter)
     async for info in storage.list(keys.probes_prefix()):
-        if now - info.last_modified > 3600 and info.key != clock.key:
+        if not info.key.endswith(".probe") or "/" in info.key[len(keys.probes_prefix()) :]:
+            report.foreign(info.key, "collecting probes")
+        elif now - info.last_modified > 3600 and info.key != clock.key:
             await deleter.add(info.key)
             report.probes += 1
     await _collect_transactions(storage, keys, catalog, topics, now, deleter)
@@ -216,6 +251,29 @@ async def collect_garbage(
     await _collect_claims(storage, keys, now, claim_timeout_s, deleter, topics)
     await deleter.flush()
     return report
+
+
+async def _holds_cursor_objects(
+    storage: Storage, keys: Keys, topic: str, consumer: str, report: GcReport
+) -> bool:
+    """Whether anything under the subscription's prefix is a cursor object bucketq wrote."""
+    found = False
+    async for info in storage.list(keys.subscription_prefix(topic, consumer)):
+        if is_topic_object(info.key, keys.topic_prefix(topic)):
+            found = True
+        else:
+            report.foreign(info.key, f"{topic}: listing the subscription {consumer}")
+    return found
+
+
+def _is_heartbeat(key: str, members_topic_prefix: str) -> bool:
+    """Whether ``key`` is ``{consumer}/{member}.json`` under a topic's members prefix."""
+    consumer = key[len(members_topic_prefix) :].partition("/")[0]
+    try:
+        validate_name(consumer, "consumer")
+    except InvalidName:
+        return False
+    return heartbeat_member(key, f"{members_topic_prefix}{consumer}/") is not None
 
 
 async def _abandoned(
@@ -286,8 +344,12 @@ async def _collect_segments(
     hard_floor = floor  # below it every segment is past max_retention_s (contiguous)
     start_after = keys.segment(topic, partition, floor - 1) if floor > 0 else None
     stored = deleter.report.stored.setdefault(topic, TopicStorage())
+    where = f"{topic}/p{partition}: collecting segments"
     async for info in storage.list(keys.segments_prefix(topic, partition), start_after=start_after):
-        seq = parse_seq(info.key)
+        seq = seq_of(info.key, "jsonl")
+        if seq is None:  # foreign: it sorts anywhere (.keep first, README.txt last), so skip it
+            deleter.report.foreign(info.key, where)
+            continue
         age = now - info.last_modified
         expired_hard = max_retention_s is not None and age > max_retention_s
         if expired_hard and seq == hard_floor:
@@ -318,7 +380,11 @@ async def _collect_segments(
     freeable = fence.freeable_below(fence_modified, await clock.now(), grace_s)
     bound = freeable if min_floor is None else min(freeable, max(min_floor, hard_floor))
     async for info in storage.list(keys.segments_prefix(topic, partition)):
-        if parse_seq(info.key) >= bound:
+        seq = seq_of(info.key, "jsonl")
+        if seq is None:
+            deleter.report.foreign(info.key, where)
+            continue
+        if seq >= bound:
             break
         await deleter.add(info.key)
         deleter.report.segments += 1
@@ -339,9 +405,15 @@ async def _collect_log(
     starts from is always at or above the fence's floor minus one (the fence only rises to just
     above the second-newest checkpoint, which is kept)."""
     fence_key = keys.log_trim(topic, consumer, partition)
-    ckpts = sorted(
-        [parse_seq(i.key) async for i in storage.list(keys.checkpoints_prefix(topic, consumer, partition))]
-    )
+    where = f"{topic}/{consumer}/p{partition}: collecting the cursor log"
+    ckpts = []
+    async for info in storage.list(keys.checkpoints_prefix(topic, consumer, partition)):
+        n = seq_of(info.key, "json")
+        if n is None:
+            deleter.report.foreign(info.key, where)
+        else:
+            ckpts.append(n)
+    ckpts.sort()
     if len(ckpts) >= 2 and await raise_fence(storage, fence_key, FenceValue(ckpts[-2] + 1, 0, time.time())):
         deleter.report.fences_raised += 1
     # checkpoints older than the second-newest are never loaded again: they go at once
@@ -353,7 +425,11 @@ async def _collect_log(
         return
     freeable = fence.freeable_below(fence_modified, await clock.now(), grace_s)
     async for info in storage.list(keys.deltas_prefix(topic, consumer, partition)):
-        if parse_seq(info.key) >= freeable:
+        n = seq_of(info.key, "json")
+        if n is None:
+            deleter.report.foreign(info.key, where)
+            continue
+        if n >= freeable:
             break
         await deleter.add(info.key)
         deleter.report.deltas += 1
@@ -363,11 +439,18 @@ async def _collect_deleted_topics(
     storage: Storage, keys: Keys, catalog: TopicCatalog, now: float, deleter: _Deleter
 ) -> None:
     """Objects a fenced writer left under a topic that no longer has a marker (floor fences stay:
-    they keep the topic's numbers unique if it is created again)."""
+    they keep the topic's numbers unique if it is created again). Only what bucketq writes for a
+    topic is collected: a folder at the root that is no topic's, and any object under a topic's
+    prefix that is not spelled as bucketq spells its objects, belong to someone else (I8)."""
     root = keys.topics_prefix()
     for prefix in await storage.list_prefixes(root):
         name = prefix[len(root) :].rstrip("/")
         if name.startswith("_"):
+            continue
+        try:
+            validate_name(name)
+        except InvalidName:
+            deleter.report.foreign(prefix, "collecting deleted topics")
             continue
         try:
             if await storage.head(keys.topic_marker(name)) is not None:
@@ -376,6 +459,9 @@ async def _collect_deleted_topics(
             continue
         async for info in storage.list(prefix):
             if info.key.endswith("/floor.json") or now - info.last_modified <= ORPHAN_AGE_S:
+                continue
+            if not is_topic_object(info.key.removesuffix(CLAIM_SUFFIX), prefix):
+                deleter.report.foreign(info.key, "collecting a deleted topic's leftovers")
                 continue
             await deleter.add(info.key)
             deleter.report.orphans += 1
@@ -414,6 +500,10 @@ async def _collect_claims(
     prefixes = [keys.topic_prefix(t) for t in topics] if topics is not None else [keys.prefix]
     for prefix in prefixes:
         async for info in storage.list(prefix):
-            if info.key.endswith(CLAIM_SUFFIX) and now - info.last_modified > 10 * claim_timeout_s:
+            if not info.key.endswith(CLAIM_SUFFIX):
+                continue
+            if key_kind(info.key.removesuffix(CLAIM_SUFFIX)) == "other":  # not the claim of our key
+                deleter.report.foreign(info.key, "collecting csprng claims")
+            elif now - info.last_modified > 10 * claim_timeout_s:
                 await deleter.add(info.key)
                 deleter.report.claims += 1

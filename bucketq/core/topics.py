@@ -11,11 +11,19 @@ from dataclasses import dataclass, field
 from pydantic import ValidationError
 
 from bucketq.core.fences import FenceValue, raise_fence, read_fence
+from bucketq.core.foreign import skip_foreign
 from bucketq.core.ids import token
-from bucketq.core.keys import Keys, parse_seq, validate_name
+from bucketq.core.keys import Keys, seq_of, validate_name
 from bucketq.core.models import TopicConfig, TopicMarker
 from bucketq.core.segment import taken_header
-from bucketq.errors import AlreadyExists, BucketqError, Contended, TopicDeleted, TopicNotFound
+from bucketq.errors import (
+    AlreadyExists,
+    BucketqError,
+    Contended,
+    InvalidName,
+    TopicDeleted,
+    TopicNotFound,
+)
 from bucketq.storage import Storage
 
 CONFIG_TTL_S = 10.0
@@ -70,13 +78,17 @@ async def find_tail(storage: Storage, keys: Keys, topic: str, partition: int) ->
             if hinted[0] > seq:
                 seq, offset = hinted
     if hint is None:  # no hint: the last segment key tells where to start probing
-        last: str | None = None
+        last: tuple[str, int] | None = None
         async for info in storage.list(keys.segments_prefix(topic, partition)):
-            last = info.key
-        if last is not None and parse_seq(last) >= seq:
-            blob = await storage.get(last)
+            n = seq_of(info.key, "jsonl")
+            if n is None:  # a foreign name may sort after every segment (README.txt): not the tail
+                skip_foreign(info.key, f"{topic}/p{partition}: finding the tail")
+                continue
+            last = (info.key, n)
+        if last is not None and last[1] >= seq:
+            blob = await storage.get(last[0])
             if blob is not None:
-                header = taken_header(blob.data, topic, partition, parse_seq(last), -1)
+                header = taken_header(blob.data, topic, partition, last[1], -1)
                 if header.base >= 0:  # an undecodable last object says nothing: probe from the hint
                     seq, offset = header.seq + 1, header.base + header.count
     while True:
@@ -96,9 +108,13 @@ async def first_segment(storage: Storage, keys: Keys, topic: str, partition: int
     floor = fence.floor if fence is not None else 0
     start_after = keys.segment(topic, partition, floor - 1) if floor > 0 else None
     async for info in storage.list(keys.segments_prefix(topic, partition), start_after=start_after):
+        n = seq_of(info.key, "jsonl")
+        if n is None:  # a foreign name may sort before every segment (.keep): not the oldest
+            skip_foreign(info.key, f"{topic}/p{partition}: finding the oldest segment")
+            continue
         blob = await storage.get(info.key)
         if blob is not None:
-            header = taken_header(blob.data, topic, partition, parse_seq(info.key), -1)
+            header = taken_header(blob.data, topic, partition, n, -1)
             if header.base >= 0:
                 return header.seq, header.base
     if fence is not None and fence.floor > 0:
@@ -219,10 +235,18 @@ class TopicCatalog:
                 names.append(name)
         return sorted(names)
 
-    async def consumers(self, topic: str) -> list[str]:
-        """Consumers that have a subscription on the topic."""
+    async def consumers(self, topic: str, *, foreign: Callable[[str, str], None] = skip_foreign) -> list[str]:
+        """Consumers that have a subscription on the topic. A folder under ``subs/`` whose name no
+        consumer can have is foreign: passed to ``foreign`` (key, what the listing was for)."""
         prefix = self.keys.subs_prefix(topic)
-        return sorted(p[len(prefix) :].rstrip("/") for p in await self.storage.list_prefixes(prefix))
+        out = []
+        for found in await self.storage.list_prefixes(prefix):
+            name = found[len(prefix) :].rstrip("/")
+            try:
+                out.append(validate_name(name, "consumer"))
+            except InvalidName:
+                foreign(found, f"{topic}: listing subscriptions")
+        return sorted(out)
 
     async def describe(self, topic: str) -> TopicInfo:
         marker = await self.marker(topic, fresh=True)
