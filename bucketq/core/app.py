@@ -34,12 +34,13 @@ from bucketq.storage import ObjectStore, Storage, open_storage
 log = logging.getLogger("bucketq")
 
 # Storage format 2 adds GC fences, topic incarnations and the ``expire`` op; format 3 the ``seek``
-# op and the topic retention limits (docs/protocol.md). Every older object is a valid format-3
-# object, so an older bucket is upgraded in place on open; processes of an older format then
-# refuse the bucket when they next start (stop them first: a running format-2 process would
-# drop a ``seek`` op as unknown and diverge from the others).
-FORMAT = 3
-UPGRADABLE_FORMATS = (1, 2)
+# op and the topic retention limits; format 4 stamps cursor deltas and checkpoints with the topic
+# incarnation (docs/protocol.md, I6). Every older object is a valid format-4 object, so an older
+# bucket is upgraded in place on open; processes of an older format then refuse the bucket when
+# they next start (stop them first: a running format-3 process would apply a delta or load a
+# checkpoint of another incarnation that format-4 replicas refuse, and diverge from them).
+FORMAT = 4
+UPGRADABLE_FORMATS = (1, 2, 3)
 
 
 class Bucketq:

@@ -268,6 +268,9 @@ class Consumer:
             subscription_started=siblings_started,
             incarnation=lambda: sub.incarnation,
             topic_idle=lambda: time.monotonic() >= sub.active_until,
+            # I6: the worker's cursor writes are fenced by the incarnation it was made for; a
+            # re-created topic gets new workers (_refresh_topic)
+            topic_fence=self.catalog.fence(sub.topic, sub.incarnation),
         )
 
     async def close(self, *, drain: bool = True) -> None:
@@ -500,6 +503,7 @@ class Consumer:
             if sub.gone is None:
                 log.warning("consumer %s: topic %s was deleted", self.name, sub.topic)
                 self._drop_topic_messages(sub.topic)
+                self._fail_settlements(sub, TopicDeleted(sub.topic))
             sub.gone = exc
             self._arrived.set()
             return
@@ -509,6 +513,7 @@ class Consumer:
                 "consumer %s: topic %s was deleted and created again; starting over", self.name, sub.topic
             )
             self._drop_topic_messages(sub.topic)
+            self._fail_settlements(sub, TopicDeleted(sub.topic, "it was deleted and created again"))
             sub.incarnation = marker.incarnation
             sub.workers = {}
             sub.partitions = 0
@@ -521,6 +526,16 @@ class Consumer:
         for p in range(sub.partitions, config.partitions):
             sub.workers[p] = self._worker(sub, p)
         sub.partitions = config.partitions
+
+    @staticmethod
+    def _fail_settlements(sub: _TopicSub, error: TopicDeleted) -> None:
+        """Settlements still waiting on the topic's old cursors: their callers learn that the
+        topic is gone (they were never committed; the old cursors went with the topic)."""
+        for worker in sub.workers.values():
+            for intent in worker.intents:
+                if not intent.future.done():
+                    intent.future.set_exception(error)
+            worker.intents = []
 
     def _drop_topic_messages(self, topic: str) -> None:
         self._buffer = deque(m for m in self._buffer if m.topic != topic)
@@ -651,6 +666,11 @@ class Consumer:
         started = time.perf_counter()
         try:
             res = await worker.cycle(demand, foreign=foreign, settle=settle, eager=eager)
+        except TopicDeleted:
+            # the topic fence (I6) found the topic gone or re-created: look at its marker at the
+            # next tick (readers are told, or the subscription starts over), write nothing more
+            self._last_refresh = 0.0
+            raise
         except StorageError:
             worker.failed_cycles += 1
             if worker.failed_cycles == FAILED_CYCLES_FOR_HELP and not foreign:

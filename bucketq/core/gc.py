@@ -174,13 +174,18 @@ async def collect_garbage(
     catalog = TopicCatalog(storage, keys)
     for topic in topics if topics is not None else await catalog.names():
         try:
-            config = await catalog.config(topic)
+            marker = await catalog.marker(topic)
         except TopicNotFound:
             continue
+        config = marker.config
+        # cursor objects of another incarnation (a member that missed a deletion) are not this
+        # topic's: loads pass them over, and trim fences are raised only above this one's (I6)
+        incarnation = marker.incarnation
+        fence = catalog.fence(topic, incarnation)
         consumers = await catalog.consumers(topic, foreign=report.foreign)
         states = {
             (consumer, partition): await CursorLog(
-                storage, keys, topic, consumer, partition, member="gc"
+                storage, keys, topic, consumer, partition, member="gc", topic_fence=fence
             ).load()
             for consumer in consumers
             for partition in range(config.partitions)
@@ -205,7 +210,9 @@ async def collect_garbage(
                 lagging.append(state.floor)
                 if consumer not in passed:
                     floors.append(state.floor)
-                await _collect_log(storage, keys, topic, consumer, partition, clock, delta_grace_s, deleter)
+                await _collect_log(
+                    storage, keys, topic, consumer, partition, clock, delta_grace_s, deleter, incarnation
+                )
             if unstarted and config.max_retention_seconds is None:
                 continue  # a subscription is choosing its start position here: free nothing
             # ... except what is past the hard limit: a subscription that never starts (its first
@@ -399,11 +406,18 @@ async def _collect_log(
     clock: _StoreClock,
     grace_s: float,
     deleter: _Deleter,
+    incarnation: str = "",
 ) -> None:
     """Raise the log's trim fence above the second-newest checkpoint (phase 1) and drop the older
     checkpoints; free the deltas below an old enough fence (phase 2). The checkpoint a reload
     starts from is always at or above the fence's floor minus one (the fence only rises to just
-    above the second-newest checkpoint, which is kept)."""
+    above the second-newest checkpoint, which is kept).
+
+    Only checkpoints a reload would use count: readable, and of this incarnation of the topic
+    (I6). A checkpoint a member that missed the topic's deletion wrote into the purged prefix
+    (another incarnation's state, at a number this log may not have reached) must not raise the
+    fence: loads pass it over, and deltas freed below it would leave the log without a
+    checkpoint that covers them."""
     fence_key = keys.log_trim(topic, consumer, partition)
     where = f"{topic}/{consumer}/p{partition}: collecting the cursor log"
     ckpts = []
@@ -414,12 +428,19 @@ async def _collect_log(
         else:
             ckpts.append(n)
     ckpts.sort()
-    if len(ckpts) >= 2 and await raise_fence(storage, fence_key, FenceValue(ckpts[-2] + 1, 0, time.time())):
+    usable: list[int] = []  # the newest two a reload would use, newest first
+    for n in reversed(ckpts):
+        if await _usable_checkpoint(storage, keys.checkpoint(topic, consumer, partition, n), incarnation):
+            usable.append(n)
+            if len(usable) == 2:
+                break
+    if len(usable) == 2 and await raise_fence(storage, fence_key, FenceValue(usable[1] + 1, 0, time.time())):
         deleter.report.fences_raised += 1
-    # checkpoints older than the second-newest are never loaded again: they go at once
-    for n in ckpts[:-2]:
-        await deleter.add(keys.checkpoint(topic, consumer, partition, n))
-        deleter.report.checkpoints += 1
+    # checkpoints older than the second-newest usable one are never loaded again: they go at once
+    for n in ckpts:
+        if len(usable) == 2 and n < usable[1]:
+            await deleter.add(keys.checkpoint(topic, consumer, partition, n))
+            deleter.report.checkpoints += 1
     fence, fence_modified = await read_fence(storage, fence_key)
     if fence is None or fence_modified is None:
         return
@@ -433,6 +454,21 @@ async def _collect_log(
             break
         await deleter.add(info.key)
         deleter.report.deltas += 1
+
+
+async def _usable_checkpoint(storage: Storage, key: str, incarnation: str) -> bool:
+    """Whether a reload would use the checkpoint at ``key``: it decodes, and it is of this
+    incarnation (unstamped ones match any, as in ``CursorLog``)."""
+    blob = await storage.get(key)
+    if blob is None:
+        return False
+    try:
+        obj = json.loads(blob.data)
+        CursorState.from_json(obj)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return False
+    inc = obj.get("inc")
+    return not (isinstance(inc, str) and inc and incarnation and inc != incarnation)
 
 
 async def _collect_deleted_topics(

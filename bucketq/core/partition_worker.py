@@ -18,6 +18,7 @@ from bucketq.core.keys import Keys
 from bucketq.core.message import Message, Receipt
 from bucketq.core.segment import Record, Segment, SegmentHeader, decode_header, decode_segment
 from bucketq.core.subscriptions import start_cursor
+from bucketq.core.topics import TopicFence
 from bucketq.core.txn import txn_visibility
 from bucketq.errors import StorageError
 from bucketq.storage import Storage
@@ -119,6 +120,7 @@ class PartitionWorker:
         subscription_started: Callable[[], bool] = lambda: False,
         incarnation: Callable[[], str] = lambda: "",
         topic_idle: Callable[[], bool] = lambda: False,
+        topic_fence: TopicFence | None = None,
     ) -> None:
         self.storage = storage
         self.keys = keys
@@ -144,6 +146,7 @@ class PartitionWorker:
             checkpoint_every=settings.checkpoint_every,
             max_attempts=settings.max_commit_attempts,
             clock_skew_s=settings.clock_skew_s,
+            topic_fence=topic_fence,  # I6: its writes are fenced by the topic's incarnation
         )
         self.floor_fence = FenceView(storage, keys.segment_floor(topic, partition), SEGMENT_TRUST_S)
         self._expire_to: tuple[int, int] | None = None
