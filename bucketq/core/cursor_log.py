@@ -99,6 +99,9 @@ class CursorLog:
         self.topic_fence = topic_fence
         self.incarnation = topic_fence.incarnation if topic_fence is not None else ""
         self.foreign = 0  # deltas and checkpoints of another incarnation refused
+        # the store's Last-Modified of the newest object this replica read (the checkpoint it
+        # loaded, or the delta at its tip): when the log was last written, on the store's clock
+        self.tip_modified: float | None = None
         self.conflicts = 0
         self.reloads = 0
         self.orphans = 0
@@ -140,7 +143,9 @@ class CursorLog:
                             self.topic,
                         )
                         continue
-                    return CursorState.from_json(obj)
+                    loaded = CursorState.from_json(obj)
+                    self._note_modified(blob.last_modified)
+                    return loaded
                 except (ValueError, KeyError, TypeError, AttributeError) as exc:
                     log.warning("checkpoint %s cannot be decoded (%s); using an older one", key, exc)
             if not vanished:
@@ -152,6 +157,7 @@ class CursorLog:
     async def load(self) -> CursorState:
         """Fence, newest checkpoint, then every delta after it until the first missing one."""
         await self.fence.refresh()
+        self.tip_modified = None
         state = await self._newest_checkpoint() or CursorState()
         if state.n + 1 < self.fence.floor:
             # deltas up to the fence may be gone, and no checkpoint covers them: cannot happen
@@ -207,6 +213,7 @@ class CursorLog:
                 continue
             if blob is None:
                 return applied
+            self._note_modified(blob.last_modified)
             delta = _decode_delta(blob.data, self.state.n + 1)
             if self._foreign(delta.inc):
                 # I6: written for another incarnation of the topic into the prefix this one uses
@@ -226,6 +233,9 @@ class CursorLog:
             if self._inflight is not None and delta.id == self._inflight.id:
                 self._inflight_results = results  # our write landed; its response was lost
             applied += 1
+
+    def _note_modified(self, last_modified: float) -> None:
+        self.tip_modified = max(last_modified, self.tip_modified or last_modified)
 
     def _foreign(self, inc: object) -> bool:
         """Whether an object stamped ``inc`` belongs to another incarnation than this log's (an

@@ -9,8 +9,12 @@ GC frees numbers in two phases, so that a number that was ever taken is never ta
 2. **free**: objects below a fence are deleted only once the fence is ``grace`` old (normally in
    a later collection). Writers and readers re-read a fence they have not read for ``trust``
    (much shorter than ``grace``), so none of them can still act on a view that predates it.
-   A fence's age is measured on the store's clock (its last-modified time against that of an
-   object GC writes now), so no host's clock, GC's included, can make a fence look old early.
+   A fence's age is measured on the store's clock (its last-modified time against the store's
+   time), so no host's clock, GC's included, can make a fence look old early.
+
+Every other age that decides a deletion or an abandonment is measured on the store's clock too
+(invariant I15, ``core/store_clock.py``): GC reads the store's time once per collection and
+compares its own host clock with it only to warn.
 
 A partition where any subscription has not started its cursor yet is left alone (its start
 position is being decided). Also collected: stale member heartbeats, expired dedup markers,
@@ -27,7 +31,6 @@ from bucketq.core.cursor import CursorState
 from bucketq.core.cursor_log import CursorLog
 from bucketq.core.fences import DELTA_GRACE_S, SEGMENT_GRACE_S, FenceValue, raise_fence, read_fence
 from bucketq.core.foreign import skip_foreign
-from bucketq.core.ids import token
 from bucketq.core.keys import (
     Keys,
     heartbeat_member,
@@ -40,6 +43,7 @@ from bucketq.core.keys import (
 from bucketq.core.membership import live_heartbeats
 from bucketq.core.models import TopicConfig
 from bucketq.core.segment import taken_header
+from bucketq.core.store_clock import CLOCK_MARGIN_S, StoreClock
 from bucketq.core.topics import TopicCatalog
 from bucketq.core.txn import collect_transactions
 from bucketq.errors import InvalidName, StorageError, TopicNotFound
@@ -80,6 +84,10 @@ class GcReport:
     # consumed them (their readers skip them with an ``expire`` op, counted)
     expired_unconsumed: int = 0
     abandoned_subscriptions: list[str] = field(default_factory=list)
+    # GC's host clock minus the store's (seconds; positive: the host is ahead), and whether it was
+    # beyond the margin: ages are measured on the store's clock whatever this says (I15)
+    clock_offset_s: float | None = None
+    clock_warning: bool = False
     # what each collected topic stores after this collection (counted from the LISTs GC makes
     # anyway): the operator exports these as metrics
     stored: dict[str, TopicStorage] = field(default_factory=dict)
@@ -112,27 +120,6 @@ class GcReport:
         )
 
 
-class _StoreClock:
-    """The store's current time: the last-modified time of an object written now (read once per
-    collection, lazily; fences raised during the collection are younger than it, never older)."""
-
-    def __init__(self, storage: Storage, keys: Keys) -> None:
-        self.storage = storage
-        self.key = keys.probe("gc-clock")
-        self._now: float | None = None
-
-    async def now(self) -> float:
-        if self._now is None:
-            # different bytes every time: a server may keep the old Last-Modified when a PUT
-            # leaves an object's content unchanged (then GC would never see time pass)
-            await self.storage.overwrite(self.key, json.dumps({"at": time.time(), "n": token()}).encode())
-            info = await self.storage.head(self.key)
-            if info is None:
-                raise StorageError(f"{self.key} vanished right after it was written")
-            self._now = info.last_modified
-        return self._now
-
-
 class _Deleter:
     def __init__(self, storage: Storage, report: GcReport) -> None:
         self.storage = storage
@@ -162,15 +149,26 @@ async def collect_garbage(
     delta_grace_s: float = DELTA_GRACE_S,
     segment_grace_s: float = SEGMENT_GRACE_S,
     now: float | None = None,
+    clock_margin_s: float = CLOCK_MARGIN_S,
 ) -> GcReport:
     """Collect garbage for ``topics`` (default: every topic) plus the bucket-wide leftovers.
 
-    ``now`` (unix seconds) stands for the clock: ages of objects and fences are measured with it.
+    Every age that decides a deletion or an abandonment — retention, heartbeats, cursor writes,
+    dedup windows, fences, leftovers — is measured on the store's clock (I15): the store's time,
+    read once at the start of the collection, minus the objects' Last-Modified. ``now`` (unix
+    seconds) is what GC's host clock reads (default: ``time.time()``); it decides nothing, and
+    is only compared with the store's: a disagreement beyond ``clock_margin_s`` is reported
+    (``report.clock_warning``, a warning in the log).
     """
-    now = time.time() if now is None else now
     report = GcReport()
     deleter = _Deleter(storage, report)
-    clock = _StoreClock(storage, keys)
+    shift = 0.0 if now is None else now - time.time()
+    clock = StoreClock(
+        storage, keys=keys, margin_s=clock_margin_s, host_clock=lambda: time.time() + shift, who="GC"
+    )
+    now = await clock.read()  # the store's time: every age below is measured from it
+    report.clock_offset_s = clock.offset_s
+    report.clock_warning = clock.warnings > 0
     catalog = TopicCatalog(storage, keys)
     for topic in topics if topics is not None else await catalog.names():
         try:
@@ -183,20 +181,27 @@ async def collect_garbage(
         incarnation = marker.incarnation
         fence = catalog.fence(topic, incarnation)
         consumers = await catalog.consumers(topic, foreign=report.foreign)
-        states = {
-            (consumer, partition): await CursorLog(
+        logs = {
+            (consumer, partition): CursorLog(
                 storage, keys, topic, consumer, partition, member="gc", topic_fence=fence
-            ).load()
+            )
             for consumer in consumers
             for partition in range(config.partitions)
         }
+        states = {where: await log.load() for where, log in logs.items()}
         # a folder under subs/ that holds no cursor object is no subscription (someone dropped a
         # file there): its "unstarted cursors" must not hold the topic's retention back
         for consumer in list(consumers):
             started = any(states[(consumer, p)].started for p in range(config.partitions))
             if not started and not await _holds_cursor_objects(storage, keys, topic, consumer, report):
                 consumers.remove(consumer)
-        passed = await _abandoned(storage, keys, topic, consumers, states, config, now, member_ttl_s)
+        last_write = {
+            consumer: max(
+                (t for (c, _), log in logs.items() if c == consumer and (t := log.tip_modified)), default=None
+            )
+            for consumer in consumers
+        }
+        passed = await _abandoned(storage, keys, topic, consumers, last_write, config, now, member_ttl_s)
         report.abandoned_subscriptions.extend(f"{topic}/{c}" for c in passed)
         for partition in range(config.partitions):
             floors: list[int] = []
@@ -211,7 +216,7 @@ async def collect_garbage(
                 if consumer not in passed:
                     floors.append(state.floor)
                 await _collect_log(
-                    storage, keys, topic, consumer, partition, clock, delta_grace_s, deleter, incarnation
+                    storage, keys, topic, consumer, partition, now, delta_grace_s, deleter, incarnation
                 )
             if unstarted and config.max_retention_seconds is None:
                 continue  # a subscription is choosing its start position here: free nothing
@@ -225,7 +230,6 @@ async def collect_garbage(
                 0 if unstarted else min(floors) if floors else None,
                 config.retention_seconds,
                 now,
-                clock,
                 segment_grace_s,
                 deleter,
                 max_retention_s=config.max_retention_seconds,
@@ -250,7 +254,7 @@ async def collect_garbage(
     async for info in storage.list(keys.probes_prefix()):
         if not info.key.endswith(".probe") or "/" in info.key[len(keys.probes_prefix()) :]:
             report.foreign(info.key, "collecting probes")
-        elif now - info.last_modified > 3600 and info.key != clock.key:
+        elif now - info.last_modified > 3600 and info.key != keys.probe("clock"):
             await deleter.add(info.key)
             report.probes += 1
     await _collect_transactions(storage, keys, catalog, topics, now, deleter)
@@ -288,7 +292,7 @@ async def _abandoned(
     keys: Keys,
     topic: str,
     consumers: list[str],
-    states: dict[tuple[str, int], CursorState],
+    last_write: dict[str, float | None],
     config: TopicConfig,
     now: float,
     member_ttl_s: float,
@@ -303,16 +307,18 @@ async def _abandoned(
     heartbeat counts while it is younger than the timeout or than the TTL its member announced
     (an idle member heartbeats only every ``heartbeat_idle_s`` and says so, I13), within GC's
     ``member_ttl_s``.
+
+    Both ages are on the store's clock (``now`` is the store's time; ``last_write`` the store's
+    Last-Modified of each subscription's newest cursor object): a cursor write's age used to be
+    GC's host clock minus the ``at`` its writer stamped, and a heartbeat's GC's host clock minus
+    its Last-Modified, so a GC host ahead by more than the timeout passed every live group.
     """
     timeout = config.subscription_timeout_seconds
     if timeout is None:
         return set()
     passed = set()
     for consumer in consumers:
-        last = max(
-            (at for (c, _), st in states.items() if c == consumer for _, at in st.ids.values()),
-            default=None,
-        )
+        last = last_write.get(consumer)
         if last is not None and now - last <= timeout:
             continue
         prefix = keys.members_prefix(topic, consumer)
@@ -329,7 +335,6 @@ async def _collect_segments(
     min_floor: int | None,
     retention_s: float,
     now: float,
-    clock: _StoreClock,
     grace_s: float,
     deleter: _Deleter,
     *,
@@ -384,7 +389,7 @@ async def _collect_segments(
     fence, fence_modified = await read_fence(storage, fence_key)
     if fence is None or fence_modified is None:
         return
-    freeable = fence.freeable_below(fence_modified, await clock.now(), grace_s)
+    freeable = fence.freeable_below(fence_modified, now, grace_s)
     bound = freeable if min_floor is None else min(freeable, max(min_floor, hard_floor))
     async for info in storage.list(keys.segments_prefix(topic, partition)):
         seq = seq_of(info.key, "jsonl")
@@ -403,7 +408,7 @@ async def _collect_log(
     topic: str,
     consumer: str,
     partition: int,
-    clock: _StoreClock,
+    now: float,
     grace_s: float,
     deleter: _Deleter,
     incarnation: str = "",
@@ -444,7 +449,7 @@ async def _collect_log(
     fence, fence_modified = await read_fence(storage, fence_key)
     if fence is None or fence_modified is None:
         return
-    freeable = fence.freeable_below(fence_modified, await clock.now(), grace_s)
+    freeable = fence.freeable_below(fence_modified, now, grace_s)
     async for info in storage.list(keys.deltas_prefix(topic, consumer, partition)):
         n = seq_of(info.key, "json")
         if n is None:
