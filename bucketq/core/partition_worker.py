@@ -38,6 +38,9 @@ MAX_WINDOW_SEGMENTS = 64
 # the log's tip) per owned partition and period, only while the partition writes nothing; while
 # the topic is idle, only at the fallback poll (a ``seek`` touches the wake object, core/wake.py).
 LOG_REFRESH_S = 30.0
+# A lease comes due this long after it may first be claimed (claims need ``until + margin < now``;
+# a look at the very instant would find it not yet claimable, then count it as looked at).
+LEASE_DUE_AFTER_S = 0.001
 
 DeadLetterFn = Callable[[str, int, Pos, Record, int, str], Awaitable[None]]
 
@@ -218,7 +221,12 @@ class PartitionWorker:
         state = self.log.state
         key = (id(state), state.n, owned)
         if self._deadlines is None or self._deadlines[0] != key:
-            margin = self.settings.clock_skew_s + (0.0 if owned else self.settings.steal_after_s)
+            # strictly after the margin: a claim needs ``until + clock_skew_s < now`` (I4)
+            margin = (
+                self.settings.clock_skew_s
+                + (0.0 if owned else self.settings.steal_after_s)
+                + LEASE_DUE_AFTER_S
+            )
             self._deadlines = (
                 key,
                 sorted(

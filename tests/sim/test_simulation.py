@@ -23,7 +23,7 @@ import pytest
 from .__main__ import rerun_command
 from .history import digest
 from .runner import run_many, run_schedule
-from .schedule import FAMILIES, JOB_FAMILIES, make_schedule
+from .schedule import FAMILIES, JOB_FAMILIES, ROUND2_FAMILIES, make_schedule
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = int(os.environ.get("BUCKETQ_SIM_SEEDS", "500"))
@@ -53,7 +53,18 @@ def test_schedules_hold_every_invariant() -> None:
 
 
 @pytest.mark.parametrize(
-    "family", ["mixed", "stale_tail", "paused_prefetch", "lost_commit", "topic_churn", "jobs"]
+    "family",
+    [
+        "mixed",
+        "stale_tail",
+        "paused_prefetch",
+        "lost_commit",
+        "topic_churn",
+        "jobs",
+        "topic_recreate",
+        "clocks",
+        "crash_lease",
+    ],
 )
 def test_a_seed_replays_the_same_history(family: str) -> None:
     first = run_schedule(7, family)
@@ -125,4 +136,4 @@ def test_seeds_that_found_flaws_still_hold() -> None:
 
 def test_every_family_is_drawn_from_seeds() -> None:
     drawn = {make_schedule(seed).family for seed in range(600)}
-    assert drawn == set(FAMILIES) | set(JOB_FAMILIES) | {"seek"}
+    assert drawn == set(FAMILIES) | set(JOB_FAMILIES) | set(ROUND2_FAMILIES) | {"seek"}
