@@ -37,10 +37,16 @@ async def _gc(conn: Connection, topics: list[str] | None, as_json: bool) -> None
         report = await bq.collect_garbage(topics)
     data = asdict(report)
     data.pop("deleted_keys", None)
+    data.pop("foreign_keys", None)
     if as_json:
         typer.echo(json.dumps({**data, "total": report.total}, indent=2))
         return
+    offset, warned = data.pop("clock_offset_s", None), data.pop("clock_warning", False)
     parts = [f"{v:,} {k.replace('_', ' ')}" for k, v in data.items() if v]
+    if warned and offset is not None:  # ages were measured on the store's clock all the same (I15)
+        parts.append(
+            f"this host's clock is {abs(offset):.0f}s {'ahead of' if offset > 0 else 'behind'} the store's"
+        )
     what = ", ".join(parts) if parts else "nothing to collect"
     scope = ", ".join(topics) if topics else "every topic"
     out().print(f"gc of {escape(scope)}: {escape(what)}")

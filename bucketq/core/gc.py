@@ -93,16 +93,15 @@ class GcReport:
     stored: dict[str, TopicStorage] = field(default_factory=dict)
     deleted_keys: list[str] = field(default_factory=list)
     # objects under the collected prefixes that bucketq did not write (a ``.keep``, a README):
-    # skipped, never deleted (invariant I8, core/foreign.py)
-    foreign_keys: set[str] = field(default_factory=set)
-
-    @property
-    def foreign_objects(self) -> int:
-        return len(self.foreign_keys)
+    # skipped, never deleted (invariant I8, core/foreign.py); how many, and which
+    foreign_objects: int = 0
+    foreign_keys: list[str] = field(default_factory=list)
 
     def foreign(self, key: str, where: str) -> None:
         """A listing met ``key``, a name bucketq does not write: skip it (logged once, counted)."""
-        self.foreign_keys.add(key)
+        if key not in self.foreign_keys:
+            self.foreign_keys.append(key)
+            self.foreign_objects += 1
         skip_foreign(key, where)
 
     @property

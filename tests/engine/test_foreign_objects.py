@@ -104,8 +104,8 @@ async def test_foreign_objects_in_every_data_prefix_are_skipped_and_kept(backend
         junk[9],
         keys.topics_prefix() + "Team Folder/",
     }
-    assert listed <= full.foreign_keys and full.foreign_objects == len(full.foreign_keys)
-    assert {junk[0], junk[5], junk[8]} <= report.foreign_keys
+    assert listed <= set(full.foreign_keys) and full.foreign_objects == len(full.foreign_keys)
+    assert {junk[0], junk[5], junk[8]} <= set(report.foreign_keys)
     for key in junk:
         assert await bq.storage.get(key) is not None, f"GC deleted {key}, which it did not write"
     assert not any(k in junk for k in report.deleted_keys + full.deleted_keys)
