@@ -228,13 +228,19 @@ class Membership:
                 ages[member] = age
         except StorageError:
             return self.members
+        # What each heartbeat said is kept for every heartbeat listed, live or not: it is cached by
+        # ETag, and a member whose heartbeat aged out for a moment (a pause, an outage) comes back
+        # with the same body, so the same ETag. Keeping only the live ones forgot its "assign", and
+        # this member then counted it as an older release for good: it fell back to plain
+        # rendezvous while the others stayed balanced, and a partition could end up with no owner
+        # (found by the simulation: a quiesced group never claimed a partition's last messages).
         self._ttl_by_member = ttl_by_member
-        live = {m for m, age in ages.items() if age <= max(self.ttl_s, ttl_by_member.get(m, self.ttl_s))}
-        self._assign_by_member = {m: a for m, a in assign_by_member.items() if m in live}
-        self.balanced = all(a == BALANCED for a in self._assign_by_member.values())
-        help_by_member = {m: h for m, h in help_by_member.items() if m in live}
+        self._assign_by_member = assign_by_member
         self._help_by_member = help_by_member
-        self.help_wanted = {p for parts in help_by_member.values() for p in parts}
+        live = {m for m, age in ages.items() if age <= max(self.ttl_s, ttl_by_member.get(m, self.ttl_s))}
+        peers = live - {self.member}
+        self.balanced = all(assign_by_member.get(m) == BALANCED for m in peers)
+        self.help_wanted = {p for m in peers for p in help_by_member.get(m, [])}
         self.members = sorted(live | {self.member})
         return self.members
 

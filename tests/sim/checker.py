@@ -100,6 +100,13 @@ class Index:
             self.by_op[call["op"]].append((call, self.rets.get(cid)))
         self.lifecycle = self._lifecycle()
         self.subs = self._subscriptions()
+        # per group, how far apart its members' clocks are (every process that joined it)
+        offsets: dict[str, list[float]] = defaultdict(list)
+        for call, _ret in self.by_op.get("join", []):
+            clock = self.clocks.get(call["proc"])
+            if clock is not None:
+                offsets[call["group"]].append(float(clock["offset"]))
+        self.spread = {g: max(o) - min(o) for g, o in offsets.items()}
         self.jobs = self._jobs()
         self._received: dict[str, set[str]] | None = None
 
@@ -239,10 +246,14 @@ class Index:
         return total
 
     def beyond_margin(self, d1: Event, d2: Event) -> bool:
-        """The two deliveries' holders' clocks differ by more than the margin that lease deadlines
-        between members rely on (I4, I10; such clocks are reported, I15, checked by
-        ``clock_reported``): exclusivity is not promised between them."""
-        return abs(float(d1.get("skew", 0.0)) - float(d2.get("skew", 0.0))) > self.margin + EPS
+        """Lease deadlines between members rely on their clocks being within the margin (I4,
+        I10): exclusivity is not promised between two deliveries whose holders' clocks differ by
+        more, nor within a group two of whose members' clocks do (a member far ahead may take a
+        live lease, and hand the message back to anyone). Such clocks are reported (I15,
+        ``clock_reported``)."""
+        if abs(float(d1.get("skew", 0.0)) - float(d2.get("skew", 0.0))) > self.margin + EPS:
+            return True
+        return self.spread.get(d1["group"], 0.0) > self.margin + EPS
 
     def lease_end(self, d: Event, extended: float = 0.0) -> float:
         """When delivery ``d``'s lease expires, in history time (its holder's clock corrected by

@@ -551,6 +551,14 @@ def test_leases_between_clocks_apart_beyond_the_margin_are_not_promised() -> Non
     h.at(2).deliver("a", 0, member="m1", lease_s=30, skew=0.0)
     h.at(20).deliver("a", 0, member="m2", skew=1.0)
     assert names(h) == ["exclusive_lease"]
+    # m3, 25 s ahead, took m1's live lease and gave it back: m1 claims it again
+    h = H(consumer={"clock_skew_s": 2.0})
+    _clock(h, "member.m1#1", 0.0, False)
+    _clock(h, "member.m3#1", 25.0, True)
+    h.topic().join().join(member="m3").at(1).publish("a", 0)
+    h.at(2).deliver("a", 0, member="m1", lease_s=30)
+    h.at(3).deliver("a", 0, member="m1", lease_s=30)
+    assert names(h) == []
 
 
 # -- foreign_objects_kept (I8) ---------------------------------------------------------------------
