@@ -125,6 +125,7 @@ FOUND_FLAWS = {
     1898: "a settlement answered 'lease lost' after a seek while it had been applied (checker)",
     1974: "a partition cycle outlived close() holding an ack, never answered",
     21438: "a nack that landed before a 30-minute pause, answered 'lease lost' and written again (I1)",
+    6844: "a peer back from a pause counted as an older release: a partition nobody owned, never claimed",
 }
 
 
