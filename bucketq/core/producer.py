@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import hashlib
 import json
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Unpack
 
 from bucketq.config import ProducerSettings
-from bucketq.core.batching import TIMER_RESOLUTION_S, Batcher
+from bucketq.core.batching import TIMER_RESOLUTION_S, Batcher, Callers
 from bucketq.core.ids import token
 from bucketq.core.keys import Keys
 from bucketq.core.pings import PING_AFTER_QUIET_S, Pings
@@ -51,6 +53,30 @@ HEAD_HINT_SEGMENTS = 64
 # event loop: callers woken by a write resume in the turn after it, and publish within that turn
 # (or the next, through a short await of their own).
 SHORT_SILENCE_YIELDS = 3
+
+
+# Who is publishing (core/batching.Callers): the asyncio task, unless the code that publishes on
+# someone's behalf says who that is (a sidecar: the app's HTTP connection, whose requests come one
+# after another, while each request's messages are published by tasks of their own).
+_CALLER: contextvars.ContextVar[Hashable | None] = contextvars.ContextVar(
+    "bucketq_publish_caller", default=None
+)
+_NO_TASK = object()
+
+
+@contextlib.contextmanager
+def publishing_as(caller: Hashable) -> Iterator[None]:
+    """Publishes in this block (and in tasks it starts) are ``caller``'s: the producer's group
+    commit writes a batch at once when every caller it knows waits on one (core/batching.py)."""
+    token = _CALLER.set(caller)
+    try:
+        yield
+    finally:
+        _CALLER.reset(token)
+
+
+def _current_caller() -> Hashable:
+    return _CALLER.get() or asyncio.current_task() or _NO_TASK
 
 
 async def _let_woken_callers_run() -> None:
@@ -186,6 +212,8 @@ class PartitionAppender:
         self._task: asyncio.Task[None] | None = None
         self._head_task: asyncio.Task[None] | None = None
         self.on_written: Callable[[], None] | None = None  # after each durable segment
+        # every caller of the producer waits on a batch: nothing more can come (core/batching.py)
+        self.closed_loop: Callable[[], bool] = lambda: False
         self._head_dirty = False
         self._head_written_at = 0.0
         self._head_behind = 0  # segments written since the hint
@@ -247,8 +275,9 @@ class PartitionAppender:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            # group commit: written at once unless arrivals keep coming (core/batching.py)
-            while not self._closing and not self._full.is_set():
+            # group commit: written at once unless arrivals keep coming (core/batching.py), and at
+            # once when every caller waits on a batch (a closed loop never waits for company)
+            while not self._closing and not self._full.is_set() and not self.closed_loop():
                 wait = self._batcher.close_at(size=len(self._buffer)) - time.monotonic()
                 if wait <= 0:
                     break
@@ -364,6 +393,8 @@ class Producer:
         self._appended: dict[str, float] = {}  # topic -> when this producer's last append was durable
         self._wake_tasks: set[asyncio.Task[None]] = set()
         self.pings = pings
+        # who publishes through this producer: remembered for a linger (core/batching.Callers)
+        self.callers = Callers(settings.linger_ms / 1000)
 
     @property
     def buffered(self) -> int:
@@ -379,6 +410,7 @@ class Producer:
             )
             app.on_conflict = lambda: self._move_on(topic, partition)
             app.on_written = lambda: self._wake_readers(topic)
+            app.closed_loop = self.callers.all_waiting
             self._appenders[key] = app
         return app
 
@@ -535,6 +567,7 @@ class Producer:
     ) -> PublishResult:
         if self._closed:
             raise Closed("producer is closed")
+        self.callers.seen(_current_caller())  # a caller preparing its item may still come
         config = await self.catalog.config(topic)
         partition = await self._choose_partition(topic, record.key, config.partitions)
         if dedup_id is not None:
@@ -543,7 +576,10 @@ class Producer:
 
     async def _enqueue(self, topic: str, partition: int, record: Record, line: bytes) -> PublishResult:
         future: asyncio.Future[PublishResult] = asyncio.get_running_loop().create_future()
+        caller = _current_caller()
         self.appender(topic, partition).add(_Pending(record, line, future))
+        self.callers.waiting(caller)
+        future.add_done_callback(lambda _: self.callers.settled(caller))
         return await future
 
     async def _publish_dedup(
