@@ -24,7 +24,7 @@ import time
 from typing import Literal
 
 from bucketq.core.keys import Keys
-from bucketq.errors import StorageError
+from bucketq.errors import PreconditionFailed, StorageError
 from bucketq.storage import Storage
 
 log = logging.getLogger("bucketq.wake")
@@ -59,15 +59,44 @@ def next_wake_turn(now: float, poll_s: float, rank: int, members: int) -> float:
 WakeReason = Literal["publish", "members"]
 
 
-async def touch_wake(storage: Storage, keys: Keys, topic: str, by: str, why: WakeReason = "publish") -> bool:
-    """Overwrite the topic's wake object; False (logged) when the store refused (advisory only)."""
-    body = json.dumps({"at": time.time(), "by": by, "why": why}).encode()
+def _wake_body(by: str, why: WakeReason) -> bytes:
+    return json.dumps({"at": time.time(), "by": by, "why": why}).encode()
+
+
+async def touch_wake(
+    storage: Storage, keys: Keys, topic: str, by: str, why: WakeReason = "publish"
+) -> str | None:
+    """Overwrite the topic's wake object; its ETag, or None (logged) when the store refused
+    (advisory only)."""
     try:
-        await storage.overwrite(keys.wake(topic), body)
+        return await storage.overwrite(keys.wake(topic), _wake_body(by, why))
     except StorageError as exc:
         log.debug("wake object of %s not touched: %s", topic, exc)
-        return False
-    return True
+        return None
+
+
+async def retouch_wake(
+    storage: Storage, keys: Keys, topic: str, by: str, etag: str | None
+) -> tuple[str | None, bool]:
+    """A producer's touch (``"publish"``) that also tells whether anyone else touched the object
+    since this writer's last touch (``etag``): (the new ETag or None, touched by another).
+
+    Where the store has conditional writes the overwrite is made ``If-Match`` that ETag first; a
+    412 (a member joined or left, another producer or a job touched it) is answered by a plain
+    overwrite, as is any other refusal of the conditional write (the object gone: a store may
+    answer 404; an outage), which also counts as touched by another (nobody knows). Without an
+    ETag, or without conditional writes, it is a plain touch (and says nothing about others).
+    Advisory, like every touch: it never raises.
+    """
+    if etag is None or storage.strategy != "conditional_write":
+        return await touch_wake(storage, keys, topic, by), False
+    try:
+        return await storage.store.put(keys.wake(topic), _wake_body(by, "publish"), if_match=etag), False
+    except PreconditionFailed:
+        pass
+    except StorageError as exc:
+        log.debug("conditional touch of the wake object of %s refused: %s", topic, exc)
+    return await touch_wake(storage, keys, topic, by), True
 
 
 class WakeWatch:

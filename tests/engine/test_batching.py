@@ -11,8 +11,7 @@ import asyncio
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 
@@ -20,10 +19,8 @@ from bucketq.bench.metered import MeteredStore
 from bucketq.bench.served import ServedStore
 from bucketq.core.batching import AT_ONCE, PROBE_EVERY_S, SILENCE_GAPS, Batcher, Callers
 from bucketq.storage.memory import MemoryStore
-from tests.sim.clock import SimLoop, VirtualClock, virtual_time
 from tests.support.engine_helpers import Backend
-
-T = TypeVar("T")
+from tests.support.virtual import run_virtual
 
 WRITE_S = 0.005  # what one write takes in these clocks
 
@@ -371,17 +368,6 @@ def test_a_batch_closes_at_once_when_every_caller_waits(
     assert callers.all_waiting(now) is expected
 
 
-def _virtual(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
-    """Run ``main()`` on the simulation's virtual clock: no real time passes however long it waits."""
-    clock = VirtualClock()
-    loop = SimLoop(clock)
-    try:
-        with virtual_time(clock, lambda: 0.0):
-            return loop.run_until_complete(main())
-    finally:
-        loop.close()
-
-
 async def _producer_on_a_served_store(linger_ms: float) -> tuple[Backend, Any]:
     """A producer on a store that takes 10 ms a request (virtual), pings off (no sockets)."""
     store = ServedStore(MemoryStore(), 0.010)
@@ -411,7 +397,7 @@ def test_one_awaited_publisher_with_pauses_never_pays_a_linger() -> None:
         await b.close_all()
         return took
 
-    took = _virtual(main)
+    took = run_virtual(main)
     steady = took[2:]  # the first publishes find the tail first
     # a segment PUT (10 ms), and at most a background write (head hint, wake touch) ahead of it
     assert max(steady) <= 0.0205, [round(t * 1000, 1) for t in steady]
@@ -435,7 +421,7 @@ def test_awaiting_tasks_are_written_as_soon_as_the_last_one_waits() -> None:
         await b.close_all()
         return took, seqs
 
-    took, seqs = _virtual(main)
+    took, seqs = run_virtual(main)
     steady = [seqs[q] for q in sorted(seqs)[3:-3]]
     assert steady and min(steady) == 8, [seqs[q] for q in sorted(seqs)]
     assert max(took[16:]) <= 0.0305, max(took[16:])  # its own PUT, and at most two ahead of it
@@ -456,5 +442,5 @@ def test_a_task_per_message_stream_still_shares_segments() -> None:
         await b.close_all()
         return {r.seq for r in results}
 
-    segments = _virtual(main)
+    segments = run_virtual(main)
     assert len(segments) <= 30, f"{len(segments)} segments for 100 paced messages: no batching"
