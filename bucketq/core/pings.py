@@ -66,7 +66,8 @@ MAX_PING_BYTES = 1024
 # A ring (version 2): this prefix, the wake object's key, a newline, then the partition and the
 # sequence number of the segment just appended ("3 1207"). Sent on every append to the members
 # that own the partition and announce (heartbeat ``"ping": 2``) that they read rings; a member of
-# an older release announces nothing and gets version-1 pings as before (it ignores this prefix).
+# an older release announces nothing and is not rung (it would ignore this prefix). Version-1
+# pings after a quiet spell still go to every member.
 RING_PREFIX = b"bucketq-wake/2\n"
 RING_VERSION = 2
 # A producer re-reads the member list of a topic it rings at least this often (one LIST of the
@@ -252,7 +253,7 @@ class Pings:
 
     async def ping(self, topic: str, *, listed_since: float | None = None) -> int:
         """Send a version-1 ping for ``topic`` to every member of it whose heartbeat advertises an
-        address and reads no rings; how many were sent. Addresses known from the last listing go
+        address; how many were sent. Addresses known from the last listing go
         out first; then the members' heartbeats are listed (one LIST; a changed heartbeat's body
         is read) and new ones follow. ``listed_since`` (monotonic): a listing started at or after
         it is recent enough, and is not repeated."""
@@ -271,8 +272,10 @@ class Pings:
         return len(sent)
 
     def _ping_all(self, directory: _Directory, payload: bytes, sent: set[str]) -> None:
-        for address, version in directory.addresses.values():
-            if address and version < RING_VERSION:  # a ring reader gets a ring for the append itself
+        # every member, ring readers too: a ring goes to the owner in this producer's view, which
+        # may be stale (a join it has not listed yet); the ping makes each look at the wake object
+        for address, _ in directory.addresses.values():
+            if address:
                 self._send(address, payload, sent)
 
     def _send(self, address: str, payload: bytes, sent: set[str]) -> None:
