@@ -344,6 +344,8 @@ class _DictSettings(Settings):
 def _explain(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "configuration"
-        parts.append(f"{where}: {err['msg']}")
+        # a validator's ValueError reads "Value error, <our sentence>": the sentence alone
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        where = ".".join(str(p) for p in err["loc"])
+        parts.append(f"{where}: {msg}" if where else msg)
     return "invalid bucketq configuration: " + "; ".join(parts)

@@ -42,14 +42,14 @@ def command(
         "--messages",
         "-n",
         min=1,
-        help="Messages to publish (default: 2000 in sidecar mode, 3000 in library mode).",
+        help="Messages to publish. \\[default: 2000 in sidecar mode, 3000 in library mode]",
         show_default=False,
     ),
     producers: int | None = typer.Option(
         None,
         "--producers",
         min=1,
-        help="Concurrent producers (default: 2 in sidecar mode, 3 in library mode).",
+        help="Concurrent producers. \\[default: 2 in sidecar mode, 3 in library mode]",
         show_default=False,
     ),
     consumers: int = typer.Option(3, "--consumers", min=1, help="Concurrent consumers (library mode)."),
@@ -60,14 +60,17 @@ def command(
     worker: Path | None = typer.Option(
         None,
         "--worker",
-        help="The worker app (sidecar mode; default: examples/worker.py).",
+        help="The worker app (sidecar mode). \\[default: examples/worker.py]",
         show_default=False,
     ),
     timeout: float = typer.Option(
         120.0, "--timeout", min=1, help="Give up after this many seconds (sidecar mode)."
     ),
 ) -> None:
-    """Run a queue end to end on an embedded S3 and show what it cost (exit 1 on loss, duplicates or failure)."""
+    """Run a queue end to end on an embedded S3 and show what it cost.
+
+    Exits 1 on a lost or duplicated message, or a failed process.
+    """
     from rich.console import Console
 
     console = Console(highlight=False)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import time
 from typing import TYPE_CHECKING, Any, Literal
 
 import typer
@@ -13,9 +12,12 @@ from rich.markup import escape
 
 from bucketq.cli.connection import Connection, connection
 from bucketq.cli.errors import EXIT_ERROR, CliError, fail, out, run, stderr, warn
-from bucketq.cli.formats import parse_headers, parse_payload
+from bucketq.cli.formats import DURATION_HELP, human_duration, parse_duration, parse_headers, parse_payload
+from bucketq.cli.peek import print_message_line
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from bucketq import Message, Producer, PublishResult
     from bucketq.core.producer import PreparedRecord
 
@@ -38,7 +40,7 @@ def publish(
     header: list[str] = typer.Option([], "--header", "-H", help="Header name=value (repeatable)."),
     raw: bool = typer.Option(False, "--raw", help="Send each payload as text data instead of parsing JSON."),
     content_type: str | None = typer.Option(
-        None, "--content-type", help=f"With --raw (default {RAW_CONTENT_TYPE})."
+        None, "--content-type", help=f"With --raw. \\[default: {RAW_CONTENT_TYPE}]"
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON result per message."),
 ) -> None:
@@ -164,13 +166,12 @@ def consume(
     max_messages: int = typer.Option(
         10, "--max", "-n", min=1, help="Stop after this many messages (ignored with --follow)."
     ),
-    wait: float = typer.Option(
-        5.0,
+    wait: str = typer.Option(
+        "5s",
         "--wait",
         "-w",
-        min=0,
-        help="Stop after this many seconds without a message, counted from the member's first look at "
-        "its partitions (not with --follow).",
+        help="Stop after this long without a message, counted from the member's first look at its "
+        f"partitions ({DURATION_HELP}, or 0; not with --follow).",
     ),
     follow: bool = typer.Option(
         False, "--follow", "-f", help="Keep consuming until interrupted (Ctrl-C), like a console consumer."
@@ -187,17 +188,21 @@ def consume(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per message."),
 ) -> None:
-    """Print messages and ack them (at-least-once: a message is acked only after it is printed).
+    """Print messages and ack each once printed (at least once).
 
     Consuming joins the consumer group (creating its subscription, which keeps the topic's data
-    until it has consumed it: delete it with ``bucketq consumer delete``). It stops after ``--max``
-    messages (default 10) or ``--wait`` idle seconds; ``--follow`` runs until interrupted.
+    until it has consumed it: delete it with bucketq consumer delete). It stops after --max
+    messages or --wait idle seconds; --follow runs until interrupted.
     """
     conn = connection(ctx)
     if no_ack and dead_letter:
         fail(CliError("give --no-ack or --dead-letter, not both"))
     settle: Settle = "release" if no_ack else "dead" if dead_letter else "ack"
-    run(_consume(conn, topic, consumer, max_messages, wait, settle, as_json, follow), debug=conn.debug)
+    try:
+        idle = 0.0 if wait.strip() in ("0", "0s") else parse_duration(wait)
+    except CliError as exc:
+        fail(exc)
+    run(_consume(conn, topic, consumer, max_messages, idle, settle, as_json, follow), debug=conn.debug)
 
 
 FOLLOW_BATCH = 100
@@ -240,7 +245,7 @@ async def _consume(
                     continue
                 break
             for msg in messages:
-                _print_message(msg, as_json, acked=settle == "ack")
+                print_message(msg, as_json, acked=settle == "ack")
             got += len(messages)
             if no_ack:
                 held.extend(messages)
@@ -249,7 +254,9 @@ async def _consume(
         lost += await _settle(held, "release")
         await member.close()
     if not got:
-        stderr().print(f"[dim]no messages on {escape(topic)} for {escape(group)} within {wait:g}s[/]")
+        stderr().print(
+            f"[dim]no messages on {escape(topic)} for {escape(group)} within {human_duration(wait)}[/]"
+        )
     if lost:
         raise CliError(
             f"{lost} message(s) printed but their lease was lost: they may be delivered again", EXIT_ERROR
@@ -291,15 +298,19 @@ def _body_text(msg: Message) -> str:
     return f"<{len(msg.data)} bytes {msg.content_type}>"
 
 
-def _print_message(msg: Message, as_json: bool, *, acked: bool) -> None:
+def print_message(msg: Message, as_json: bool, *, acked: bool, console: Console | None = None) -> None:
     if as_json:
         typer.echo(json.dumps(message_json(msg, acked=acked), ensure_ascii=False))
         return
-    when = time.strftime("%H:%M:%S", time.localtime(msg.created_at))
-    meta = [f"p{msg.partition}@{msg.offset}", when, msg.id]
-    if msg.key is not None:
-        meta.append(f"key={msg.key}")
-    meta.extend(f"{k}={v}" for k, v in msg.headers.items())
-    if msg.deliveries > 1:
-        meta.append(f"delivery {msg.deliveries}")
-    out().print(f"[dim]{escape(' '.join(meta))}[/] {escape(_body_text(msg))}")
+    meta = [f"delivery {msg.deliveries}"] if msg.deliveries > 1 else []
+    print_message_line(
+        console or out(),
+        msg.partition,
+        msg.offset,
+        msg.created_at,
+        msg.id,
+        msg.key,
+        msg.headers,
+        meta,
+        _body_text(msg),
+    )

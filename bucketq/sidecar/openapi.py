@@ -51,8 +51,10 @@ ERRORS = {
     "over its limit; nothing was published.",
     "405": "The path exists, not for this method (e.g. GET /v1/pull); the `Allow` header names the "
     "methods it takes. Answered on every path of this document for any method it does not list.",
-    "415": "The body is not `application/json` (a publish takes any type; a batch JSON or a "
-    "CloudEvents batch).",
+    "415": "The body's type is not one the path takes (a publish takes any type; a batch JSON or a "
+    "CloudEvents batch; `unsupported_media_type`), or it was sent with a `Content-Encoding` other "
+    "than `identity` (`unsupported_content_encoding`: compressed bodies are refused unread, never "
+    "inflated); nothing was applied.",
     "429": "The publish buffer is full; retry after `Retry-After` seconds.",
     "503": "Starting, draining, or the bucket did not answer in time; retry after `Retry-After`.",
 }

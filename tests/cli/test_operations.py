@@ -162,7 +162,7 @@ def test_bad_input_is_a_clear_usage_error(cli: Cli) -> None:
     cli.ok("topic", "create", "things")
     for args, fragment in (
         (("peek", "things", "--offset", "1", "--since", "1h"), "not both"),
-        (("peek", "things", "--since", "yesterday"), "an age (90s"),
+        (("peek", "things", "--since", "yesterday"), "an age such as 15m or 1h30m"),
         (("peek", "things", "-p", "7"), "partitions 0..0"),
         (("peek", "things", "-c", "nobody"), "no subscription"),
         (("consumer", "describe", "things", "nobody"), "no subscription"),

@@ -69,6 +69,8 @@ BUILTINS: dict[str, dict[str, Any]] = {
         "shortnames": {"crd", "crds"},
         "subresources": {"status"},
     },
+    # the operators' leader election (bucketq/operator/leader.py)
+    "coordination.k8s.io/v1/leases": {"kind": "Lease", "singular": "lease", "namespaced": True},
     "admissionregistration.k8s.io/v1/mutatingwebhookconfigurations": {
         "kind": "MutatingWebhookConfiguration",
         "singular": "mutatingwebhookconfiguration",

@@ -102,7 +102,13 @@ def test_base_import_is_light(venv: Callable[[str], Path]) -> None:
 
 @pytest.mark.parametrize(
     ("command", "extra"),
-    [("sidecar", "sidecar"), ("operator", "operator"), ("crds", "operator"), ("spark", "spark")],
+    [
+        ("sidecar", "sidecar"),
+        ("run", "sidecar"),
+        ("operator", "operator"),
+        ("crds", "operator"),
+        ("spark", "spark"),
+    ],
 )
 def test_base_install_names_the_missing_extra(venv: Callable[[str], Path], command: str, extra: str) -> None:
     result = _run(venv("") / "bucketq", command, "--help")

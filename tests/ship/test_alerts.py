@@ -205,6 +205,7 @@ async def _operator_render() -> str:
     from bucketq.core.gc import TopicStorage
     from bucketq.operator.metrics import QueueMetrics
     from bucketq.operator.topics import topic_figures
+    from bucketq.storage.checks import check_store
 
     metrics = QueueMetrics()
     async with Bucketq(Settings.from_dict({"backend": "memory", "strategy": "conditional_write"})) as bq:
@@ -217,6 +218,7 @@ async def _operator_render() -> str:
                 break
         metrics.set_topic("shop", "orders", await topic_figures(bq, "orders"))
         await member.close()
+        metrics.set_store_checks(await check_store(bq.storage, "doctor", rounds=1, writers=2))
     metrics.set_storage("shop", "orders", TopicStorage(bytes=10, segments=1, held_for_lagging=0))
     metrics.storage_reachable.labels("shop").set(1)
     metrics.reconciles.labels("Topic", "ok").inc()

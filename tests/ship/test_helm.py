@@ -49,6 +49,8 @@ from tests.ship.chart_tools import (
 from tests.support import tools
 
 FULLNAME = f"{RELEASE}-bucketq"
+# what the downward API gives an operator replica (its Lease identity and namespace)
+POD_FIELDS = {"metadata.name": f"{FULLNAME}-6d9f8-abcde", "metadata.namespace": NAMESPACE}
 MONITORING_APIS = [
     "monitoring.coreos.com/v1",
     "monitoring.coreos.com/v1/ServiceMonitor",
@@ -339,7 +341,8 @@ def test_notes_explain_the_install(tmp_path: Path) -> None:
         ({"s3": {"bucket": ""}}, "/s3/bucket"),
         ({"s3": {"strategy": "yolo"}}, "/s3/strategy"),
         ({"operator": {"namespaces": ["Not_A_Namespace"]}}, "/operator/namespaces/0"),
-        ({"operator": {"replicas": 2}}, "replicas"),
+        ({"operator": {"replicas": 0}}, "/operator/replicas"),
+        ({"operator": {"leaderElection": {"leaseDurationSeconds": 0}}}, "/operator/leaderElection"),
         ({"sidecar": {"resources": {"requests": {"cpu": "lots"}}}}, "/sidecar/resources/requests/cpu"),
         ({"metrics": {"podMonitor": {"interval": "soon"}}}, "/metrics/podMonitor/interval"),
         ({"keda": {"scaledObjects": [{"name": "w", "scaleTargetRef": {"name": "w"}}]}}, "consumer"),
@@ -466,10 +469,12 @@ def test_operator_reads_every_setting_the_chart_gives_it(
 
     values, apis = SCENARIOS[scenario]
     container = operator_container(render(values, api_versions=apis))
-    env = container_env(container, _secrets_for(container))
+    env = container_env(container, _secrets_for(container), POD_FIELDS)
     settings = operator_settings_from_env(env)
     engine_fields = {f"BUCKETQ_{name.upper()}" for name in Settings.model_fields}
     for name in env:
+        if name in ("POD_NAME", "POD_NAMESPACE"):  # the replica's name and namespace for the Lease
+            continue
         assert name.startswith("BUCKETQ_OPERATOR_") or name in engine_fields, f"{name} is no bucketq setting"
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -512,11 +517,9 @@ def test_webhook_replicas_read_every_setting_the_chart_gives_them(
     assert engine.s3_access_key_id is None and engine.s3_secret_access_key is None
 
 
-def test_operator_is_a_single_hardened_replica(defaults: list[Doc]) -> None:
+def test_operator_is_a_hardened_replica(defaults: list[Doc]) -> None:
     deployment = component(defaults, "Deployment", "operator")
     spec = deployment["spec"]
-    # the reconcilers run once: an upgrade stops the old pod before the new one starts
-    assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate"
     pod = spec["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     container = operator_container(defaults)
@@ -529,9 +532,54 @@ def test_operator_is_a_single_hardened_replica(defaults: list[Doc]) -> None:
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"metrics": 9090, "health": 8080}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
-    assert not find(defaults, "PodDisruptionBudget", deployment["metadata"]["name"]), (
-        "a budget on a single replica would block every node drain"
+
+
+@pytest.mark.parametrize("replicas", [None, 1, 3])
+def test_operator_replicas_elect_one_leader(replicas: int | None) -> None:
+    """Several replicas, one working (leader election over a Lease in the release namespace);
+    upgrades add a standby before they stop a replica; drains take one replica at a time."""
+    docs = render({} if replicas is None else {"operator": {"replicas": replicas}})
+    deployment = component(docs, "Deployment", "operator")
+    spec = deployment["spec"]
+    expected = 2 if replicas is None else replicas
+    assert spec["replicas"] == expected
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    container = operator_container(docs)
+    env = container_env(container, _secrets_for(container), POD_FIELDS)
+    settings = operator_settings_from_env(env)
+    assert settings.leader_election and not settings.webhook and settings.peering is None
+    assert (
+        settings.leader_lease_duration_s,
+        settings.leader_renew_deadline_s,
+        settings.leader_retry_period_s,
+    ) == (
+        15.0,
+        10.0,
+        2.0,
     )
+    assert settings.leader_lease_name == FULLNAME
+    assert (env["POD_NAME"], env["POD_NAMESPACE"]) == (
+        POD_FIELDS["metadata.name"],
+        POD_FIELDS["metadata.namespace"],
+    )
+    pod = spec["template"]
+    (spread,) = pod["spec"]["topologySpreadConstraints"]
+    assert (
+        spread["topologyKey"] == "kubernetes.io/hostname" and spread["whenUnsatisfiable"] == "ScheduleAnyway"
+    )
+    assert selector_matches(spread["labelSelector"], pod["metadata"]["labels"])
+    budgets = find(docs, "PodDisruptionBudget", deployment["metadata"]["name"])
+    if expected == 1:
+        assert not budgets, "a budget on a single replica would block every node drain"
+        return
+    (budget,) = budgets
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert selector_matches(budget["spec"]["selector"], pod["metadata"]["labels"])
+    webhook_pod = component(docs, "Deployment", "webhook")["spec"]["template"]
+    assert not selector_matches(budget["spec"]["selector"], webhook_pod["metadata"]["labels"])
 
 
 @pytest.mark.parametrize("values", [{}, {"webhook": {"replicas": 3}}])
@@ -626,10 +674,12 @@ def test_rbac_grants_exactly_what_the_operator_calls(scenario: str) -> None:
     values, apis = SCENARIOS[scenario]
     docs = render(values, api_versions=apis)
     container = operator_container(docs)
-    settings = operator_settings_from_env(container_env(container, _secrets_for(container)))
+    settings = operator_settings_from_env(container_env(container, _secrets_for(container), POD_FIELDS))
     needed = operator_permissions(settings)
     sa = component(docs, "Deployment", "operator")["spec"]["template"]["spec"]["serviceAccountName"]
-    _check_grants(docs, sa, settings.namespaces, needed)
+    # the Lease of the leader election lives in the release namespace
+    lease = {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")}
+    _check_grants(docs, sa, settings.namespaces, needed, release=lease if settings.leader_election else set())
     if (values.get("webhook") or {}).get("enabled", True):
         container = webhook_container(docs)
         settings = operator_settings_from_env(container_env(container))
@@ -669,9 +719,23 @@ def webhook_permissions(settings: Any) -> dict[bool, set[Any]]:
     return {True: namespaced, False: cluster}
 
 
-def _check_grants(docs: list[Doc], sa: str, namespaces: list[str], needed: dict[bool, set[Any]]) -> None:
+def _check_grants(
+    docs: list[Doc],
+    sa: str,
+    namespaces: list[str],
+    needed: dict[bool, set[Any]],
+    release: set[Any] | None = None,
+) -> None:
+    """``release``: what the account needs in the release namespace only (the Lease)."""
     assert one(docs, "ServiceAccount", sa)
     grants = granted(docs, sa, NAMESPACE)
+    if release:
+        assert release <= grants.get(NAMESPACE, set()), (
+            f"{sa}: lacks {release - grants.get(NAMESPACE, set())}"
+        )
+        grants[NAMESPACE] = grants[NAMESPACE] - release
+        if not grants[NAMESPACE]:
+            del grants[NAMESPACE]
     if namespaces:
         assert grants[None] == needed[False], f"{sa}: cluster-wide grants differ from its cluster-wide calls"
         for ns in namespaces:
@@ -893,7 +957,7 @@ def test_webhook_is_only_ever_rendered_with_tls(scenario: str) -> None:
             assert client.get("caBundle") or injected, "a webhook without a CA to trust"
             svc = one(docs, "Service", client["service"]["name"])
             assert [p["name"] for p in svc["spec"]["ports"]] == ["https"]
-    env = container_env(operator_container(docs), _secrets_for(operator_container(docs)))
+    env = container_env(operator_container(docs), _secrets_for(operator_container(docs)), POD_FIELDS)
     assert env["BUCKETQ_OPERATOR_WEBHOOK"] == "false", "the operator never serves the webhook"
     assert len(find(docs, "Deployment")) == (2 if enabled else 1)
     if enabled:
