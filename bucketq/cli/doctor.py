@@ -27,9 +27,8 @@ def doctor(
         None,
         "--clock-tolerance",
         min=0,
-        help="Largest offset allowed between the host's clock and the store's, in seconds "
-        "(default: the engine's clock_skew_s).",
-        show_default=False,
+        help="Largest offset allowed between the host's clock and the store's, in seconds.",
+        show_default="the engine's clock_skew_s",
     ),
 ) -> None:
     """Check the store before trusting it: put-if-absent atomic under concurrent writers, If-Match
