@@ -65,6 +65,7 @@ async def _gc(conn: Connection, topics: list[str] | None, as_json: bool) -> None
 def gc_json(report: GcReport) -> dict[str, Any]:
     data = asdict(report)
     data.pop("deleted_keys", None)
+    data.pop("foreign_keys", None)
     return {**data, "total": report.total}
 
 
@@ -81,7 +82,17 @@ def print_gc(report: GcReport, topics: list[str] | None, console: Console) -> No
         parts.append(f"{report.expired_unconsumed:,} segments expired unconsumed")
     if report.kept_segments_unconsumed:
         parts.append(f"{report.kept_segments_unconsumed:,} segments kept for subscriptions behind")
+    if report.foreign_objects:
+        parts.append(f"{report.foreign_objects:,} objects bucketq does not write left alone")
     console.print(f"gc of {scope}: {'; '.join(parts)}", markup=False)
+    if report.clock_warning and report.clock_offset_s is not None:
+        # ages were measured on the store's clock all the same (I15): a warning, not an error
+        offset = report.clock_offset_s
+        console.print(
+            f"warning: this host's clock is {abs(offset):.0f}s "
+            f"{'ahead of' if offset > 0 else 'behind'} the store's (ages are measured on the store's)",
+            markup=False,
+        )
     if report.abandoned_subscriptions:
         console.print(
             "no longer holding data (past the subscription timeout): "

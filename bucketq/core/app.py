@@ -29,6 +29,7 @@ from bucketq.core.producer_peers import ProducerPeers
 from bucketq.core.redrive import RedriveFilter, RedriveReport, redrive
 from bucketq.core.registry import Registry
 from bucketq.core.stats import SubscriptionStats, subscription_stats
+from bucketq.core.store_clock import StoreClock
 from bucketq.core.subscriptions import (
     SeekTarget,
     delete_subscription,
@@ -37,19 +38,27 @@ from bucketq.core.subscriptions import (
 )
 from bucketq.core.topics import TopicCatalog, TopicInfo
 from bucketq.core.udp_pings import udp_pings
-from bucketq.errors import AlreadyExists, BucketqError, ConfigError, Contended, PreconditionFailed
+from bucketq.errors import (
+    AlreadyExists,
+    BucketqError,
+    ConfigError,
+    Contended,
+    PreconditionFailed,
+    StorageError,
+)
 from bucketq.publish_options import PublishFields, PublishOptions
 from bucketq.storage import ObjectStore, Storage, open_storage
 
 log = logging.getLogger("bucketq")
 
 # Storage format 2 adds GC fences, topic incarnations and the ``expire`` op; format 3 the ``seek``
-# op and the topic retention limits (docs/protocol.md). Every older object is a valid format-3
-# object, so an older bucket is upgraded in place on open; processes of an older format then
-# refuse the bucket when they next start (stop them first: a running format-2 process would
-# drop a ``seek`` op as unknown and diverge from the others).
-FORMAT = 3
-UPGRADABLE_FORMATS = (1, 2)
+# op and the topic retention limits; format 4 stamps cursor deltas and checkpoints with the topic
+# incarnation (docs/protocol.md, I6). Every older object is a valid format-4 object, so an older
+# bucket is upgraded in place on open; processes of an older format then refuse the bucket when
+# they next start (stop them first: a running format-3 process would apply a delta or load a
+# checkpoint of another incarnation that format-4 replicas refuse, and diverge from them).
+FORMAT = 4
+UPGRADABLE_FORMATS = (1, 2, 3)
 
 
 class Bucketq:
@@ -108,6 +117,14 @@ class Bucketq:
         return self._catalog
 
     @property
+    def clock(self) -> StoreClock:
+        """The store's clock as this connection reads it; ``clock.offset_s`` is this host's clock
+        minus the store's at the last reading, ``clock.warnings`` how often it was beyond the
+        margin (docs/protocol.md, I15)."""
+        self.storage  # noqa: B018
+        return self._clock
+
+    @property
     def registry(self) -> Registry:
         """Named producers and consumers with stable ids."""
         self.storage  # noqa: B018
@@ -121,6 +138,15 @@ class Bucketq:
         self._catalog = TopicCatalog(self._storage, self.keys)
         self._registry = Registry(self._storage, self.keys)
         await self._bootstrap()
+        # the store's clock (I15): this process's ages that decide takeovers are measured on it,
+        # and this host's clock is compared with it once now (a warning when beyond the margin)
+        self._clock = StoreClock(
+            self._storage, keys=self.keys, margin_s=self.settings.consumer.clock_skew_s, who="bucketq"
+        )
+        try:
+            await self._clock.read()
+        except StorageError as exc:  # a diagnostic: the store answered everything else
+            log.warning("could not compare this host's clock with the store's: %s", exc)
         network = self._ping_network
         if network is None and self.settings.ping.enabled:
             network = await udp_pings(self.settings)
@@ -284,6 +310,7 @@ class Bucketq:
             name=name,
             peers=peers,
             pings=self._pings,
+            clock=self._clock,
         )
         self._producers.append(producer)
         return producer
@@ -342,6 +369,7 @@ class Bucketq:
                 producer_id="dead-letter",
                 name="dead-letter",
                 pings=self._pings,
+                clock=self._clock,
             )
             self._producers.append(self._default_producer)
         return self._default_producer

@@ -110,7 +110,10 @@ async def peek(
     for p in chosen:
         state = None
         if consumer is not None:
-            state = await CursorLog(storage, keys, topic, consumer, p, member=_MEMBER).load()
+            fence = catalog.fence(topic, marker.incarnation)  # another incarnation's objects: not its
+            state = await CursorLog(
+                storage, keys, topic, consumer, p, member=_MEMBER, topic_fence=fence
+            ).load()
             if not state.started:
                 raise InvalidArgument(
                     f"subscription {consumer!r} has not started on {topic!r} partition {p}: "

@@ -27,6 +27,7 @@ from bucketq.core.segment import (
     encode_record,
 )
 from bucketq.core.segment_writer import SegmentWriter
+from bucketq.core.store_clock import READING_REUSE_S, StoreClock
 from bucketq.core.topics import TopicCatalog, find_tail
 from bucketq.core.waiting import wait_event
 from bucketq.core.wake import WAKE_REFRESH_S, retouch_wake
@@ -115,15 +116,36 @@ def _pending_marker(
     return json.dumps(body).encode()
 
 
+_COMMITTED_FIELDS = ("id", "partition", "seq", "index", "offset")
+
+
+def _decode_marker(data: bytes) -> dict[str, Any]:
+    """A dedup marker's body; an unreadable one (a killed writer's empty object, a stray write)
+    reads as ``{"state": "unreadable"}``: taken over like an abandoned pending marker once it is
+    older than the publish timeout, never a reason for a publish to fail (I8)."""
+    try:
+        marker = json.loads(data)
+    except ValueError:
+        return {"state": "unreadable"}
+    if not isinstance(marker, dict):
+        return {"state": "unreadable"}
+    if marker.get("state") == "committed" and not all(f in marker for f in _COMMITTED_FIELDS):
+        return {"state": "unreadable"}
+    return marker
+
+
 def _scan_ranges(marker: dict[str, Any]) -> dict[int, int]:
     """partition -> earliest seq where the attempts a pending dedup marker records may have landed
     (format 2 markers name one partition and seq; takeovers add ``scan`` with every attempt's)."""
     out: dict[int, int] = {}
-    for p, seq in marker.get("scan") or ():
-        out[int(p)] = min(out.get(int(p), int(seq)), int(seq))
-    partition = int(marker.get("partition", -1))
-    if partition >= 0 and "from_seq" in marker:
-        out[partition] = min(out.get(partition, int(marker["from_seq"])), int(marker["from_seq"]))
+    try:
+        for p, seq in marker.get("scan") or ():
+            out[int(p)] = min(out.get(int(p), int(seq)), int(seq))
+        partition = int(marker.get("partition", -1))
+        if partition >= 0 and "from_seq" in marker:
+            out[partition] = min(out.get(partition, int(marker["from_seq"])), int(marker["from_seq"]))
+    except (ValueError, TypeError):
+        pass  # a malformed record of where attempts landed: scan what could be read of it
     return out
 
 
@@ -378,11 +400,14 @@ class Producer:
         name: str,
         peers: ProducerPeers | None = None,
         pings: Pings | None = None,
+        clock: StoreClock | None = None,
     ) -> None:
         self.storage = storage
         self.keys = keys
         self.catalog = catalog
         self.settings = settings
+        # the store's clock: a dedup marker's age is measured on it (I15), never on this host's
+        self.clock = clock or StoreClock(storage, keys=keys, who=f"producer {name}")
         self.id = producer_id
         self.name = name
         self._appenders: dict[tuple[str, int], PartitionAppender] = {}
@@ -634,8 +659,10 @@ class Producer:
             blob = await self.storage.get(marker_key)
             if blob is None:
                 continue
-            marker = json.loads(blob.data)
-            age = time.time() - float(marker.get("at", 0))
+            marker = _decode_marker(blob.data)
+            # I15: the marker's age on the store's clock (its "at" is its writer's host clock: a
+            # producer whose clock ran ahead took over another's live marker and stored twice)
+            age = await self.clock.now(max_age_s=READING_REUSE_S) - blob.last_modified
             if marker.get("state") == "committed" and age <= window:
                 return _duplicate(topic, marker)
             stale = (

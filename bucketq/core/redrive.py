@@ -250,7 +250,15 @@ async def redrive(
     checked: set[str] = set()
     try:
         for p in range(marker.config.partitions):
-            cursor = CursorLog(storage, keys, dlq, REDRIVE_CONSUMER, p, member=member)
+            cursor = CursorLog(
+                storage,
+                keys,
+                dlq,
+                REDRIVE_CONSUMER,
+                p,
+                member=member,
+                topic_fence=catalog.fence(dlq, marker.incarnation),
+            )
             await start_cursor(cursor, "earliest")
             resolver = TxnResolver(storage, keys, dlq, abort_expired=False)
             chosen: list[PeekedMessage] = []

@@ -81,9 +81,14 @@ async def init_subscription(
     Returns each partition's floor (the first segment the consumer will read).
     """
     validate_name(consumer, "consumer")
-    config = await TopicCatalog(storage, keys).config(topic)
+    catalog = TopicCatalog(storage, keys)
+    marker = await catalog.marker(topic)
+    config, fence = marker.config, catalog.fence(topic, marker.incarnation)  # I6: writes are fenced
     floors = []
-    cursors = [CursorLog(storage, keys, topic, consumer, p, member="init") for p in range(config.partitions)]
+    cursors = [
+        CursorLog(storage, keys, topic, consumer, p, member="init", topic_fence=fence)
+        for p in range(config.partitions)
+    ]
     for cursor in cursors:
         await cursor.load()
     started = any(c.state.started for c in cursors)
@@ -131,7 +136,9 @@ async def seek_subscription(
     """
     validate_name(topic)
     validate_name(consumer, "consumer")
-    config = await TopicCatalog(storage, keys).config(topic)
+    catalog = TopicCatalog(storage, keys)
+    marker = await catalog.marker(topic)
+    config, fence = marker.config, catalog.fence(topic, marker.incarnation)  # I6: writes are fenced
     chosen = sorted(set(partitions)) if partitions else list(range(config.partitions))
     moved: dict[int, tuple[int, int]] = {}
     for p in chosen:
@@ -150,7 +157,7 @@ async def seek_subscription(
         else:
             raise InvalidArgument(f"seek to 'earliest', 'latest', an offset or a time, not {to!r}")
         seq, base = target if target is not None else await find_tail(storage, keys, topic, p)
-        cursor = CursorLog(storage, keys, topic, consumer, p, member="seek")
+        cursor = CursorLog(storage, keys, topic, consumer, p, member="seek", topic_fence=fence)
         await cursor.load()
 
         def build(state: CursorState, seq: int = seq, base: int = base) -> list[Op]:

@@ -149,5 +149,9 @@ class InstrumentedStore:
     async def list_prefixes(self, prefix: str, delimiter: str = "/") -> builtins.list[str]:
         return await self._call("LIST", prefix, lambda: self.inner.list_prefixes(prefix, delimiter))
 
+    async def now(self) -> float:
+        """The store's clock (the port's ``now``): one HEAD, counted like the others."""
+        return await self._call("HEAD", "", self.inner.now)
+
     async def close(self) -> None:
         await self.inner.close()

@@ -186,6 +186,11 @@ def test_every_command_prints_for_people(mode: str, tmp_path: Path, monkeypatch:
     assert f"deleted topic {TOPIC}.dlq" in cli.ok("topic", "delete", f"{TOPIC}.dlq", "--yes")
     assert cli.ok("topic", "list").strip() == "no topics"
 
+    checked = cli.ok("doctor", "--writers", "2", "--rounds", "1").splitlines()
+    assert checked[0].startswith("put-if-absent strategy: "), checked
+    assert [line.split()[0] for line in checked[1:-1]] == ["PASS"] * 6, checked
+    assert checked[-1] == "the store does what bucketq assumes of it"
+
     assert leaf_commands() - cli.ran == set(ELSEWHERE), "a command's human output is untested"
 
 
