@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from bucketq.config import ConsumerSettings
+from bucketq.core import cadence
 from bucketq.core.cursor import Pos
 from bucketq.core.hooks import CommitHook
 from bucketq.core.ids import token
@@ -21,12 +22,12 @@ from bucketq.core.membership import Membership
 from bucketq.core.message import Message, Receipt
 from bucketq.core.models import DeadLetterConfig, TopicConfig
 from bucketq.core.partition_worker import CycleResult, Intent, IntentKind, PartitionWorker
-from bucketq.core.pings import PING_LOOK_GAP_S, Pings
+from bucketq.core.pings import Pings
 from bucketq.core.producer import Producer
 from bucketq.core.segment import Record
 from bucketq.core.topics import TopicCatalog
 from bucketq.core.waiting import wait_event
-from bucketq.core.wake import WAKE_ACTIVE_S, WakeWatch, next_wake_turn, touch_wake
+from bucketq.core.wake import WAKE_ACTIVE_S, WakeWatch, touch_wake
 from bucketq.errors import (
     BucketqError,
     Closed,
@@ -50,10 +51,6 @@ HAND_OUT_MARGIN_S = 0.5
 
 Settlement = Literal["acked", "nacked", "dead", "released at close"]
 """How this member settled a delivered message (a repeat of the same settlement is a no-op)."""
-
-
-# A partition whose cycles failed this many times in a row is offered to the group (see _help_wanted).
-FAILED_CYCLES_FOR_HELP = 2
 
 
 @dataclass(slots=True)
@@ -94,7 +91,7 @@ class _TopicSub:
         self.next_wake_poll = 0.0  # wall time of this member's next turn at the wake object
         # a ping (I14) moved the next look earlier; looks caused by pings are PING_LOOK_GAP_S apart
         self.pinged = False
-        self.pinged_look_at = -PING_LOOK_GAP_S  # wall time
+        self.pinged_look_at = -cadence.PING_LOOK_GAP_S  # wall time
         # the wake object changed on this member's turn while other members may sleep until
         # theirs: the next tick sweeps the partitions they own once (core/wake.py)
         self.sweep = False
@@ -152,7 +149,7 @@ class Consumer:
         # their own member_ttl_s); the next one is due within a third of it, whatever the cadence
         self._announced_ttl = settings.member_ttl_s
         self._last_refresh = 0.0
-        self._poll_delay = settings.poll_min_ms / 1000
+        self._poll_delay = cadence.poll_after_progress(settings)
         self._error: BaseException | None = None
         self.on_commit: CommitHook | None = None
         self.pings = pings
@@ -222,7 +219,7 @@ class Consumer:
         (``earliest``), so a failing store is retried here, with backoff, and the join fails with
         the store's error when it does not recover; it never returns half started.
         """
-        delay = 0.05
+        delay = cadence.START_RETRY_FIRST_S
         for attempt in range(1, self.settings.max_commit_attempts + 1):
             pending = [w for w in sub.workers.values() if not w.loaded]
             outcomes = await asyncio.gather(*(w.ensure_loaded() for w in pending), return_exceptions=True)
@@ -242,7 +239,7 @@ class Consumer:
                 errors[0],
             )
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            delay = cadence.next_start_retry(delay)
 
     async def _leave_all(self) -> None:
         self._stop_listening()
@@ -366,7 +363,7 @@ class Consumer:
             except (StorageError, BucketqError) as exc:
                 log.warning("consumer %s: cycle failed, retrying: %s", self.name, exc)
                 progressed, failed = False, True
-                self._poll_delay = self.settings.poll_max_ms / 1000
+                self._poll_delay = cadence.poll_after_failure(self.settings)
             except Exception as exc:  # a bug: surface it to poll() callers, keep nothing half-done
                 log.exception("consumer %s loop crashed", self.name)
                 self._error = exc
@@ -374,18 +371,24 @@ class Consumer:
                 self._looked.set()
                 return
             if progressed:
-                self._poll_delay = self.settings.poll_min_ms / 1000
+                self._poll_delay = cadence.poll_after_progress(self.settings)
                 continue
             self._wake.clear()
             # settlements waiting for company (PartitionWorker.settle_at) set the next tick at the latest
             # (not after a failure: the store gets poll_max_ms of rest before the retry)
-            delay = self._poll_delay
-            if not failed:
-                delay = min(delay, max(0.0, self._next_settle() - time.monotonic()))
-                delay = min(delay, max(0.0, self._next_wake_turn() - time.time()))
-                delay = min(delay, max(0.0, self._next_lease_due() - time.time()))
+            delay = cadence.loop_wait(
+                self._poll_delay,
+                failed=failed,
+                now=time.monotonic(),
+                wall=time.time(),
+                settle_at=self._next_settle(),
+                wake_turn=self._next_wake_turn(),
+                lease_due=self._next_lease_due(),
+            )
             if not await wait_event(self._wake, delay):
-                self._poll_delay = min(self._poll_delay * 2, self._poll_ceiling())
+                self._poll_delay = cadence.poll_backed_off(
+                    self._poll_delay, cadence.poll_ceiling(self.settings, all_idle=self._all_idle())
+                )
 
     def _all_idle(self) -> bool:
         now = time.monotonic()
@@ -395,13 +398,6 @@ class Consumer:
         """No topic had messages for ``idle_after_s`` (some may still be active after a wake)."""
         now = time.monotonic()
         return all(now >= sub.busy_until for sub in self._subs.values())
-
-    def _poll_ceiling(self) -> float:
-        """How long the loop sleeps at most between ticks: the slowest cadence it must keep."""
-        ceiling = self.settings.poll_max_ms / 1000
-        if self._all_idle():
-            ceiling = max(ceiling, min(self.settings.wake_poll_ms / 1000, self.settings.poll_idle_ms / 1000))
-        return ceiling
 
     def _next_settle(self) -> float:
         """When the next batch of settlements is due (monotonic), over the topics a tick serves (a
@@ -426,12 +422,6 @@ class Consumer:
             default=float("inf"),
         )
 
-    def _heartbeat_interval(self) -> float:
-        """Heartbeats (and membership and config refreshes) slow down while no topic has messages."""
-        if self._all_quiet():
-            return max(self.settings.heartbeat_interval_s, self.settings.heartbeat_idle_s)
-        return self.settings.heartbeat_interval_s
-
     def _next_wake_turn(self) -> float:
         """When (wall time) this member next looks at an idle topic's wake object (inf: none idle)."""
         now = time.monotonic()
@@ -452,7 +442,7 @@ class Consumer:
             members = sub.membership.members
             rank = members.index(self.member) if self.member in members else 0
             poll_s = self.settings.wake_poll_ms / 1000
-            sub.next_wake_poll = next_wake_turn(wall, poll_s, rank, len(members))
+            sub.next_wake_poll = cadence.next_wake_turn(wall, poll_s, rank, len(members))
             if sub.pinged:
                 sub.pinged, sub.pinged_look_at = False, wall
             why = await sub.wake.look()
@@ -471,7 +461,7 @@ class Consumer:
         Only the time of the look changes: what it reads decides, as on any turn."""
         if self._closed or sub.gone is not None or time.monotonic() < sub.active_until:
             return  # an active topic's partitions are polled at the active cadence already
-        at = max(time.time(), sub.pinged_look_at + PING_LOOK_GAP_S)
+        at = cadence.ping_look_at(time.time(), sub.pinged_look_at)
         if at < sub.next_wake_poll:
             sub.next_wake_poll = at
             sub.pinged = True
@@ -485,15 +475,11 @@ class Consumer:
             self._wake.set()
             return
         now = time.monotonic()
-        interval = self._heartbeat_interval()
-        # Invariant: a heartbeat follows the last one within the TTL that one announced, so peers
-        # never see a live member as gone. When the cadence slows (the topic went quiet), the
-        # last heartbeat announced the short TTL of the fast cadence: the next one, announcing the
-        # longer TTL, is due within a third of it, not a whole slow interval later.
-        if now - self._last_heartbeat >= min(interval, self._announced_ttl / 3):
+        interval = cadence.heartbeat_interval(self.settings, all_quiet=self._all_quiet())
+        # a heartbeat follows the last one within the TTL that one announced (cadence.heartbeat_due)
+        if cadence.heartbeat_due(now - self._last_heartbeat, interval, self._announced_ttl):
             self._last_heartbeat = now
-            # the heartbeat stays valid for three intervals: peers keep counting a quiet member
-            ttl = max(self.settings.member_ttl_s, 3 * interval)
+            ttl = cadence.heartbeat_ttl(self.settings, interval)
             landed = True
             for sub in self._subs.values():
                 try:
@@ -502,10 +488,7 @@ class Consumer:
                     landed = False
             # a heartbeat that did not land leaves the older one (and its TTL) in force
             self._announced_ttl = ttl if landed else min(ttl, self._announced_ttl)
-        # while idle the member list is re-read at half the heartbeat pace: joins and graceful
-        # leaves touch the wake object (an at-once refresh), so only a crashed member waits for it
-        refresh_every = 2 * interval if self._all_idle() else interval
-        if now - self._last_refresh >= refresh_every:
+        if now - self._last_refresh >= cadence.refresh_interval(interval, all_idle=self._all_idle()):
             self._last_refresh = now
             for sub in self._subs.values():
                 await sub.membership.refresh()
@@ -576,7 +559,7 @@ class Consumer:
         mine = [p for p in sub.membership.owned(sub.partitions) if p in sub.workers]
         if not self._claiming:
             return mine
-        failing = [p for p in mine if sub.workers[p].failed_cycles >= FAILED_CYCLES_FOR_HELP]
+        failing = [p for p in mine if cadence.failing(sub.workers[p].failed_cycles)]
         if self.demand() > 0:
             return failing
         return [p for p in mine if sub.workers[p].window_has_more or p in failing]
@@ -668,10 +651,9 @@ class Consumer:
             if isinstance(res, BaseException):
                 continue
             if foreign and demanded > 0:
-                if res.messages:
-                    worker.foreign_backoff = self.settings.foreign_poll_ms / 1000
-                else:
-                    worker.foreign_backoff = min(worker.foreign_backoff * 2, self.settings.foreign_poll_max_s)
+                worker.foreign_backoff = cadence.foreign_backoff(
+                    self.settings, worker.foreign_backoff, found=bool(res.messages)
+                )
                 worker.next_foreign_poll = time.monotonic() + worker.foreign_backoff
             if res.messages or res.discovered or (worker.recheck and demanded > 0):
                 progressed = True
@@ -718,7 +700,7 @@ class Consumer:
             raise
         except StorageError:
             worker.failed_cycles += 1
-            if worker.failed_cycles == FAILED_CYCLES_FOR_HELP and not foreign:
+            if cadence.ask_help_now(worker.failed_cycles, foreign=foreign):
                 self._last_heartbeat = 0.0  # ask for help with it now
             raise
         worker.failed_cycles = 0

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from bucketq.config import ConsumerSettings
+from bucketq.core import cadence
 from bucketq.core.cursor import CursorState, Op, Pos, apply_op
 from bucketq.core.cursor_log import CursorLog
 from bucketq.core.fences import SEGMENT_TRUST_S, FenceView
@@ -28,10 +29,6 @@ log = logging.getLogger("bucketq.consumer")
 
 REDRIVE_FOR_HEADER = "bucketq-redrive-for"
 MAX_DISCOVER_PER_CYCLE = 32
-# In a stream of segments, the first look after a find waits this share of the gap between the
-# last two arrivals, and at most this many slowest polls (poll_max_ms).
-STREAM_LEAD = 0.6
-STREAM_WAIT_POLLS = 3
 MAX_WINDOW_SEGMENTS = 64
 # An owner re-reads its cursor log at least this often even when it has nothing to write, so an
 # op another process wrote (an operator's ``seek``) reaches a quiet group too. One GET (a 404 at
@@ -165,7 +162,7 @@ class PartitionWorker:
         self.failed_cycles = 0
         self.foreign_backoff = settings.foreign_poll_ms / 1000
         self.next_discovery = 0.0
-        self.discovery_backoff = settings.poll_min_ms / 1000
+        self.discovery_backoff = cadence.discovery_woken(settings)
         self.window_has_more = True
         # a committed settlement may have made a window message claimable (an ordered key's next
         # message, a release): claim again at the next tick, without a discovery GET
@@ -314,7 +311,7 @@ class PartitionWorker:
     def wake_up(self) -> None:
         """The topic's wake object changed: discover and re-read the log at the next cycle."""
         self.next_discovery = 0.0
-        self.discovery_backoff = self.settings.poll_min_ms / 1000
+        self.discovery_backoff = cadence.discovery_woken(self.settings)
         self.log_read = float("-inf")
 
     def settle_at(self) -> float:
@@ -331,23 +328,6 @@ class PartitionWorker:
         if not self._claims_expected(linger):
             return self.settle_opened  # no company is coming: waiting would only delay the app
         return self.settle_opened + linger
-
-    def _wait_after_find(self) -> float:
-        """How long after a find to look again.
-
-        In a stream of segments (the tail was reached and the last two arrivals are known) the
-        next one is due about one gap later: the first look waits STREAM_LEAD of that gap (at
-        most STREAM_WAIT_POLLS slowest polls, so an early arrival is not kept long), then the
-        usual doubling from half a slowest poll takes over. A paced stream is then found with a
-        look or two instead of the five or six misses the doubling spends from ``poll_min_ms``.
-        Otherwise (a backlog, a first find): at once, to keep reading.
-        """
-        if not self.tail_reached or self.find_gap == float("inf"):
-            return self.discovery_backoff
-        slowest = self.settings.poll_max_ms / 1000
-        lead = min(STREAM_LEAD * self.find_gap, STREAM_WAIT_POLLS * slowest)
-        self.discovery_backoff = max(self.discovery_backoff, slowest / 2)
-        return max(self.discovery_backoff, lead)
 
     def _claims_expected(self, within: float) -> bool:
         """Is a claim delta likely within ``within`` seconds? Only while segments keep arriving:
@@ -400,21 +380,28 @@ class PartitionWorker:
         if demand > 0 and not expired_only and (foreign or self.discovery_due(now)):
             result.discovered = await self.discover()
             if result.discovered:  # track the arrival interval: quarter on a find, double on a miss
-                self.discovery_backoff = max(self.settings.poll_min_ms / 1000, self.discovery_backoff / 4)
+                self.discovery_backoff = cadence.discovery_after_find(self.settings, self.discovery_backoff)
                 if self.tail_reached:
                     self.find_gap = now - self.last_found
                 self.last_found = now
                 self.tail_reached = result.discovered < MAX_DISCOVER_PER_CYCLE  # ended on a 404
-                self.next_discovery = now + self._wait_after_find()
+                self.discovery_backoff, wait = cadence.wait_after_find(
+                    self.settings,
+                    self.discovery_backoff,
+                    tail_reached=self.tail_reached,
+                    find_gap=self.find_gap,
+                )
+                self.next_discovery = now + wait
             else:
                 self.tail_reached = True
-                if self.topic_idle():  # the whole topic: only the fallback; the wake object wakes it
-                    self.discovery_backoff = max(self.settings.poll_max_ms, self.settings.poll_idle_ms) / 1000
-                else:  # quiet partitions are polled more slowly (the cost of an idle queue)
-                    ceiling = self.settings.poll_max_ms / 1000
-                    if now - self.last_found > self.settings.idle_after_s:  # this partition only
-                        ceiling = max(ceiling, self.settings.wake_poll_ms / 1000)
-                    self.discovery_backoff = min(self.discovery_backoff * 2, ceiling)
+                # the whole topic idle: only the fallback (the wake object wakes it); otherwise
+                # quiet partitions are polled more slowly (the cost of an idle queue)
+                self.discovery_backoff = cadence.discovery_after_miss(
+                    self.settings,
+                    self.discovery_backoff,
+                    topic_idle=self.topic_idle(),
+                    quiet_for=now - self.last_found,
+                )
                 self.next_discovery = now + self.discovery_backoff
         await self._ensure_window()
         if not foreign:

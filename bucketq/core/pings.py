@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import urlsplit
 
+from bucketq.core.cadence import PING_LOOK_GAP_S as PING_LOOK_GAP_S  # looks caused by pings
 from bucketq.core.keys import Keys
 from bucketq.core.membership import BALANCED, MAX_TTL_S, balanced_owners, rendezvous_owner
 from bucketq.errors import StorageError
@@ -77,8 +78,6 @@ DIRECTORY_REFRESH_S = 30.0
 # ... but rings start a listing at most this often per topic (a store refusing LISTs, or members
 # churning, costs at most one LIST a second, never one per append)
 MIN_LIST_GAP_S = 1.0
-# Looks at the wake object caused by pings are at least this far apart (per member and topic)
-PING_LOOK_GAP_S = 1.0
 # A producer pings with a touch only when its previous append to the topic is this old: readers go
 # idle after idle_after_s (10 s) without a find, so while it appends more often than this the
 # owners of its partitions are not idle, and each ping would cost a LIST for nothing

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from typing import Literal
 
+from bucketq.core.cadence import WAKE_SHARE_MAX as WAKE_SHARE_MAX  # the turns: core/cadence.py
+from bucketq.core.cadence import next_wake_turn as next_wake_turn
 from bucketq.core.keys import Keys
 from bucketq.errors import PreconditionFailed, StorageError
 from bucketq.storage import Storage
@@ -33,27 +34,6 @@ log = logging.getLogger("bucketq.wake")
 # reader that saw a touch stays active WAKE_ACTIVE_S and never misses a producer that is busy.
 WAKE_REFRESH_S = 20.0
 WAKE_ACTIVE_S = 3 * WAKE_REFRESH_S
-# The idle members of a group take turns at the wake object: each polls it once per round of
-# min(members, WAKE_SHARE_MAX) wake polls, so the group polls it once per wake poll however many
-# members it has, while the round (how long a member may sleep through a wake) stays bounded.
-WAKE_SHARE_MAX = 5
-
-
-def next_wake_turn(now: float, poll_s: float, rank: int, members: int) -> float:
-    """The wall time of the next turn of the member at ``rank`` (in the sorted member list) among
-    ``members`` idle members polling a wake object every ``poll_s`` as a group.
-
-    Turns are slots of ``poll_s`` on the wall clock, dealt out in rotation to
-    ``min(members, WAKE_SHARE_MAX)`` seats: members' views and clocks agreeing puts one poll in
-    each slot; disagreeing only moves a pickup by a slot or two, never loses anything (I13).
-    """
-    seats = max(1, min(members, WAKE_SHARE_MAX))
-    seat = rank % seats
-    slot = math.floor(now / poll_s) + 1
-    slot += (seat - slot) % seats
-    return slot * poll_s
-
-
 # Why a wake object changed: "publish" (a producer appended, a job committed, a seek moved the
 # cursors: the topic turns active) or "members" (the group changed: look once, stay idle).
 WakeReason = Literal["publish", "members"]
