@@ -84,10 +84,12 @@ def loop_wait(
     settle_at: float,
     wake_turn: float,
     lease_due: float,
+    ring_look: float = math.inf,
 ) -> float:
     """How long the loop waits before its next tick (unless woken): the poll delay, cut short by
     the settlements due (``settle_at``, monotonic), the next wake turn and the next lease due
-    (wall times). After a failure the store gets the whole poll delay of rest."""
+    (wall times), and the next look a ring asked for (``ring_look``, monotonic). After a failure
+    the store gets the whole poll delay of rest."""
     if failed:
         return poll_delay
     return min(
@@ -95,6 +97,7 @@ def loop_wait(
         max(0.0, settle_at - now),
         max(0.0, wake_turn - wall),
         max(0.0, lease_due - wall),
+        max(0.0, ring_look - now),
     )
 
 
@@ -119,6 +122,13 @@ def rung_poll_s(settings: ConsumerSettings) -> float:
     """The fallback poll of a partition while rings arrive: a wake poll (at least a slowest
     active poll). A ring lost while rings arrive is found by this poll."""
     return max(settings.poll_max_ms, settings.wake_poll_ms) / 1000
+
+
+def ring_look_gap(settings: ConsumerSettings) -> float:
+    """Looks at a partition caused by rings are at least this far apart (half a slowest poll, as a
+    stream's polls are): rings for segments appended faster are answered together, by one read and
+    one claim delta, so a busy partition costs no more claim writes than polling did."""
+    return settings.poll_max_ms / 2000
 
 
 def rung_lately(rung_at: float, now: float) -> bool:

@@ -22,7 +22,7 @@ from bucketq.core.membership import Membership
 from bucketq.core.message import Message, Receipt
 from bucketq.core.models import DeadLetterConfig, TopicConfig
 from bucketq.core.partition_worker import CycleResult, Intent, IntentKind, PartitionWorker
-from bucketq.core.pings import Pings
+from bucketq.core.pings import RING_VERSION, Pings
 from bucketq.core.producer import Producer
 from bucketq.core.segment import Record
 from bucketq.core.topics import TopicCatalog
@@ -92,6 +92,10 @@ class _TopicSub:
         # a ping (I14) moved the next look earlier; looks caused by pings are PING_LOOK_GAP_S apart
         self.pinged = False
         self.pinged_look_at = -cadence.PING_LOOK_GAP_S  # wall time
+        # the doorbell: after a ring look that found nothing (a forged or stale ring), the next
+        # ring look at this topic waits until then (monotonic): a flood of forged rings costs at
+        # most one GET per PING_LOOK_GAP_S, as pings do
+        self.ring_gate = 0.0
         # the wake object changed on this member's turn while other members may sleep until
         # theirs: the next tick sweeps the partitions they own once (core/wake.py)
         self.sweep = False
@@ -171,6 +175,8 @@ class Consumer:
                 self.member,
                 self.settings.member_ttl_s,
                 wake_address=address,
+                # the member reads rings (the doorbell) and says so: producers ring it
+                ping_version=RING_VERSION if address is not None else 1,
             )
             sub = _TopicSub(
                 topic,
@@ -188,6 +194,7 @@ class Consumer:
             self._subs[topic] = sub
             if address is not None and self.pings is not None:
                 self._unlisten.append(self.pings.listen(topic, functools.partial(self._pinged, sub)))
+                self._unlisten.append(self.pings.listen_rings(topic, functools.partial(self._rung, sub)))
             if sub.dead_letter_topic is not None:
                 await self._ensure_dead_letter_topic(sub.dead_letter_topic)
             await membership.heartbeat()
@@ -384,6 +391,7 @@ class Consumer:
                 settle_at=self._next_settle(),
                 wake_turn=self._next_wake_turn(),
                 lease_due=self._next_lease_due(),
+                ring_look=self._next_ring_look(),
             )
             if not await wait_event(self._wake, delay):
                 self._poll_delay = cadence.poll_backed_off(
@@ -418,6 +426,22 @@ class Consumer:
                 for sub in self._subs.values()
                 if sub.gone is None
                 for p, w in sub.workers.items()
+            ),
+            default=float("inf"),
+        )
+
+    def _next_ring_look(self) -> float:
+        """When (monotonic) a partition this member owns may be read for a ring (inf: none rung,
+        or no room to claim what it would find)."""
+        if self.demand() <= 0:
+            return float("inf")
+        return min(
+            (
+                max(sub.ring_gate, w.ring_look_after)
+                for sub in self._subs.values()
+                if sub.gone is None
+                for p in sub.owned
+                if (w := sub.workers.get(p)) is not None and w.ring_seq >= 0
             ),
             default=float("inf"),
         )
@@ -466,6 +490,17 @@ class Consumer:
             sub.next_wake_poll = at
             sub.pinged = True
         self._wake.set()
+
+    def _rung(self, sub: _TopicSub, partition: int, seq: int) -> None:
+        """A producer rang: segment ``seq`` of ``partition`` was appended (the doorbell). On a
+        partition this member owns, the next tick reads up to that segment through the normal
+        read path (PartitionWorker.discover), so what it finds decides; a ring for a segment
+        already read, or for a partition owned by another member, is dropped."""
+        if self._closed or sub.gone is not None or partition not in sub.owned:
+            return
+        worker = sub.workers.get(partition)
+        if worker is not None and worker.ring(seq):
+            self._wake.set()
 
     async def _housekeeping(self) -> None:
         if await self._watch_wake():
@@ -594,6 +629,7 @@ class Consumer:
         jobs: list[tuple[PartitionWorker, int, bool]] = []
         eager: set[PartitionWorker] = set()  # foreign jobs that claim without steal_after_s
         expired: set[PartitionWorker] = set()  # foreign jobs that claim only expired leases (I16)
+        rung: set[PartitionWorker] = set()  # owned jobs that read up to a segment a ring named
         now, wall = time.monotonic(), time.time()
         for sub in self._subs.values():
             if sub.gone is not None:
@@ -612,7 +648,18 @@ class Consumer:
                 # (an idle topic's partitions are otherwise looked at only every poll_idle_ms)
                 lease_due = demand > 0 and worker.lease_due(owned=p in mine) <= wall
                 if p in mine:
-                    if settle or (demand > 0 and (worker.recheck or worker.discovery_due(now))) or lease_due:
+                    if (
+                        demand > 0
+                        and worker.ring_seq >= 0
+                        and now >= max(sub.ring_gate, worker.ring_look_after)
+                    ):
+                        rung.add(worker)
+                    if (
+                        settle
+                        or (demand > 0 and (worker.recheck or worker.discovery_due(now)))
+                        or lease_due
+                        or worker in rung
+                    ):
                         jobs.append((worker, demand, False))
                 elif settle:
                     jobs.append((worker, 0, True))
@@ -640,7 +687,7 @@ class Consumer:
         # taken, which then were neither committed nor failed (simulation seed 1974).
         results = await asyncio.gather(
             *(
-                self._cycle(w, d, foreign, self._settle_due(w, now), w in eager, w in expired)
+                self._cycle(w, d, foreign, self._settle_due(w, now), w in eager, w in expired, w in rung)
                 for w, d, foreign in jobs
             ),
             return_exceptions=True,
@@ -655,6 +702,10 @@ class Consumer:
                     self.settings, worker.foreign_backoff, found=bool(res.messages)
                 )
                 worker.next_foreign_poll = time.monotonic() + worker.foreign_backoff
+            if res.ring_missed:  # a ring that named no segment: the next ring look waits
+                sub_rung = self._subs.get(worker.topic)
+                if sub_rung is not None:
+                    sub_rung.ring_gate = time.monotonic() + cadence.PING_LOOK_GAP_S
             if res.messages or res.discovered or (worker.recheck and demanded > 0):
                 progressed = True
             if res.discovered or res.messages:
@@ -687,11 +738,12 @@ class Consumer:
         settle: bool = True,
         eager: bool = False,
         expired_only: bool = False,
+        ring: bool = False,
     ) -> CycleResult:
         started = time.perf_counter()
         try:
             res = await worker.cycle(
-                demand, foreign=foreign, settle=settle, eager=eager, expired_only=expired_only
+                demand, foreign=foreign, settle=settle, eager=eager, expired_only=expired_only, ring=ring
             )
         except TopicDeleted:
             # the topic fence (I6) found the topic gone or re-created: look at its marker at the

@@ -252,3 +252,23 @@ def test_next_wake_turn(now: float, poll_s: float, rank: int, members: int, expe
 )
 def test_a_ping_inside_the_gap_is_answered_at_its_end(now: float, last: float, expected: float) -> None:
     assert cadence.ping_look_at(now, last) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(("ring_look", "expected"), [(math.inf, 0.1), (100.04, 0.04), (99.0, 0.0)])
+def test_a_ring_look_cuts_the_loop_wait_short(ring_look: float, expected: float) -> None:
+    got = cadence.loop_wait(
+        0.1,
+        failed=False,
+        now=100.0,
+        wall=1000.0,
+        settle_at=math.inf,
+        wake_turn=math.inf,
+        lease_due=math.inf,
+        ring_look=ring_look,
+    )
+    assert got == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(("name", "expected"), [("latency", 0.0125), ("balanced", 0.05), ("economy", 0.25)])
+def test_ring_looks_are_half_a_slowest_poll_apart(name: Profile, expected: float) -> None:
+    assert cadence.ring_look_gap(profile(name)) == pytest.approx(expected)
