@@ -288,10 +288,10 @@ class Consumer:
         self._claiming = False
         if drain:
             for msg in list(self._buffer):
-                self._intent(Receipt.decode(msg.receipt), "release", counted=False)
+                self._give_back(msg.receipt, counted=False)
             self._buffer.clear()
             for receipt in list(self._held):
-                self._intent(Receipt.decode(receipt), "release")
+                self._give_back(receipt)
                 self._settled[receipt] = "released at close"
             self._held.clear()
             deadline = time.monotonic() + 10
@@ -768,7 +768,7 @@ class Consumer:
             msg._consumer = self
             if room <= 0 or not self._claiming:
                 # more than we can hold (parallel partitions): give it back uncounted
-                self._intent(Receipt.decode(msg.receipt), "release", counted=False)
+                self._give_back(msg.receipt, counted=False)
                 continue
             room -= 1
             self._buffer.append(msg)
@@ -804,6 +804,13 @@ class Consumer:
         self._worker_for(receipt).add_intent(intent)
         self._wake.set()
         return future
+
+    def _give_back(self, receipt: str, *, counted: bool = True) -> None:
+        """Release a lease nobody awaits (prefetched or held messages at close, an over-claim):
+        if the release is never committed (the consumer closed first), the lease runs out and
+        the message is delivered again; its outcome is read here so it is never left unretrieved."""
+        future = self._intent(Receipt.decode(receipt), "release", counted=counted)
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     async def _settle(
         self,
