@@ -111,6 +111,8 @@ STREAM_WAIT_POLLS = 3
 # read when a ring names a segment; its fallback polling then slows to rung_poll_s: the rings
 # prove the path from its producers works. Without rings for this long, polling is as before.
 RING_FRESH_S = 10.0
+# Ring looks at a partition are at most this far apart (cadence.ring_look_gap)
+RING_LOOK_GAP_MAX_S = 0.25
 
 
 def discovery_after_find(settings: ConsumerSettings, backoff: float) -> float:
@@ -127,8 +129,9 @@ def rung_poll_s(settings: ConsumerSettings) -> float:
 def ring_look_gap(settings: ConsumerSettings) -> float:
     """Looks at a partition caused by rings are at least this far apart (half a slowest poll, as a
     stream's polls are): rings for segments appended faster are answered together, by one read and
-    one claim delta, so a busy partition costs no more claim writes than polling did."""
-    return settings.poll_max_ms / 2000
+    one claim delta, so a busy partition costs no more claim writes than polling did. Never more
+    than RING_LOOK_GAP_MAX_S, however slow the polls: a ring brings a message at once."""
+    return min(settings.poll_max_ms / 2000, RING_LOOK_GAP_MAX_S)
 
 
 def rung_lately(rung_at: float, now: float) -> bool:

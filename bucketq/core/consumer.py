@@ -492,7 +492,7 @@ class Consumer:
         self._wake.set()
 
     def _rung(self, sub: _TopicSub, partition: int, seq: int) -> None:
-        """A producer rang: segment ``seq`` of ``partition`` was appended (the doorbell). On a
+        """A producer rang: segment ``seq`` of ``partition`` was appended (the doorbell, I14). On a
         partition this member owns, the next tick reads up to that segment through the normal
         read path (PartitionWorker.discover), so what it finds decides; a ring for a segment
         already read, or for a partition owned by another member, is dropped."""

@@ -165,7 +165,7 @@ class PartitionWorker:
         self.next_discovery = 0.0
         self.discovery_backoff = cadence.discovery_woken(settings)
         self.window_has_more = True
-        # The doorbell (core/pings.py): the highest segment a ring named that this member has not
+        # The doorbell (core/pings.py, I14): the highest segment a ring named that this member has not
         # read yet (-1: none), and when (monotonic) a ring last led to a find here. A ring is a
         # hint: it only makes the next cycle read the named segment through ``discover``.
         self.ring_seq = -1

@@ -272,3 +272,7 @@ def test_a_ring_look_cuts_the_loop_wait_short(ring_look: float, expected: float)
 @pytest.mark.parametrize(("name", "expected"), [("latency", 0.0125), ("balanced", 0.05), ("economy", 0.25)])
 def test_ring_looks_are_half_a_slowest_poll_apart(name: Profile, expected: float) -> None:
     assert cadence.ring_look_gap(profile(name)) == pytest.approx(expected)
+
+
+def test_ring_looks_wait_a_quarter_second_at_most_however_slow_the_polls() -> None:
+    assert cadence.ring_look_gap(ConsumerSettings(poll_max_ms=60_000)) == pytest.approx(0.25)

@@ -68,8 +68,10 @@ class Endpoint:
         self.hub.receivers.pop(self.address, None)
 
 
-def settings() -> Settings:
-    return Settings.from_dict({"backend": "memory", "strategy": "conditional_write"})
+def settings(consumer: dict[str, float] | None = None) -> Settings:
+    return Settings.from_dict(
+        {"backend": "memory", "strategy": "conditional_write", "consumer": consumer or {}}
+    )
 
 
 @dataclass
@@ -82,7 +84,13 @@ class Run:
 
 
 async def one_at_a_time(
-    mode: Mode, *, messages: int = 40, gap: float = 0.1, partitions: int = 1, forge: int = 0
+    mode: Mode,
+    *,
+    messages: int = 40,
+    gap: float = 0.1,
+    partitions: int = 1,
+    forge: int = 0,
+    consumer_settings: dict[str, float] | None = None,
 ) -> Run:
     """Publish ``messages`` one at a time ``gap`` apart (each publish awaited: a closed loop, no
     linger) while a member listens; ``forge`` forged rings for the next, unwritten segment of
@@ -90,7 +98,7 @@ async def one_at_a_time(
     hub = Loopback(mode)
     store = MeteredStore(MemoryStore())
     producer_bq = Bucketq(settings(), store=store, ping_network=hub.endpoint())
-    member_bq = Bucketq(settings(), store=store, ping_network=hub.endpoint())
+    member_bq = Bucketq(settings(consumer_settings), store=store, ping_network=hub.endpoint())
     await producer_bq.open()
     await member_bq.open()
     await producer_bq.create_topic("t", partitions=partitions)
@@ -190,3 +198,14 @@ def test_a_flood_of_forged_rings_costs_at_most_one_look_a_second() -> None:
     assert run.segment_misses <= seconds / PING_LOOK_GAP_S + seconds / rung_poll_s(settings().consumer) + 2
     assert run.segment_gets == messages
     assert max(run.latencies) <= PING_LOOK_GAP_S + 0.01
+
+
+def test_a_ring_brings_each_message_at_once_however_slow_the_polls() -> None:
+    """Polls a minute apart on an active topic: only the rings bring the messages, each at once
+    (ring looks wait a quarter second at most after the last, whatever poll_max_ms says)."""
+    slow = {"poll_min_ms": 60_000, "poll_max_ms": 60_000, "idle_after_s": 3600, "commit_linger_ms": 0}
+    run = run_virtual(
+        lambda: one_at_a_time("deliver", messages=6, partitions=2, gap=0.5, consumer_settings=slow)
+    )
+    assert_each_once_in_order(run, 6)
+    assert max(run.latencies) < 0.01
