@@ -21,7 +21,7 @@ from bucketq.core.keys import Keys
 from bucketq.core.membership import Membership
 from bucketq.core.message import Message, Receipt
 from bucketq.core.models import DeadLetterConfig, TopicConfig
-from bucketq.core.partition_worker import CycleResult, Intent, IntentKind, PartitionWorker
+from bucketq.core.partition_worker import CycleResult, Intent, IntentKind, Look, PartitionWorker
 from bucketq.core.pings import RING_VERSION, Pings
 from bucketq.core.producer import Producer
 from bucketq.core.segment import Record
@@ -687,7 +687,9 @@ class Consumer:
         # taken, which then were neither committed nor failed (simulation seed 1974).
         results = await asyncio.gather(
             *(
-                self._cycle(w, d, foreign, self._settle_due(w, now), w in eager, w in expired, w in rung)
+                self._cycle(
+                    w, d, Look(foreign, self._settle_due(w, now), w in eager, w in expired, w in rung)
+                )
                 for w, d, foreign in jobs
             ),
             return_exceptions=True,
@@ -734,17 +736,11 @@ class Consumer:
         self,
         worker: PartitionWorker,
         demand: int,
-        foreign: bool,
-        settle: bool = True,
-        eager: bool = False,
-        expired_only: bool = False,
-        ring: bool = False,
+        look: Look,
     ) -> CycleResult:
         started = time.perf_counter()
         try:
-            res = await worker.cycle(
-                demand, foreign=foreign, settle=settle, eager=eager, expired_only=expired_only, ring=ring
-            )
+            res = await worker.cycle(demand, look)
         except TopicDeleted:
             # the topic fence (I6) found the topic gone or re-created: look at its marker at the
             # next tick (readers are told, or the subscription starts over), write nothing more
@@ -752,7 +748,7 @@ class Consumer:
             raise
         except StorageError:
             worker.failed_cycles += 1
-            if cadence.ask_help_now(worker.failed_cycles, foreign=foreign):
+            if cadence.ask_help_now(worker.failed_cycles, foreign=look.foreign):
                 self._last_heartbeat = 0.0  # ask for help with it now
             raise
         worker.failed_cycles = 0

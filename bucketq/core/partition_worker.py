@@ -104,6 +104,17 @@ class CycleResult:
     ring_missed: bool = False  # a ring look (the doorbell) did not find the segment the ring named
 
 
+@dataclass(frozen=True, slots=True)
+class Look:
+    """What one cycle of a partition may do (:meth:`PartitionWorker.cycle` says each)."""
+
+    foreign: bool = False
+    settle: bool = True
+    eager: bool = False
+    expired_only: bool = False
+    ring: bool = False
+
+
 class PartitionWorker:
     """Owns the cursor replica of (topic, consumer, partition) for this member."""
 
@@ -357,16 +368,7 @@ class PartitionWorker:
         its settlements are written at once, as the group commit of one."""
         return self.find_gap <= within and time.monotonic() - self.last_found <= within
 
-    async def cycle(
-        self,
-        demand: int,
-        *,
-        foreign: bool = False,
-        settle: bool = True,
-        eager: bool = False,
-        expired_only: bool = False,
-        ring: bool = False,
-    ) -> CycleResult:
+    async def cycle(self, demand: int, look: Look = Look()) -> CycleResult:
         """One group commit: pending intents, dead letters, new segments and up to ``demand`` claims.
 
         On a partition another member owns (``foreign``), the member first catches up with the
@@ -379,22 +381,21 @@ class PartitionWorker:
         doorbell: what the store returns decides, as on any poll).
         """
         async with self._lock:
-            return await self._cycle(demand, foreign, settle, eager, expired_only, ring)
+            return await self._cycle(demand, look)
 
     def _log_refresh_s(self) -> float:
         if self.topic_idle():
             return max(LOG_REFRESH_S, self.settings.poll_idle_ms / 1000)
         return LOG_REFRESH_S
 
-    async def _cycle(
-        self,
-        demand: int,
-        foreign: bool,
-        settle: bool = True,
-        eager: bool = False,
-        expired_only: bool = False,
-        ring: bool = False,
-    ) -> CycleResult:
+    async def _cycle(self, demand: int, look: Look) -> CycleResult:
+        foreign, settle, eager, expired_only, ring = (
+            look.foreign,
+            look.settle,
+            look.eager,
+            look.expired_only,
+            look.ring,
+        )
         result = CycleResult()
         looked = time.time()  # I16: every lease due by now is looked at by this cycle's claims
         if demand > 0:
