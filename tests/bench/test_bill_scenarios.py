@@ -33,6 +33,7 @@ from bucketq.errors import AlreadyExists, Closed
 from bucketq.storage import MemoryStore
 from tests.support.servers import S3Server
 from tests.support.tcp_proxy import TcpProxy
+from tests.support.virtual_tests import on_virtual_clock
 
 # AWS S3 Standard list prices per 1,000 requests; DELETE is free; anything else is priced as GET.
 USD_PER_1000 = {"PUT": 0.005, "POST": 0.005, "LIST": 0.005, "GET": 0.0004, "HEAD": 0.0004, "DELETE": 0.0}
@@ -191,6 +192,7 @@ async def test_a_classic_scenario_is_counted_at_the_server_too(moto_server: S3Se
     assert run["usd_per_million_messages"] == pytest.approx(run["usd"] / 200 * 1e6, rel=1e-12)
 
 
+@on_virtual_clock
 async def test_without_a_server_log_the_client_counts_are_billed() -> None:
     params = BenchParams(
         backend="memory",

@@ -22,6 +22,7 @@ from bucketq.errors import StorageError
 from bucketq.sidecar.push import KEEPER_RETRY_INITIAL_S, keep_leases, keeper_backoff
 from bucketq.storage import MemoryStore
 from bucketq.storage.faults import FaultyStore
+from tests.support.virtual_tests import on_virtual_clock
 
 VT = 6.0
 MESSAGES = 4
@@ -69,6 +70,7 @@ class FailingExtends:
         return getattr(self.consumer, name)
 
 
+@on_virtual_clock
 async def test_keeper_backs_off_while_extends_fail_fast() -> None:
     async with Bucketq(SETTINGS) as bq:
         member, messages = await _leased(bq)
@@ -93,6 +95,7 @@ async def test_keeper_backs_off_while_extends_fail_fast() -> None:
         await member.close()
 
 
+@on_virtual_clock
 async def test_keeper_keeps_the_leases_across_a_store_brownout() -> None:
     store = FaultyStore(MemoryStore(), seed=3)
     async with Bucketq(SETTINGS, store=store) as bq:
