@@ -22,6 +22,7 @@ from bucketq.core.wake import WAKE_SHARE_MAX, WakeWatch, next_wake_turn, touch_w
 from bucketq.errors import StorageError
 from bucketq.storage.memory import MemoryStore
 from tests.support.engine_helpers import Backend
+from tests.support.virtual_tests import on_virtual_clock
 
 IDLE = {
     "idle_after_s": 0.3,
@@ -75,6 +76,7 @@ async def _pickup(store: MeteredStore, **consumer: float) -> tuple[float, Counte
     return took, idle_calls
 
 
+@on_virtual_clock
 async def test_an_idle_member_polls_the_wake_object_not_the_partitions() -> None:
     store = MeteredStore(MemoryStore())
     took, idle = await _pickup(store)
@@ -85,12 +87,14 @@ async def test_an_idle_member_polls_the_wake_object_not_the_partitions() -> None
     assert idle["PUT member"] == 0 and idle["LIST member"] == 0, idle
 
 
+@on_virtual_clock
 async def test_a_lost_wake_touch_only_delays_pickup_to_the_fallback() -> None:
     store = _RefusingWakes(MemoryStore())
     took, _ = await _pickup(store, poll_idle_ms=1500)
     assert took < 6.0, f"pickup took {took:.2f}s with a 1.5 s fallback"
 
 
+@on_virtual_clock
 async def test_a_busy_producer_touches_the_wake_object_rarely() -> None:
     store = MeteredStore(MemoryStore())
     b = Backend("memory", {"backend": "memory", "strategy": "conditional_write"}, store)
@@ -103,6 +107,7 @@ async def test_a_busy_producer_touches_the_wake_object_rarely() -> None:
     assert _kinds(store)["PUT wake"] == 1  # once per WAKE_REFRESH_S per topic and producer
 
 
+@on_virtual_clock
 async def test_wake_watch_sees_changes_and_why() -> None:
     b = Backend("memory", {"backend": "memory", "strategy": "conditional_write"}, MemoryStore())
     bq = await b.connect()
@@ -128,6 +133,7 @@ async def test_wake_watch_sees_changes_and_why() -> None:
     await b.close_all()
 
 
+@on_virtual_clock
 async def test_a_quiet_member_stays_live_for_the_ttl_it_announced() -> None:
     """A member heartbeating rarely says how long it stays valid; readers with a shorter TTL of
     their own keep counting it, and stop once that announced TTL ran out."""
@@ -190,6 +196,7 @@ async def _idle_group(store: MeteredStore, size: int, seconds: float) -> Counter
         await b.close_all()
 
 
+@on_virtual_clock
 async def test_an_idle_group_polls_the_wake_object_once_per_slot_not_once_per_member() -> None:
     one = await _idle_group(MeteredStore(MemoryStore()), 1, 2.0)
     three = await _idle_group(MeteredStore(MemoryStore()), 3, 2.0)
@@ -198,6 +205,7 @@ async def test_an_idle_group_polls_the_wake_object_once_per_slot_not_once_per_me
     assert three["GET wake"] <= 1.3 * one["GET wake"] + 2, (one, three)
 
 
+@on_virtual_clock
 async def test_a_woken_member_claims_on_partitions_of_a_member_not_yet_awake() -> None:
     """The member whose turn sees the wake claims once on every partition of the topic, so a
     message on a partition whose owner sleeps until its turn (here: never) is not left waiting
@@ -229,6 +237,7 @@ async def test_a_woken_member_claims_on_partitions_of_a_member_not_yet_awake() -
         await b.close_all()
 
 
+@on_virtual_clock
 async def test_an_unchanged_heartbeat_keeps_its_etag_and_is_not_read_again() -> None:
     store = MeteredStore(MemoryStore())
     b = Backend("memory", {"backend": "memory", "strategy": "conditional_write"}, store)
@@ -249,6 +258,7 @@ async def test_an_unchanged_heartbeat_keeps_its_etag_and_is_not_read_again() -> 
     await b.close_all()
 
 
+@on_virtual_clock
 async def test_status_counts_a_quiet_member_for_the_ttl_it_announced() -> None:
     b = Backend("memory", {"backend": "memory", "strategy": "conditional_write"}, MemoryStore())
     bq = await b.connect()
@@ -303,6 +313,7 @@ async def _lone_message_then_quiet(store: _HeartbeatLog, quiet_s: float) -> None
         await b.close_all()
 
 
+@on_virtual_clock
 async def test_heartbeats_slow_down_once_messages_stop_although_a_wake_keeps_the_topic_active() -> None:
     """After a lone message the topic stays active for WAKE_ACTIVE_S (60 s: partitions polled in
     case the producer's next append comes before its next touch), but with no message for
@@ -313,6 +324,7 @@ async def test_heartbeats_slow_down_once_messages_stop_although_a_wake_keeps_the
     assert 1 <= len(store.beats) <= 5, store.beats
 
 
+@on_virtual_clock
 async def test_a_member_going_quiet_heartbeats_within_the_ttl_it_announced() -> None:
     """Invariant: each heartbeat lands within the TTL the one before it announced (peers never see
     a live member as gone), also when the cadence slows from 0.2 s (TTL 0.6 s) to 1.5 s."""
