@@ -8,6 +8,7 @@ from bucketq import Bucketq, Settings
 from bucketq.bench.metered import MeteredStore
 from bucketq.core.cursor_log import CursorLog
 from bucketq.storage import Blob, MemoryStore
+from tests.support.virtual_tests import on_virtual_clock
 
 SLOW_SEGMENT_GET_S = 0.4
 
@@ -55,6 +56,7 @@ async def test_a_join_reads_each_cursor_log_once() -> None:
     assert joined == one_load + 4, (joined, one_load)
 
 
+@on_virtual_clock
 async def test_first_look_waits_for_the_members_first_cycle() -> None:
     store = SlowSegments()
     async with _bq(store) as bq:
