@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, Self
 
 from bucketq.config import ConsumerSettings, ProducerSettings, Settings
+from bucketq.core.bucket_format import FORMAT, UPGRADABLE_FORMATS, ensure_format  # noqa: F401 (re-exported)
 from bucketq.core.consumer import Consumer
 from bucketq.core.gc import GcReport, collect_garbage
 from bucketq.core.keys import Keys, validate_name
@@ -28,18 +28,10 @@ from bucketq.core.subscriptions import (
 )
 from bucketq.core.topics import TopicCatalog, TopicInfo
 from bucketq.core.udp_pings import udp_pings
-from bucketq.errors import AlreadyExists, BucketqError, ConfigError, Contended, PreconditionFailed
+from bucketq.errors import BucketqError, ConfigError
 from bucketq.storage import ObjectStore, Storage, open_storage
 
 log = logging.getLogger("bucketq")
-
-# Storage format 2 adds GC fences, topic incarnations and the ``expire`` op; format 3 the ``seek``
-# op and the topic retention limits (docs/protocol.md). Every older object is a valid format-3
-# object, so an older bucket is upgraded in place on open; processes of an older format then
-# refuse the bucket when they next start (stop them first: a running format-2 process would
-# drop a ``seek`` op as unknown and diverge from the others).
-FORMAT = 3
-UPGRADABLE_FORMATS = (1, 2)
 
 
 class Bucketq:
@@ -117,34 +109,7 @@ class Bucketq:
         return self
 
     async def _bootstrap(self) -> None:
-        key = self.keys.format_marker()
-        try:
-            await self.storage.create(key, json.dumps({"format": FORMAT}).encode())
-            return
-        except (AlreadyExists, Contended):
-            pass
-        blob = await self.storage.get(key)
-        if blob is not None:
-            found = json.loads(blob.data).get("format")
-            if found in UPGRADABLE_FORMATS:
-                log.warning(
-                    "upgrading bucket storage format %s to %s in place; stop processes of older versions: "
-                    "they do not honour GC fences",
-                    found,
-                    FORMAT,
-                )
-                try:
-                    await self.storage.store.put(
-                        key, json.dumps({"format": FORMAT}).encode(), if_match=blob.etag
-                    )
-                except PreconditionFailed:
-                    pass  # another process upgraded it at the same moment
-                return
-            if found != FORMAT:
-                raise BucketqError(
-                    f"bucket holds bucketq storage format {found}; this version speaks {FORMAT}"
-                    + (": upgrade bucketq" if isinstance(found, int) and found > FORMAT else "")
-                )
+        await ensure_format(self.storage, self.keys)
 
     async def close(self) -> None:
         """Close consumers (draining), flush producers, release connections."""

@@ -150,6 +150,19 @@ class Keys:
     def txn(self, topic: str, txn_id: str) -> str:
         return self._k(f"{topic}/txn/{txn_id}.json")
 
+    # columnar chunks of write jobs (format 4, core/chunks.py): written once at their final key,
+    # ``{job}/{run}/{attempt}/p{PPPP}-{n}.arrow``, made part of a partition by a reference segment
+    def chunks_prefix(self, topic: str) -> str:
+        return self._k(f"{topic}/chunk/")
+
+    def chunk(self, topic: str, name: str) -> str:
+        """A chunk's key from its name (its path under :meth:`chunks_prefix`)."""
+        return self._k(f"{topic}/chunk/{name}")
+
+    def chunk_run_prefix(self, topic: str, job: str, run: str | None = None) -> str:
+        """Every chunk of a write job (or of one run of it) in ``topic``."""
+        return self._k(f"{topic}/chunk/{job}/" + (f"{run}/" if run else ""))
+
     # Spark jobs: per-run staging areas, abort markers, job reports and pipeline intents
     def spark_prefix(self) -> str:
         return self._k("_spark/")
@@ -200,6 +213,7 @@ _KINDS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (rf"{_P}floor\.json$", "fence"),
         (r"/dedup/", "dedup"),
         (r"/txn/", "txn"),
+        (r"/chunk/", "chunk"),
         (r"/\.topic$", "topic"),
         (r"/\.wake$", "wake"),
         (r"/subs/", "subscription"),  # last: a topic may be named "subs"
@@ -211,7 +225,7 @@ def key_kind(key: str) -> str:
     """The kind of protocol object a key or LIST prefix of :class:`Keys` (any root) names.
 
     One of ``format``, ``probe``, ``member``, ``registry``, ``spark``, ``delta``, ``checkpoint``,
-    ``fence``, ``subscription``, ``segment``, ``head``, ``dedup``, ``txn``, ``topic``, ``wake``; ``other``
+    ``fence``, ``subscription``, ``segment``, ``head``, ``dedup``, ``txn``, ``chunk``, ``topic``, ``wake``; ``other``
     for anything else (a topic or root prefix). For metering and diagnostics (``bucketq bench``
     counts requests by kind); the engine itself only ever builds keys.
     """
