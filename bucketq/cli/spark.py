@@ -161,11 +161,21 @@ def backfill_command(
         out().print(
             f"nothing to do: job {report['job']} already published {report['messages']} messages to {topic}"
         )
+        if report.get("input_changed"):
+            out().print(
+                "[yellow]warning:[/] this run's input differs from the committed run's; "
+                "nothing of it was written (give another --job-id to write it)"
+            )
         return
-    out().print(
-        f"published {report['messages']} messages to {topic} in {report['segments']} segments "
+    line = (
+        f"published {report['messages']} messages to {topic} in {report.get('chunks', 0)} chunks "
         f"({report['bytes'] / 1e6:.1f} MB) in {time.monotonic() - started:.1f}s"
     )
+    if report.get("skipped_ids"):
+        line += (
+            f"; skipped {report['skipped_ids']} rows whose id the topic already had or the dataset repeated"
+        )
+    out().print(line)
 
 
 @app.command("redrive")
@@ -180,12 +190,37 @@ def redrive_command(
     ),
     consumer: str = typer.Option("redrive", "--consumer", help="The dead-letter topic's redrive consumer."),
     batch: int = typer.Option(100_000, "--batch", min=1, help="Dead letters per round."),
+    spark_above: int = typer.Option(
+        10_000,
+        "--spark-above",
+        min=0,
+        help="Up to this many waiting dead letters (and no --filter) are moved without Spark, as "
+        "'bucketq dlq redrive' does: seconds instead of a Spark job. 0: always Spark.",
+    ),
     master: str = MASTER,
     quiet: bool = QUIET,
 ) -> None:
     """Move dead letters back to their source topic (acked in the DLQ only once durable there)."""
     from bucketq.spark import pipelines
 
+    if where is None:
+        try:
+            small = pipelines.redrive_without_spark(
+                _settings(ctx), dlq, topic, consumer=consumer, limit=spark_above
+            )
+        except Exception as exc:
+            _fail(ctx, exc)
+        if small is not None:
+            out().print(
+                f"redrove {small.moved} dead letters from {dlq} to {topic} without Spark (at most "
+                f"{spark_above} waited: the path of 'bucketq dlq redrive'); acked {small.acked} in "
+                f"consumer {consumer!r}"
+            )
+            if small.lost:
+                out().print(
+                    f"[yellow]warning:[/] {small.lost} acks lost their lease (those may be redriven again)"
+                )
+            return
     try:
         spark = _session(ctx, master)
         report = pipelines.redrive(

@@ -109,7 +109,7 @@ class JobPlan:
     name: str  # the Spark jobId (letters, digits, '-'); message i is tagged "{name}.{i}"
     topic: str
     start: float = 0.0
-    # per task, its chunks in staging order: (partition, messages); tags are numbered in this order
+    # per task, its chunks in the order it writes them: (partition, messages); tags are numbered so
     tasks: list[list[tuple[int, int]]] = field(default_factory=list)
     txn_timeout_s: float = 60.0
     runs: int = 3  # runs of the job the user starts at most (a crashed run counts)
@@ -118,8 +118,8 @@ class JobPlan:
     gap: tuple[float, float] = (1.0, 30.0)  # seconds before the user runs it again
     kill: float = 0.0  # probability that an incarnation is killed at one of its store calls
     kill_calls: tuple[int, int] = (1, 40)  # that call's number is drawn from this range (a run makes about
-    # 10 + 3 * chunks + tasks + 12 * partitions calls: staging, begin, appends, commit, cleanup)
-    compression: str | None = None  # the topic's segments: plain or "zlib" (staged the same way)
+    # 12 + chunks + tasks + 10 * partitions calls: chunks, begin, reference segments, commit, cleanup)
+    compression: str | None = None  # the chunks' buffers: uncompressed or "zstd"
 
     @property
     def count(self) -> int:
@@ -330,7 +330,7 @@ def _job(rng: random.Random, name: str, topic: TopicPlan, chaos_s: float, **over
         gap=(1.0, rng.choice([10.0, 60.0, 240.0])),
         kill=rng.choice([0.0, 0.3, 0.6]),
         kill_calls=(1, 10 + 3 * nchunks + ntasks + 12 * len({p for chunks in tasks for p, _ in chunks})),
-        compression=rng.choice([None, "zlib"]),
+        compression=rng.choice([None, "zstd"]),
     )
     for k, v in over.items():
         setattr(plan, k, v)
@@ -768,7 +768,7 @@ def _jobs_gc(rng: random.Random, seed: int) -> Schedule:
 
 def _jobs_latest(rng: random.Random, seed: int) -> Schedule:
     """A job's committer dies in the middle of its commit (the transaction stays pending with some
-    chunks appended); a ``latest`` group subscribes meanwhile; the rerun finishes the commit.
+    reference segments appended); a ``latest`` group subscribes meanwhile; the rerun finishes it.
     Found by the simulation: the group's cursors started at the tails, past the chunks already
     appended, so it received only the rest of the job (``job_all_or_nothing``). A ``latest``
     start now begins at a pending transaction's ``start`` (core/subscriptions.py)."""
@@ -789,8 +789,8 @@ def _jobs_latest(rng: random.Random, seed: int) -> Schedule:
         txn_timeout_s=300.0,
     )
     chunks = sum(len(c) for c in job.tasks)
-    first_append = 3 + chunks + len(job.tasks) + 4 * topic.partitions  # after the record was written
-    job.kill_calls = (first_append, first_append + 2 * chunks + 7 * topic.partitions)  # while it is pending
+    first_append = 5 + chunks + len(job.tasks) + 4 * topic.partitions  # after the record was written
+    job.kill_calls = (first_append, first_append + 7 * topic.partitions)  # while it is pending
     s.jobs.append(job)
     earliest = GroupPlan("g0", "t0", "earliest")
     latest = GroupPlan("g1", "t0", "latest")
