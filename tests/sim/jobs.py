@@ -60,6 +60,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 _TXN_KEY = re.compile(r"^(?P<topic>[^/_][^/]*)/txn/(?P<id>[^/]+)\.json$")
+_CHUNK_KEY = re.compile(r"^(?P<topic>[^/_][^/]*)/chunk/(?P<name>.+)$")
+_SEGMENT_KEY = re.compile(r"^(?P<topic>[^/_][^/]*)/p(?P<partition>\d+)/seg/(?P<seq>\d+)\.jsonl$")
 PRODUCER_ID = stable_id("producer", "spark")  # what the data source's driver registers
 MAX_KILLS = 3  # planned kills per role: a job that keeps dying still ends
 
@@ -75,8 +77,11 @@ class TxnJournal(MemoryStore):
     """The simulation's bucket: a ``MemoryStore`` that records each applied transaction-record write.
 
     ``txn`` events carry topic, id, job, owner, state (``pending`` | ``committed`` | ``aborted`` |
-    ``deleted``), reason, and per partition the seq of each chunk (None: not landed). They are
-    recorded when the write is applied, whatever then happens to its response.
+    ``deleted``), reason, and per partition the seq of each reference segment (None: not landed)
+    and the names of the chunks each one names (``refs``). They are recorded when the write is
+    applied, whatever then happens to its response. Deletions of chunks and segments are recorded
+    as ``del`` events (topic, and ``chunk`` name or ``partition``/``seq``): GC must never delete a
+    committed job's chunk while the reference segment naming it is stored.
     """
 
     def __init__(self, history: History) -> None:
@@ -104,6 +109,10 @@ class TxnJournal(MemoryStore):
                     partitions={
                         str(p): [c.seq for c in part.chunks] for p, part in sorted(record.partitions.items())
                     },
+                    refs={
+                        str(p): [[r.name for r in c.refs] for c in part.chunks]
+                        for p, part in sorted(record.partitions.items())
+                    },
                 )
         return etag
 
@@ -112,6 +121,10 @@ class TxnJournal(MemoryStore):
         for key in keys:
             if "/txn/" in key and (m := _TXN_KEY.match(key)) is not None:
                 self.history.record("txn", topic=m["topic"], id=m["id"], state="deleted")
+            elif "/chunk/" in key and (m := _CHUNK_KEY.match(key)) is not None:
+                self.history.record("del", topic=m["topic"], chunk=m["name"])
+            elif "/seg/" in key and (m := _SEGMENT_KEY.match(key)) is not None:
+                self.history.record("del", topic=m["topic"], partition=int(m["partition"]), seq=int(m["seq"]))
 
 
 # -- the committer's view of the store: planned kills ---------------------------------------------

@@ -739,8 +739,11 @@ def _jobs_gc(rng: random.Random, seed: int) -> Schedule:
     """A job is committed, its segments are consumed and collected (tiny retention) while GC runs
     often, and the same jobId is run again later. Found by the simulation: GC deleted a committed
     record once its segments were collected, so the rerun found no record and committed the job a
-    second time, under the same transaction id (``job_one_copy``). Records are now kept."""
-    s = _base(rng, seed, "jobs_gc", chaos_s=rng.uniform(60.0, 90.0), level=0.0)
+    second time, under the same transaction id (``job_one_copy``). Records are now kept. Format 4:
+    the job's chunks are collected after its reference segments, never before."""
+    # long enough for retention to free the job's reference segments (the floor fence's grace is
+    # 300 s) and GC to collect their chunks after them (``job_chunks_kept``)
+    s = _base(rng, seed, "jobs_gc", chaos_s=rng.uniform(400.0, 500.0), level=0.0)
     topic = TopicPlan("t0", partitions=rng.choice([1, 2]), retention_s=0.001)
     s.topics.append(topic)
     group = GroupPlan("g0", "t0", "earliest")
