@@ -229,6 +229,7 @@ def encode_chunk(
     Constant columns move to the defaults (a producer id, a content type written once per chunk,
     not per message), repeated strings are dictionary-encoded, ids become 16-byte binaries when
     they all are canonical UUIDs. ``compression``: Arrow IPC buffer compression (``zstd``) or None.
+    ``defaults``: the values of columns ``table`` leaves out (a writer that knows them constant).
     """
     pa = arrow()
     pc = pa.compute

@@ -114,7 +114,10 @@ def validated_json(texts: pa.Array) -> pa.Array:
 
     In bulk: each text goes on its own line as ``{"p":<text>}`` and the lines are parsed by Arrow's
     JSON reader. A text that is one JSON value yields one row with the single column ``p``; any
-    other text fails the parse, adds rows (``1}{"p":2``) or adds a column (``1,"q":2``). Batches
+    other text fails the parse, adds rows (``1}{"p":2``) or adds a column (``1,"q":2``). When every
+    text is an object (``{...}``, the usual payload) the texts themselves are the lines, and the
+    reader only tokenizes them (no column is built): one row per text, or the batch is checked
+    text by text. Batches
     the bulk check cannot settle (a text with a line break, a NaN/Infinity literal that Arrow
     accepts and JSON does not, values of mixed types) are checked text by text.
     """
@@ -123,14 +126,25 @@ def validated_json(texts: pa.Array) -> pa.Array:
     if len(present) == 0:
         return texts
     if not pc.any(pc.match_substring_regex(present, r"[\r\n]|NaN|Infinity")).as_py():
-        ndjson = pc.binary_join_element_wise('{"p":', present, "}\n", "")
+        objects = pc.all(pc.and_(pc.starts_with(present, "{"), pc.ends_with(present, "}"))).as_py()
+        if objects:
+            # every text an object, one per line: the reader's tokenizer checks them without
+            # building a column (a line holding two objects, ``{}{}``, adds a row)
+            ndjson = pc.binary_join_element_wise(present, "\n", "")
+            parse = pajson.ParseOptions(explicit_schema=pa.schema([]), unexpected_field_behavior="ignore")
+            want: list[str] = []
+        else:
+            ndjson = pc.binary_join_element_wise('{"p":', present, "}\n", "")
+            parse = pajson.ParseOptions()
+            want = ["p"]
         body = _joined(ndjson)
         try:
             table = pajson.read_json(
                 pa.BufferReader(body),
                 read_options=pajson.ReadOptions(use_threads=False, block_size=max(1 << 20, len(body) + 1)),
+                parse_options=parse,
             )
-            if table.num_rows == len(present) and table.column_names == ["p"]:
+            if table.num_rows == len(present) and table.column_names == want:
                 return texts
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
             pass
@@ -232,7 +246,11 @@ def timestamps(values: pa.Array, what: str) -> pa.Array:
 
 
 class ChunkEncoder:
-    """Turns Arrow batches of the written DataFrame into per-partition tables of chunk columns."""
+    """Turns Arrow batches of the written DataFrame into per-partition tables of chunk columns.
+
+    A column the DataFrame does not have and that would be the same for every message (the run's
+    producer id; the JSON content type) is left out: it is the chunk's default (:meth:`defaults`).
+    """
 
     def __init__(self, schema: StructType, cfg: WriteConfig, task: int) -> None:
         self.cfg = cfg
@@ -242,6 +260,10 @@ class ChunkEncoder:
         self.ids = IdSource()
         self.spread = task % max(1, cfg.partitions)  # where this task's next unkeyed run starts
         self._partitions: dict[str, int] = {}
+
+    def defaults(self) -> dict[str, Any]:
+        """What a chunk of this encoder's tables stores once for the columns they leave out."""
+        return {"producer_id": self.cfg.producer_id or None, "content_type": JSON_CONTENT_TYPE}
 
     def encode(self, batch: pa.RecordBatch) -> Iterator[tuple[int, pa.Table]]:
         """``(partition, table)`` for the batch's rows, in row order within each partition."""
@@ -279,19 +301,17 @@ class ChunkEncoder:
         cols["payload"] = payload
         if data is not None:
             cols["data"] = data
-        cols["content_type"] = self._content_type(batch, data)
+        if data is not None or "content_type" in self.present:
+            cols["content_type"] = self._content_type(batch, data)  # else JSON: the chunk's default
         created = self._get(batch, "created_at")
         now = pa.scalar(round(time.time() * 1_000_000), pa.int64()).cast(TIMESTAMP)
         cols["created_at"] = (
             pc.fill_null(timestamps(created, "created_at"), now) if created is not None else pa.repeat(now, n)
         )
         producer = self._get(batch, "producer_id")
-        default_producer = pa.scalar(self.cfg.producer_id or None, pa.string())
-        cols["producer_id"] = (
-            pc.fill_null(producer.cast(pa.string()), default_producer)
-            if producer is not None
-            else pa.repeat(default_producer, n)
-        )
+        if producer is not None:  # else the run's producer: the chunk's default
+            default_producer = pa.scalar(self.cfg.producer_id or None, pa.string())
+            cols["producer_id"] = pc.fill_null(producer.cast(pa.string()), default_producer)
         priority = self._get(batch, "priority")
         if priority is not None:
             cols["priority"] = pc.fill_null(priority.cast(pa.int32()), 0)

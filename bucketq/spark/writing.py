@@ -128,8 +128,11 @@ class ChunkWriter:
     """Cuts a partition's rows into chunks of at most ``batchMessages`` (about ``batchBytes``) and
     PUTs each at its final key as soon as it is full."""
 
-    def __init__(self, cfg: WriteConfig, folder: str, uploader: Any) -> None:
+    def __init__(
+        self, cfg: WriteConfig, folder: str, uploader: Any, defaults: dict[str, Any] | None = None
+    ) -> None:
         self.cfg = cfg
+        self.defaults = defaults or {}  # the encoder's values of the columns its tables leave out
         self.folder = folder  # the attempt's chunk folder, relative to R/{topic}/chunk/
         self.uploader = uploader
         self.keys = keys_of(cfg.settings)
@@ -159,7 +162,7 @@ class ChunkWriter:
         table = pa.concat_tables(cur.tables, promote_options="permissive")
         n = self.numbers.get(partition, 0)
         self.numbers[partition] = n + 1
-        body = encode_chunk(table, compression=self.cfg.compression)
+        body = encode_chunk(table, compression=self.cfg.compression, defaults=self.defaults)
         name = f"{self.folder}/p{partition:04d}-{n:06d}.arrow"
         times = pc.min_max(table.column("created_at").cast(pa.int64()))
         etag = self.uploader.put(self.keys.chunk(self.cfg.topic, name), body)
@@ -197,7 +200,7 @@ def write_task(
     uploader = Uploader(cfg.settings)
     rows = crc = 0
     try:
-        writer = ChunkWriter(cfg, folder, uploader)
+        writer = ChunkWriter(cfg, folder, uploader, encoder.defaults())
         try:
             with paused_gc():
                 for batch in batches:

@@ -89,7 +89,8 @@ def _records(encoder: ChunkEncoder, batch: pa.RecordBatch) -> list[tuple[int, Re
     """(partition, record) of every message, read back through the chunk format."""
     out = []
     for partition, table in encoder.encode(batch):
-        out += [(partition, r) for r in chunk_records(decode_chunk(encode_chunk(table)))]
+        chunk = encode_chunk(table, defaults=encoder.defaults())
+        out += [(partition, r) for r in chunk_records(decode_chunk(chunk))]
     return out
 
 
@@ -123,6 +124,13 @@ def test_payload_texts_are_kept_exactly_and_validated_in_bulk() -> None:
         )
         with pytest.raises(InvalidMessage, match="not JSON"):
             list(encoder.encode(broken))
+    # a batch of objects is checked without building columns: two objects in one text still fail
+    for bad in ['{"a":1}{"b":2}', '{"a":1} {"b":2}', '{"a":1},{"b":2}', '{"a": [1,}', '{"a":NaN}']:
+        objects = pa.RecordBatch.from_pylist(
+            [{"payload": '{"ok":1}', "key": None}, {"payload": bad, "key": None}], schema=arrow_schema(schema)
+        )
+        with pytest.raises(InvalidMessage, match="not JSON"):
+            list(encoder.encode(objects))
     # line breaks inside a payload are valid JSON, kept as they are
     multi = pa.RecordBatch.from_pylist(
         [{"payload": '{\n "a": 1\n}', "key": None}], schema=arrow_schema(schema)
