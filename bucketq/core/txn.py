@@ -427,27 +427,24 @@ def stream_ends(snapshot: TxnSnapshot, tails: dict[int, int]) -> dict[int, int]:
         for p, part in record.partitions.items():
             if p in ends:
                 ends[p] = min(ends[p], part.start)
-    committed = [r.landed() for r in snapshot.records.values() if r.state == "committed"]
-    moved = True
-    while moved:
-        moved = False
-        for landed in committed:
-            seqs = {p: s for p, s in landed.items() if p in ends and s}
-            below = any(x < ends[p] for p, s in seqs.items() for x in s)
-            above = any(x >= ends[p] for p, s in seqs.items() for x in s)
-            if below and above:
-                for p, s in seqs.items():
-                    if min(s) < ends[p]:
-                        ends[p] = min(s)
-                        moved = True
-    return ends
+    return _settle(snapshot, ends, lambda p, seqs: min(seqs), lower=True)
 
 
 def whole_transactions(snapshot: TxnSnapshot, ends: dict[int, int], limit: dict[int, int]) -> dict[int, int]:
     """``ends`` raised (never past ``limit``, itself from :func:`stream_ends`) until no committed
     transaction has segments on both sides: a stream batch capped to a few segments takes a job
     whole rather than part of it (nor can a cap stop it from ever taking the job)."""
-    ends = dict(ends)
+    return _settle(
+        snapshot, dict(ends), lambda p, seqs: min(max(seqs) + 1, limit.get(p, max(seqs) + 1)), lower=False
+    )
+
+
+def _settle(
+    snapshot: TxnSnapshot, ends: dict[int, int], move: Callable[[int, list[int]], int], *, lower: bool
+) -> dict[int, int]:
+    """Move ``ends`` until no committed transaction of the snapshot has segments on both sides of
+    them: a partition's end goes to ``move(partition, the transaction's seqs there)`` when that is
+    lower (``lower``) or higher than where it is; ends only move one way, so it stops."""
     committed = [r.landed() for r in snapshot.records.values() if r.state == "committed"]
     moved = True
     while moved:
@@ -458,9 +455,9 @@ def whole_transactions(snapshot: TxnSnapshot, ends: dict[int, int], limit: dict[
             above = any(x >= ends[p] for p, s in seqs.items() for x in s)
             if below and above:
                 for p, s in seqs.items():
-                    top = min(max(s) + 1, limit.get(p, max(s) + 1))
-                    if top > ends[p]:
-                        ends[p] = top
+                    target = move(p, s)
+                    if (target < ends[p]) if lower else (target > ends[p]):
+                        ends[p] = target
                         moved = True
     return ends
 

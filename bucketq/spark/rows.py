@@ -29,24 +29,13 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from bucketq.core.chunks import COLUMNS
 from bucketq.core.segment import Record, build_record
 from bucketq.errors import InvalidMessage
 from bucketq.spark.options import WriteConfig, parse_time
 from bucketq.spark.schema import POSITION_COLUMNS
 
-FIELD_COLUMNS = (
-    "id",
-    "key",
-    "headers",
-    "payload",
-    "data",
-    "content_type",
-    "created_at",
-    "producer_id",
-    "priority",
-    "not_before",
-    "dedup_id",
-)
+FIELD_COLUMNS = COLUMNS  # a message's fields: the columns of a chunk
 Convert = Callable[[Any], Any]
 
 

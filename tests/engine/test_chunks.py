@@ -55,6 +55,7 @@ from bucketq.core.txn import (
     whole_transactions,
 )
 from bucketq.storage import MemoryStore, Storage
+from tests.engine.test_txn import _receive
 
 TS = pa.timestamp("us", tz="UTC")
 FAST = {"consumer": {"poll_min_ms": 5, "poll_max_ms": 40}, "producer": {"linger_ms": 5}}
@@ -233,16 +234,6 @@ async def _commit_job(
         record.state = "committed"
         await rewrite_txn(storage, keys, record, etag)
     return record
-
-
-async def _receive(bq: Bucketq, consumer: Any, want: int, wait_s: float = 5.0) -> list[Any]:
-    got: list[Any] = []
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline and len(got) < want:
-        batch = await consumer.poll(max_messages=100, wait=0.2)
-        got += batch
-        await asyncio.gather(*(m.ack() for m in batch))
-    return got
 
 
 @pytest.mark.slow  # consumes with wall-clock polls
