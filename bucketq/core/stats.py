@@ -17,7 +17,7 @@ from bucketq.core.cursor import CursorState
 from bucketq.core.cursor_log import CursorLog
 from bucketq.core.keys import Keys
 from bucketq.core.membership import live_heartbeats
-from bucketq.core.segment import decode_segment
+from bucketq.core.refsegment import load_segment
 from bucketq.core.topics import TopicCatalog, find_tail
 from bucketq.storage import Storage
 
@@ -121,7 +121,7 @@ async def _oldest_age(
     blob = await storage.get(keys.segment(topic, partition, seq))
     if blob is None:
         return None
-    seg = decode_segment(blob.data)
+    seg = await load_segment(storage, keys, blob.data)
     done = state.segments[seq].done if seq in state.segments else set()
     for idx, record in enumerate(seg.records):
         if idx not in done:

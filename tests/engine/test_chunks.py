@@ -246,6 +246,9 @@ async def test_consumers_read_committed_reference_segments_and_skip_aborted_ones
         aborted = await _commit_job(storage, keys, "jobs", "job-a", [(0, 1000), (1, 1005)], commit=False)
         await abort_txn(storage, keys, "jobs", aborted.id, "test", only_expired=False)
         await _commit_job(storage, keys, "jobs", "job-b", [(0, 0), (1, 5), (0, 10)])
+        # peek (and the engine's redrive, which walks segments the same way) reads the chunks too
+        peeked = sorted(m.record.payload["n"] for m in await bq.peek("jobs", limit=100))
+        assert peeked == [-1, *range(15)]
         consumer = await bq.register_consumer("worker", "jobs")
         got = await _receive(bq, consumer, 16)
         numbers = sorted(m.payload["n"] for m in got)
@@ -253,6 +256,8 @@ async def test_consumers_read_committed_reference_segments_and_skip_aborted_ones
         offsets = {(m.partition, m.offset) for m in got}
         assert len(offsets) == 16  # positions and offsets of reference segments are ordinary ones
         assert await _receive(bq, consumer, 1, wait_s=0.5) == []
+        [stats] = await bq.stats("jobs", "worker")
+        assert stats.backlog == 0 and stats.acked == 16
         await consumer.close()
 
 
