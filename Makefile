@@ -26,7 +26,7 @@ LOCK_PYTHON ?= python3.11
 # The uv release `make lock` resolves and hashes with.
 UV_VERSION ?= 0.13.9
 
-.PHONY: help venv demo test test-fast lint format bench clean tools crds chart image e2e lock soak mutate
+.PHONY: help venv demo test test-fast lint format bench clean tools crds check-manifests chart chart-push image e2e lock soak mutate
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | \
@@ -44,10 +44,11 @@ venv: $(STAMP) ## Create .venv with bucketq and its dev tools (reinstalls when p
 demo: $(STAMP) ## Run the demo: embedded S3, a topic, a sidecar, a producer and the example worker
 	$(BIN)/bucketq demo
 
-lint: $(STAMP) ## Ruff (lint and format check) and mypy
+lint: $(STAMP) ## Ruff (lint and format check), mypy, and the layering contracts (import-linter)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy bucketq
+	$(BIN)/lint-imports
 
 format: $(STAMP) ## Reformat the code (ruff format) and apply ruff's safe fixes
 	$(BIN)/ruff format .
@@ -102,13 +103,27 @@ FAST_JOBS ?= 2
 test-fast: $(STAMP) ## Unit tests only (no S3 servers, Spark, real processes or slow tests; FAST_JOBS xdist workers)
 	$(BIN)/pytest -q -n $(FAST_JOBS) -m "$(FAST_MARKERS)"
 
-crds: $(STAMP) ## Regenerate the CRDs into crds/ and the chart's helm/bucketq/crds/
+crds: $(STAMP) ## Regenerate the CRDs into crds/ and helm/bucketq/crds/, their JSON Schemas into schemas/
 	$(BIN)/bucketq crds --out crds
 	$(BIN)/bucketq crds --out helm/bucketq/crds
+	$(BIN)/python -m bucketq.operator.jsonschemas schemas
 
-chart: tools ## Lint the Helm chart (--strict) and package it into dist/
+# Offline, no cluster: bucketq's resources against schemas/ and their CEL rules, built-in kinds
+# against Kubernetes' schemas (kubernetes-validate). FILES: files, directories, or - for stdin.
+check-manifests: $(STAMP) ## Check your manifests offline: make check-manifests FILES="k8s/ more.yaml"
+	@test -n "$(FILES)" || { echo 'usage: make check-manifests FILES="k8s/ other.yaml"'; exit 2; }
+	$(BIN)/python -m bucketq.operator.manifests $(if $(KUBE_VERSION),-k $(KUBE_VERSION)) $(FILES)
+
+# The chart as an OCI artifact: `helm push` makes the manifest's org.opencontainers.image.*
+# annotations from Chart.yaml (name, version, description, home, sources, maintainers).
+CHART_VERSION := $(shell sed -n 's/^version: *//p' helm/bucketq/Chart.yaml)
+CHART_REGISTRY ?= oci://ghcr.io/bucketq/charts
+chart: tools ## Lint the Helm chart (--strict) and package it into dist/bucketq-VERSION.tgz
 	$(HELM) lint --strict helm/bucketq
 	$(HELM) package helm/bucketq --destination dist
+
+chart-push: chart ## Push the packaged chart to CHART_REGISTRY (after `helm registry login`)
+	$(HELM) push dist/bucketq-$(CHART_VERSION).tgz $(CHART_REGISTRY)
 
 image: ## Build the container image ghcr.io/bucketq/bucketq:VERSION (needs Docker; IMAGE=... to rename)
 	docker build -t $(IMAGE) .
@@ -139,5 +154,5 @@ bench: $(STAMP) ## Benchmark against a moto server, results in bench.json
 	$(BIN)/bucketq bench --backend moto --json bench.json
 
 clean: ## Remove the venv, tools, caches and build output
-	rm -rf $(VENV) $(TOOLS) .pytest_cache .mypy_cache .ruff_cache .hypothesis build dist *.egg-info
+	rm -rf $(VENV) $(TOOLS) .pytest_cache .mypy_cache .ruff_cache .import_linter_cache .hypothesis build dist *.egg-info
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

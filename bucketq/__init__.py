@@ -10,7 +10,8 @@ Library mode::
         for msg in await consumer.poll(max_messages=10, wait=5):
             await msg.ack()
 
-Every error a caller can catch is exported here (the tree is drawn in :mod:`bucketq.errors`). The
+Every error a caller can catch is exported here (the tree is drawn in :mod:`bucketq.errors`), and so
+is :class:`PublishOptions`, the options of a publish in every mode (:mod:`bucketq.publish_options`). The
 engine's classes load on first use: ``import bucketq.client`` (an app talking to the sidecar) then
 costs pydantic and aiohttp, not the engine, its settings and its YAML and UUID libraries.
 """
@@ -27,6 +28,7 @@ from bucketq.errors import (
     Closed,
     ConfigError,
     Contended,
+    InvalidArgument,
     InvalidMessage,
     InvalidName,
     InvalidReceipt,
@@ -41,6 +43,7 @@ from bucketq.errors import (
     TopicDeleted,
     TopicNotFound,
 )
+from bucketq.publish_options import PublishOptions
 
 if typing.TYPE_CHECKING:
     # What type checkers and IDEs see; at run time _LAZY below resolves the same names on first use.
@@ -99,6 +102,7 @@ __all__ = [
     "ConsumerSettings",
     "Contended",
     "DeadLetterConfig",
+    "InvalidArgument",
     "InvalidMessage",
     "InvalidName",
     "InvalidReceipt",
@@ -109,6 +113,7 @@ __all__ = [
     "PreconditionFailed",
     "Producer",
     "ProducerSettings",
+    "PublishOptions",
     "PublishResult",
     "PublishTimeout",
     "Settings",

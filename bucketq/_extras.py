@@ -11,9 +11,10 @@ import importlib.util
 
 # The top-level modules each extra of pyproject.toml installs (import names, not distribution names).
 EXTRAS: dict[str, tuple[str, ...]] = {
-    "sidecar": ("prometheus_client",),
+    "sidecar": ("prometheus_client", "cloudevents"),
     "operator": ("kopf", "cryptography", "prometheus_client"),
     "spark": ("pyspark", "pyarrow"),
+    "local": ("moto",),
 }
 
 

@@ -1,8 +1,9 @@
 """Request and response bodies of the sidecar's localhost API, shared by the server and the client.
 
 It lives outside both :mod:`bucketq.sidecar` (the server) and :mod:`bucketq.client` so that neither
-package imports the other: the wire format is their only contract. It depends on pydantic only, so
-that applications can use the client without the engine.
+package imports the other: the wire format is their only contract. It depends on pydantic only (and
+the dependency-free :mod:`bucketq.publish_options`), so that applications can use the client
+without the engine.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from pydantic import (
     model_serializer,
     model_validator,
 )
+
+from bucketq.publish_options import DEFAULT_OPTIONS, PublishOptions
 
 PushStatus = Literal["SUCCESS", "RETRY", "DROP"]
 
@@ -111,6 +114,41 @@ class OutgoingMessage(_Strict):
 
     def data(self) -> bytes | None:
         return None if self.data_b64 is None else base64.b64decode(self.data_b64)
+
+    def options(self) -> PublishOptions:
+        """The message's options, as the engine takes them."""
+        return PublishOptions(
+            key=self.key,
+            headers=self.headers,
+            dedup_id=self.dedup_id,
+            priority=self.priority,
+            delay=self.delay_seconds,
+            not_before=self.not_before,
+            content_type=self.content_type,
+        )
+
+    @classmethod
+    def build(
+        cls, payload: Any = None, *, data: bytes | None = None, options: PublishOptions = DEFAULT_OPTIONS
+    ) -> OutgoingMessage:
+        """The wire form of a message: a JSON ``payload`` or raw ``data`` bytes, and its options
+        (validated here: a bad field raises pydantic's ValidationError, a ValueError)."""
+        fields: dict[str, Any] = {"priority": options.priority}
+        if data is not None:
+            fields["data_b64"] = base64.b64encode(data).decode()
+        else:
+            fields["payload"] = payload
+        optional = {
+            "content_type": options.content_type,
+            "key": options.key,
+            "dedup_id": options.dedup_id,
+            "delay_seconds": options.delay,
+            "not_before": options.not_before,
+        }
+        fields.update({k: v for k, v in optional.items() if v is not None})
+        if options.headers:
+            fields["headers"] = dict(options.headers)
+        return cls(**fields)
 
 
 class PublishBatchRequest(_Strict):

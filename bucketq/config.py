@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, TypedDict
 
 import yaml
 from pydantic import BaseModel, Field, SecretStr, ValidationError, field_validator, model_validator
@@ -46,6 +47,19 @@ class ProducerSettings(BaseModel):
     dedup_window_s: float = Field(3600.0, gt=0)
 
 
+class ProducerOverrides(TypedDict, total=False):
+    """Keyword arguments that override :class:`ProducerSettings` fields (the builder's
+    ``producer()``); tests/test_public_api.py checks that they name exactly its fields."""
+
+    linger_ms: float
+    linger_fill_messages: int
+    max_batch_messages: int
+    max_batch_bytes: int
+    max_attempts: int
+    publish_timeout_s: float
+    dedup_window_s: float
+
+
 class ConsumerSettings(BaseModel):
     """Defaults of every subscription member."""
 
@@ -77,6 +91,38 @@ class ConsumerSettings(BaseModel):
     start_position: Literal["earliest", "latest"] = "earliest"
     ordered: bool = False
     max_commit_attempts: int = Field(50, ge=1)
+
+
+class ConsumerTuning(TypedDict, total=False):
+    """Keyword arguments that override :class:`ConsumerSettings` fields other than
+    ``start_position`` (``register_consumer``, which takes that one as a parameter of its own)."""
+
+    visibility_timeout_s: float
+    max_in_flight: int
+    poll_min_ms: float
+    poll_max_ms: float
+    poll_idle_ms: float
+    idle_after_s: float
+    wake_poll_ms: float
+    foreign_poll_ms: float
+    foreign_poll_max_s: float
+    steal_after_s: float
+    commit_linger_ms: float
+    refill_fraction: float
+    clock_skew_s: float
+    checkpoint_every: int
+    heartbeat_interval_s: float
+    member_ttl_s: float
+    heartbeat_idle_s: float
+    ordered: bool
+    max_commit_attempts: int
+
+
+class ConsumerOverrides(ConsumerTuning, total=False):
+    """Keyword arguments that override :class:`ConsumerSettings` fields (the builder's
+    ``consumer()``); tests/test_public_api.py checks that they name exactly its fields."""
+
+    start_position: Literal["earliest", "latest"]
 
 
 class PingSettings(BaseModel):
@@ -214,7 +260,8 @@ class Settings(BaseSettings):
 
     @classmethod
     def load(cls, **overrides: Any) -> Settings:
-        """Settings from the environment, with ``overrides`` taking precedence."""
+        """Settings from the environment, with ``overrides`` taking precedence (``None`` values
+        are left out). Raises :class:`~bucketq.ConfigError`."""
         try:
             return cls(**{k: v for k, v in overrides.items() if v is not None})
         except ValidationError as exc:
@@ -248,6 +295,32 @@ class Settings(BaseSettings):
         return self.model_dump(mode="json")
 
 
+class SettingsOverrides(TypedDict, total=False):
+    """Keyword arguments that override :class:`Settings` fields (``Bucketq.from_env``); a group
+    (``producer``, ``consumer``, ...) is a settings object or a mapping of its fields.
+    tests/test_public_api.py checks that they name exactly the fields of :class:`Settings`."""
+
+    profile: Profile
+    backend: Backend
+    root: str
+    s3_endpoint_url: str | None
+    s3_bucket: str | None
+    s3_access_key_id: str | SecretStr | None
+    s3_secret_access_key: str | SecretStr | None
+    s3_region: str
+    s3_path_style: bool
+    s3_connect_timeout_s: float
+    s3_read_timeout_s: float
+    s3_max_attempts: int
+    s3_max_pool_connections: int
+    file_path: str | Path | None
+    strategy: Strategy
+    csprng: CsprngSettings | Mapping[str, Any]
+    producer: ProducerSettings | Mapping[str, Any]
+    consumer: ConsumerSettings | Mapping[str, Any]
+    ping: PingSettings | Mapping[str, Any]
+
+
 class _DictSettings(Settings):
     """The same model, but reading only its arguments (no environment)."""
 
@@ -271,6 +344,8 @@ class _DictSettings(Settings):
 def _explain(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "configuration"
-        parts.append(f"{where}: {err['msg']}")
+        # a validator's ValueError reads "Value error, <our sentence>": the sentence alone
+        msg = str(err["msg"]).removeprefix("Value error, ")
+        where = ".".join(str(p) for p in err["loc"])
+        parts.append(f"{where}: {msg}" if where else msg)
     return "invalid bucketq configuration: " + "; ".join(parts)

@@ -5,34 +5,44 @@ Catch :class:`BucketqError` for everything, a family base for one kind of failur
     BucketqError
     ├── ConfigError            the configuration is malformed or incomplete
     ├── StorageError           the object store failed or cannot be reached
-    │   ├── StorageTimeout       (also a TimeoutError) no answer in time; the write's outcome is unknown
+    │   ├── StorageTimeout       (also TimeoutError) no answer in time; the write's outcome is unknown
     │   ├── NotSupported         the store rejects a feature bucketq needs
     │   └── PreconditionFailed   a conditional write lost
     │       ├── AlreadyExists      put-if-absent found the key written
     │       └── Contended          another writer holds a live claim on the key
     ├── TopicNotFound          the topic does not exist
     │   └── TopicDeleted         ... and it went away while a write was under way
-    ├── InvalidName            (also a ValueError) a topic or consumer name breaks the rules
-    ├── InvalidMessage         (also a ValueError) a message cannot be encoded
-    ├── MessageTooLarge        (also a ValueError) a message is over the topic's size limit
-    ├── InvalidReceipt         (also a ValueError) a receipt is not one bucketq delivered
+    ├── InvalidArgument        (also ValueError) an argument is bad: nothing was done
+    │   ├── InvalidName          a topic or consumer name breaks the rules
+    │   ├── InvalidMessage       a message cannot be encoded
+    │   ├── MessageTooLarge      a message is over the topic's size limit
+    │   └── InvalidReceipt       a receipt is not one bucketq delivered
     ├── LeaseLost              the lease is stale; the message may be redelivered elsewhere
     ├── PublishTimeout         a publish could not be made durable in time
     ├── Closed                 the producer or consumer is closed or draining
     └── SidecarError           the sidecar answered an error (raised by :mod:`bucketq.client`)
-        ├── BadRequest           400/415
+        ├── BadRequest           (also InvalidArgument) 400/415
         ├── Unauthorized         401
-        ├── TopicNotFound        404: the sidecar's answer (in library mode: bucketq.TopicNotFound)
-        ├── LeaseLost            409: the sidecar's answer (in library mode: bucketq.LeaseLost)
-        ├── TooLarge             413
+        ├── TopicNotFound        (also bucketq.TopicNotFound) 404
+        ├── LeaseLost            (also bucketq.LeaseLost) 409
+        ├── TooLarge             (also InvalidArgument) 413
         ├── Busy                 429, with ``retry_after``
         ├── Unavailable          503, with ``retry_after``
         └── ConnectionFailed     no answer at all
 
+"(also X)" names a second base class. The sidecar client's errors are the engine's where the
+condition is the same, so one ``except`` serves an app in either mode: ``except bucketq.LeaseLost``
+catches the engine's lease loss and the sidecar's 409 alike, ``except bucketq.TopicNotFound`` both
+kinds of unknown topic, and ``except bucketq.InvalidArgument`` (or ``ValueError``) every bad
+argument, whether the engine or the sidecar found it. tests/test_public_api.py checks this drawing
+against the classes.
+
 Naming: a base class that stands for a family of failures, to be caught as a whole, ends in
 ``Error`` (``BucketqError``, ``ConfigError``, ``StorageError``, ``SidecarError``); a class for one
 condition is named for what happened, without a suffix (``LeaseLost``, ``TopicNotFound``, ``Closed``),
-so that ``except LeaseLost:`` reads as the case it handles.
+so that ``except LeaseLost:`` reads as the case it handles. ``InvalidArgument`` is both: the family
+of bad arguments, and what a bad argument with no class of its own (a negative limit, two
+options that exclude each other) raises.
 
 Everything here is exported from :mod:`bucketq`; the :class:`SidecarError` subclasses live in
 :mod:`bucketq.client.errors` (exported from :mod:`bucketq.client`), next to the HTTP answers they
@@ -48,6 +58,7 @@ __all__ = [
     "Closed",
     "ConfigError",
     "Contended",
+    "InvalidArgument",
     "InvalidMessage",
     "InvalidName",
     "InvalidReceipt",
@@ -112,11 +123,18 @@ class TopicDeleted(TopicNotFound):
         self.topic = topic
 
 
-class InvalidName(BucketqError, ValueError):
+class InvalidArgument(BucketqError, ValueError):
+    """An argument is bad (a value out of range, options that exclude each other): nothing was done.
+
+    The base of every bad-argument error, and a ``ValueError``.
+    """
+
+
+class InvalidName(InvalidArgument):
     """A topic or consumer name breaks the naming rules."""
 
 
-class MessageTooLarge(BucketqError, ValueError):
+class MessageTooLarge(InvalidArgument):
     """A message exceeds the topic's max message bytes."""
 
     def __init__(self, size: int, limit: int) -> None:
@@ -127,7 +145,7 @@ class MessageTooLarge(BucketqError, ValueError):
         self.limit = limit
 
 
-class InvalidMessage(BucketqError, ValueError):
+class InvalidMessage(InvalidArgument):
     """A message cannot be encoded (payload not JSON-serialisable, bad header, ...)."""
 
 
@@ -144,7 +162,7 @@ class PublishTimeout(BucketqError):
     """The publish could not be made durable in time; it was not acknowledged."""
 
 
-class InvalidReceipt(BucketqError, ValueError):
+class InvalidReceipt(InvalidArgument):
     """A receipt is malformed: not one bucketq delivered, or altered on the way."""
 
     def __init__(self, text: object) -> None:
@@ -163,7 +181,9 @@ class SidecarError(BucketqError):
     """
 
     def __init__(self, status: int, code: str, message: str, *, retry_after: float | None = None) -> None:
-        super().__init__(f"{status} {code}: {message}")
+        # BucketqError's, not the next class in the MRO: a subclass that is also an engine error
+        # (the client's LeaseLost is a bucketq.LeaseLost) sets that class's fields itself
+        BucketqError.__init__(self, f"{status} {code}: {message}")
         self.status = status
         self.code = code
         self.message = message

@@ -1,8 +1,11 @@
 """A small worker app in push mode: the sidecar POSTs each message to it.
 
-Run the sidecar with ``BUCKETQ_SIDECAR_DELIVERY=push BUCKETQ_SIDECAR_APP_PORT=8080``, then::
+Run it with a sidecar that pushes to it::
 
-    python examples/push_worker.py --port 8080
+    bucketq run orders --app-port 8080 -- python examples/push_worker.py
+
+(or run the sidecar with ``BUCKETQ_SIDECAR_DELIVERY=push BUCKETQ_SIDECAR_APP_PORT=8080``, then
+``python examples/push_worker.py --port 8080``).
 
 The handler's answer decides each message's fate: ``SUCCESS`` acks it, ``RETRY`` gives it back
 (redelivered after a delay that doubles with each failure by default, counted), ``DROP``
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 
 from bucketq.client import DeliveredMessage, serve
 
@@ -38,7 +42,8 @@ async def handle(msg: DeliveredMessage) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description="bucketq push-mode example worker")
     parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8080)
+    # bucketq run --app-port N tells the app its port in BUCKETQ_APP_PORT
+    parser.add_argument("--port", type=int, default=int(os.environ.get("BUCKETQ_APP_PORT", "8080")))
     parser.add_argument("--path", default="/bucketq")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")

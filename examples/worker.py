@@ -1,6 +1,7 @@
 """A small worker app in pull mode: it talks to its sidecar over localhost HTTP only.
 
-    python examples/worker.py --url http://127.0.0.1:3580 --max-messages 1000
+    bucketq run orders -- python examples/worker.py        # a sidecar consuming orders, and this app
+    python examples/worker.py --url http://127.0.0.1:3580 --max-messages 1000   # a sidecar already running
 
 It pulls batches, "processes" each message, acks the successes in one batch call and nacks
 failures with a delay. With ``--publish-to`` it also publishes a result per message. It stops
@@ -16,6 +17,7 @@ import time
 from typing import Any
 
 from bucketq.client import (
+    BadRequest,
     Client,
     ConnectionFailed,
     DeliveredMessage,
@@ -65,6 +67,15 @@ def main() -> int:
             except ConnectionFailed:  # the sidecar is restarting: it comes back on its own
                 time.sleep(1.0)
                 continue
+            except BadRequest as exc:
+                if exc.code != "no_consumer":
+                    raise
+                print(
+                    "the sidecar consumes no topic: name it, e.g. bucketq run orders -- python examples/worker.py "
+                    "(or set BUCKETQ_SIDECAR_CONSUMER and BUCKETQ_SIDECAR_TOPICS)",
+                    file=sys.stderr,
+                )
+                return 2
             if not msgs:
                 continue
             last_work = time.monotonic()

@@ -78,5 +78,9 @@ class MeteredStore:
         async for info in self.inner.list(prefix, start_after=start_after):
             yield info
 
+    async def now(self) -> float:
+        self.calls["HEAD clock"] += 1
+        return await self.inner.now()
+
     async def close(self) -> None:
         await self.inner.close()

@@ -75,3 +75,7 @@ class ServedStore:
     async def list_prefixes(self, prefix: str, delimiter: str = "/") -> builtins.list[str]:
         await self._serve()
         return await self.inner.list_prefixes(prefix, delimiter)
+
+    async def now(self) -> float:
+        await self._serve()
+        return await self.inner.now()

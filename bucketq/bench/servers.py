@@ -135,7 +135,7 @@ def find_tool(name: str) -> str | None:
     return shutil.which(name)
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Ask Linux to SIGTERM the server if its parent dies without cleaning up."""
     with contextlib.suppress(Exception):
         import ctypes
@@ -167,7 +167,7 @@ def launch(
             stderr=subprocess.STDOUT,
             cwd=cwd,
             env=_clean_env() | dict(env or {}),
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
         )
     finally:
         log.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+import weakref
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -16,6 +17,11 @@ def percentile(values: list[float], q: float) -> float | None:
     ordered = sorted(values)
     rank = max(1, math.ceil(q / 100 * len(ordered)))
     return ordered[min(rank, len(ordered)) - 1]
+
+
+# The trackers alive in this process, for progress displays (``bucketq bench`` draws a bar from
+# their counts): a display only reads them. Weak: a finished run's tracker goes with its run.
+ACTIVE: weakref.WeakValueDictionary[int, Tracker] = weakref.WeakValueDictionary()
 
 
 @dataclass
@@ -36,6 +42,9 @@ class Tracker:
     first_receive: float | None = None
     last_ack: float | None = None
     done: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def __post_init__(self) -> None:
+        ACTIVE[id(self)] = self
 
     def expect(self, count: int) -> None:
         """Change how many distinct acks complete the run (e.g. once publishing is over)."""

@@ -6,11 +6,12 @@ import importlib
 import logging
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from bucketq._extras import install_hint, missing_module
-from bucketq.cli import bench, consumers, dlq, gc, messages, peek, stats, topics
+from bucketq.cli import bench, consumers, demo, dev, dlq, gc, messages, peek, runner, stats, topics, worker
 from bucketq.cli.connection import Connection
 from bucketq.cli.errors import EXIT_ERROR
 
@@ -26,6 +27,25 @@ app = typer.Typer(
 )
 
 
+def _flags_take_no_value() -> None:
+    """Typer's help shows a value type for every option, ``<bool>`` for flags too, as if they took
+    one: a flag's type column is left empty instead."""
+    from typer.core import TyperOption
+
+    typed = TyperOption.display_type_rich
+    if getattr(typed, "_bucketq_flags", False):
+        return
+
+    def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
+        return None if self.is_flag else typed(self, ctx)
+
+    display_type_rich._bucketq_flags = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_flags_take_no_value()
+
+
 def _print_version(value: bool) -> None:
     if value:
         from bucketq import __version__
@@ -38,17 +58,17 @@ def _print_version(value: bool) -> None:
 def connect(
     ctx: typer.Context,
     endpoint_url: str | None = typer.Option(
-        None, "--endpoint-url", help="S3 endpoint URL (default: AWS S3)."
+        None, "--endpoint-url", help="S3 endpoint URL. \\[default: AWS S3]"
     ),
     bucket: str | None = typer.Option(None, "--bucket", help="S3 bucket."),
-    region: str | None = typer.Option(None, "--region", help="S3 region (default us-east-1)."),
+    region: str | None = typer.Option(None, "--region", help="S3 region. \\[default: us-east-1]"),
     access_key_id: str | None = typer.Option(None, "--access-key-id", help="S3 access key id."),
     secret_access_key: str | None = typer.Option(None, "--secret-access-key", help="S3 secret access key."),
     root: str | None = typer.Option(None, "--root", help="Key prefix of every bucketq object in the bucket."),
     strategy: str | None = typer.Option(
         None, "--strategy", help="Put-if-absent strategy: auto, conditional_write or csprng_verify."
     ),
-    backend: str | None = typer.Option(None, "--backend", help="Store: s3, file or memory (default s3)."),
+    backend: str | None = typer.Option(None, "--backend", help="Store: s3, file or memory. \\[default: s3]"),
     file_path: Path | None = typer.Option(None, "--file-path", help="Directory of the 'file' backend."),
     config: Path | None = typer.Option(
         None, "--config", help="YAML file with settings (keys as in BUCKETQ_*)."
@@ -111,13 +131,11 @@ app.command("consume")(messages.consume)
 app.command("peek")(peek.peek)
 app.command("stats")(stats.stats)
 app.command("gc")(gc.gc)
+app.command("doctor")(importlib.import_module("bucketq.cli.doctor").doctor)
 app.command("bench")(bench.bench)
-
-
-def _demo_command() -> None:
-    from bucketq.demo import command
-
-    app.command("demo")(command)
+app.command("demo")(demo.command)
+app.command("dev")(dev.command)
+app.command("worker")(worker.command)
 
 
 def _needs_extra(name: str, extra: str) -> None:
@@ -147,6 +165,10 @@ def _optional_commands() -> None:
     Whether an extra is installed is looked up without importing it, so ``bucketq --help`` stays
     fast; a missing one leaves a stand-in command that names the extra to install.
     """
+    if missing_module("sidecar") is None:
+        app.command("run", cls=runner.SplitAtDashes)(runner.command)
+    else:
+        _needs_extra("run", "sidecar")
     for name, extra, module, attr in (
         ("sidecar", "sidecar", "bucketq.sidecar.cli", "command"),
         ("operator", "operator", "bucketq.operator.cli", "command"),
@@ -164,8 +186,22 @@ def _optional_commands() -> None:
         _needs_extra("spark", "spark")
 
 
-_demo_command()
+def _reflow_help(typer_app: typer.Typer) -> None:
+    """Each paragraph of every command's docstring as one line: typer's rich help keeps a
+    docstring's line breaks, which then break lines mid-sentence in the help and the command list."""
+    import inspect
+
+    for info in typer_app.registered_commands:
+        doc = info.help or (inspect.getdoc(info.callback) if info.callback else None)
+        if doc:
+            info.help = "\n\n".join(" ".join(p.split()) for p in doc.split("\n\n"))
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            _reflow_help(group.typer_instance)
+
+
 _optional_commands()
+_reflow_help(app)
 
 
 def main() -> None:

@@ -2,15 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+from collections.abc import Iterator
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import typer
 from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
-from bucketq.cli.errors import EXIT_ERROR, CliError, fail, run
+from bucketq.cli.errors import EXIT_ERROR, CliError, fail, out, run, stderr
 
 if TYPE_CHECKING:
     from bucketq.bench.params import BenchParams
@@ -80,7 +91,7 @@ def bench(
         [],
         "--scenario",
         "-s",
-        help="Scenario to run (repeatable; default publish, consume, e2e, latency).",
+        help="Scenario to run (repeatable). \\[default: publish, consume, e2e, latency]",
         show_default=False,
     ),
     messages: int = typer.Option(
@@ -108,7 +119,7 @@ def bench(
     profile: Profile | None = typer.Option(
         None,
         "--profile",
-        help="Engine profile of every connection (default: the engine's default).",
+        help="Engine profile of every connection. \\[default: the engine's default]",
         show_default=False,
     ),
     idle_seconds: float = typer.Option(
@@ -158,7 +169,7 @@ def bench(
         "(--backend file, moto or seaweedfs; wall and process-tree CPU seconds).",
     ),
 ) -> None:
-    """Measure throughput, S3 requests and their list price per message, latency, duplicates and losses."""
+    """Measure throughput, S3 requests and cost per message, latency, losses."""
     idle_via_sidecar = via is Via.sidecar and [s.value for s in scenario] == ["idle"]
     if via is Via.sidecar and "idle" in [s.value for s in scenario] and not idle_via_sidecar:
         raise typer.BadParameter("-s idle --via sidecar runs on its own", param_hint="--via")
@@ -235,14 +246,15 @@ async def _bench(params: BenchParams, json_file: Path | None) -> None:
     from bucketq.bench.runner import run_scenarios
     from bucketq.bench.tables import label, print_results
 
-    console = Console()
+    console = out()
     backend = params.backend
+    # a bar on a terminal only: not when piped, nor when the runs go to a JSON file (scripts, CI)
     with (
-        console.status(f"starting {backend}…") as status,
+        bench_progress(show=stderr().is_terminal and json_file is None) as progress,
         open_backend(params.backend, params.tuning, params.service_ms, params.service_servers) as running,
     ):
         results = await run_scenarios(
-            running, params, on_start=lambda name: status.update(f"running {name} on {backend}…")
+            running, params, on_start=lambda name: progress.start(f"{name} on {backend}")
         )
     print_results(results, console)
     if json_file is not None:
@@ -252,6 +264,66 @@ async def _bench(params: BenchParams, json_file: Path | None) -> None:
     if bad:
         names = ", ".join(f"{label(r)} ({r.duplicates} duplicates, {r.lost} lost)" for r in bad)
         raise CliError(f"runs with problems: {names}", EXIT_ERROR)
+
+
+class BenchProgress:
+    """A progress bar of the scenario running: messages done (acked, or published for a run that
+    only publishes) of those expected, summed over the runs' trackers
+    (bucketq.bench.tracker.ACTIVE), refreshed a few times a second."""
+
+    REFRESH_S = 0.25
+
+    def __init__(self, progress: Progress) -> None:
+        self.progress = progress
+        self.task = progress.add_task("starting", total=None, detail="")
+        self.follower: asyncio.Task[None] | None = None
+
+    def start(self, description: str) -> None:
+        self.progress.reset(self.task, description=description, total=None, detail="")
+        if self.follower is None:
+            self.follower = asyncio.get_running_loop().create_task(self._follow())
+
+    async def _follow(self) -> None:
+        from bucketq.bench.tracker import ACTIVE
+
+        while True:
+            running = [t for t in list(ACTIVE.values()) if not t.done.is_set()]
+            if running:
+                published = sum(len(t.published) for t in running)
+                acked = sum(len(t.acks) for t in running)
+                self.progress.update(
+                    self.task,
+                    total=sum(t.expected for t in running),
+                    # what a publish-only run does is publish; the others are done when acked
+                    completed=acked or published,
+                    detail=f"{published:,} published, {acked:,} acked",
+                )
+            await asyncio.sleep(self.REFRESH_S)
+
+    def stop(self) -> None:
+        if self.follower is not None:
+            self.follower.cancel()
+
+
+@contextlib.contextmanager
+def bench_progress(show: bool) -> Iterator[BenchProgress]:
+    """A bench progress display on stderr (drawn only when ``show``)."""
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[detail]}"),
+        TimeElapsedColumn(),
+        console=stderr(),
+        transient=True,
+        disable=not show,
+    ) as progress:
+        tracker = BenchProgress(progress)
+        try:
+            yield tracker
+        finally:
+            tracker.stop()
 
 
 async def _bench_server(

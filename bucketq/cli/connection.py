@@ -83,7 +83,9 @@ class Connection:
         from bucketq import Settings
 
         data = read_yaml(self.config) if self.config is not None else {}
-        settings = Settings.load(**deep_merge(deep_merge(data, self.flags()), extra))
+        merged = deep_merge(deep_merge(data, self.flags()), extra)
+        _check_store_given(merged)
+        settings = Settings.load(**merged)
         if self.namespace is None:
             return settings
         # the operator keeps each namespace's queues under {root}/{namespace} (core/keys.py)
@@ -99,6 +101,23 @@ class Connection:
 
         async with Bucketq(self.settings(**extra)) as bq:
             yield bq
+
+
+NO_STORE = (
+    "no bucket configured: give --bucket (and --endpoint-url) or BUCKETQ_S3_BUCKET, or start a local "
+    'one with: eval "$(bucketq dev)" (or use a directory: --backend file --file-path DIR)'
+)
+
+
+def _check_store_given(merged: dict[str, Any]) -> None:
+    """A first-run error that names the ways out, rather than the settings model's complaint."""
+    import os
+
+    from bucketq.cli.errors import CliError
+
+    backend = merged.get("backend") or os.environ.get("BUCKETQ_BACKEND") or "s3"
+    if backend == "s3" and not (merged.get("s3_bucket") or os.environ.get("BUCKETQ_S3_BUCKET")):
+        raise CliError(NO_STORE)
 
 
 def connection(ctx: typer.Context) -> Connection:

@@ -8,13 +8,16 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
+from rich.text import Text
 
 from bucketq.cli.connection import Connection, connection
-from bucketq.cli.errors import CliError, out, run
-from bucketq.cli.formats import human_duration
+from bucketq.cli.errors import CliError, confirm, fail, out, run, warn
+from bucketq.cli.formats import TIME_HELP, UNIX_SECONDS_FROM, human_age, human_duration, parse_time
+from bucketq.cli.output import Column, print_fields, print_table
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from bucketq import Bucketq, SubscriptionStats
     from bucketq.core.subscriptions import SeekTarget
 
@@ -43,10 +46,10 @@ def _row(s: SubscriptionStats, now: float) -> dict[str, Any]:
 @app.command("list")
 def list_command(
     ctx: typer.Context,
-    topic: str | None = typer.Argument(None, help="Only this topic (default: every topic)."),
+    topic: str | None = typer.Argument(None, help="Only this topic. \\[default: every topic]"),
     as_json: bool = typer.Option(False, "--json", help="Print JSON."),
 ) -> None:
-    """Subscriptions per topic with backlog, in flight, dead-lettered, members and last activity."""
+    """Subscriptions with backlog, leased, dead-lettered, members and idle time."""
     conn = connection(ctx)
     run(_list(conn, topic, as_json), debug=conn.debug)
 
@@ -63,24 +66,40 @@ async def _list(conn: Connection, topic: str | None, as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
+    print_subscription_list(rows, topic, out())
+
+
+def print_subscription_list(rows: list[dict[str, Any]], topic: str | None, console: Console) -> None:
     if not rows:
-        out().print("no subscriptions" + (f" on {escape(topic)}" if topic else ""))
+        console.print("no subscriptions" + (f" on {topic}" if topic else ""), markup=False)
         return
-    table = Table(header_style="bold")
-    numeric = ("backlog", "in flight", "dead-lettered", "members", "last activity")
-    for col in ("topic", "consumer", *numeric):
-        table.add_column(col, justify="right" if col in numeric else "left")
-    for r in rows:
-        table.add_row(
-            escape(r["topic"]),
-            escape(r["consumer"]),
+    columns = (
+        Column("topic"),
+        Column("consumer"),
+        Column("backlog", "number"),
+        Column("leased", "number"),
+        Column("dead-lettered", "number"),
+        Column("members", "number"),
+        Column("idle", "duration"),
+    )
+    table = [
+        (
+            r["topic"],
+            r["consumer"],
             f"{r['backlog']:,}",
             f"{r['in_flight']:,}",
-            f"[red]{r['dead_lettered']:,}[/]" if r["dead_lettered"] else "0",
+            dead_count(r["dead_lettered"]),
             str(len(r["members"])),
-            "never" if r["idle_s"] is None else f"{human_duration(r['idle_s'])} ago",
+            "never" if r["idle_s"] is None else human_duration(r["idle_s"]),
         )
-    out().print(table)
+        for r in rows
+    ]
+    print_table(columns, table, console)
+
+
+def dead_count(n: int) -> Text:
+    """A dead-letter count, red when not 0."""
+    return Text(f"{n:,}", style="red" if n else "")
 
 
 @app.command("describe")
@@ -90,7 +109,7 @@ def describe(
     consumer: str = typer.Argument(..., help="Consumer (group) name."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (with per-partition detail)."),
 ) -> None:
-    """One subscription in detail: per partition backlog, in flight, delayed, acked, dead-lettered."""
+    """One subscription in detail: backlog, leased, delayed, acked, dead-lettered per partition."""
     conn = connection(ctx)
     run(_describe(conn, topic, consumer, as_json), debug=conn.debug)
 
@@ -112,38 +131,46 @@ async def _describe(conn: Connection, topic: str, consumer: str, as_json: bool) 
     if as_json:
         typer.echo(json.dumps({**_row(s, now), "partitions": s.to_json()["partitions"]}, indent=2))
         return
-    idle = "never" if s.last_activity is None else f"{human_duration(now - s.last_activity)} ago"
-    out().print(
-        f"[bold]{escape(topic)}[/] / [bold]{escape(consumer)}[/]: {s.backlog:,} waiting, "
-        f"{s.in_flight:,} in flight, {s.dead_lettered:,} dead-lettered, oldest "
-        f"{human_duration(s.oldest_age_s)}; members: {escape(', '.join(s.members) or 'none')}; "
-        f"last activity {idle}"
+    print_subscription(s, now, console=out())
+
+
+def print_subscription(s: SubscriptionStats, now: float, console: Console) -> None:
+    """The subscription's totals and members, then one row per partition."""
+    console.print(f"subscription {s.consumer} of {s.topic}", markup=False, style="bold")
+    print_fields(
+        [
+            ("backlog", f"{s.backlog:,} (oldest {human_duration(s.oldest_age_s)})"),
+            ("leased", f"{s.in_flight:,}"),
+            ("dead-lettered", f"{s.dead_lettered:,}"),
+            ("members", ", ".join(s.members) or "none"),
+            ("last activity", human_age(s.last_activity, now)),
+        ],
+        console,
     )
-    table = Table(header_style="bold")
-    cols = (
-        "partition",
-        "messages",
-        "backlog",
-        "in flight",
-        "delayed",
-        "acked",
-        "dead-lettered",
-        "oldest age",
+    columns = (
+        Column("partition", "number"),
+        Column("messages", "number"),
+        Column("backlog", "number"),
+        Column("leased", "number"),
+        Column("delayed", "number"),
+        Column("acked", "number"),
+        Column("dead-lettered", "number"),
+        Column("oldest", "duration"),
     )
-    for col in cols:
-        table.add_column(col, justify="right")
-    for p in s.partitions:
-        table.add_row(
+    rows = [
+        (
             str(p.partition),
             f"{p.messages:,}",
             f"{p.backlog:,}",
             f"{p.in_flight:,}",
             f"{p.delayed:,}",
             f"{p.acked:,}",
-            f"{p.dead_lettered:,}",
+            dead_count(p.dead_lettered),
             human_duration(p.oldest_age_s),
         )
-    out().print(table)
+        for p in s.partitions
+    ]
+    print_table(columns, rows, console)
 
 
 @app.command("delete")
@@ -153,11 +180,16 @@ def delete(
     consumer: str = typer.Argument(..., help="Consumer (group) name."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
 ) -> None:
-    """Delete a subscription: its cursors go, so it no longer holds the topic's retention. Members
-    still running recreate it from their start position."""
+    """Delete a subscription: its cursors go, so it no longer holds the topic's data.
+
+    Members still running recreate it from their start position.
+    """
     conn = connection(ctx)
-    if not yes:
-        typer.confirm(f"delete subscription {consumer!r} of {topic!r}?", abort=True)
+    confirm(
+        f"Delete subscription {consumer!r} of {topic!r}?",
+        f"delete subscription {consumer!r} of {topic!r}",
+        yes,
+    )
     run(_delete(conn, topic, consumer), debug=conn.debug)
 
 
@@ -168,10 +200,7 @@ async def _delete(conn: Connection, topic: str, consumer: str) -> None:
         removed = await bq.delete_subscription(topic, consumer)
     out().print(f"deleted subscription {escape(consumer)} of {escape(topic)} ({removed:,} objects)")
     if live:
-        out().print(
-            f"[yellow]warning:[/] {len(live)} member(s) still heartbeat ({escape(', '.join(live))}): "
-            "they will start it again"
-        )
+        warn(f"{len(live)} member(s) still heartbeat ({', '.join(live)}): they will start it again")
 
 
 @app.command("seek")
@@ -183,7 +212,7 @@ def seek(
         ...,
         "--to",
         help="earliest, latest, an offset (a number: with --partition, or the same offset in every "
-        "partition), or a time (ISO 8601, or an age such as 2h).",
+        f"partition), or a time: {TIME_HELP}.",
     ),
     partition: list[int] = typer.Option([], "--partition", "-p", help="Only this partition (repeatable)."),
     yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
@@ -196,20 +225,24 @@ def seek(
     Messages leased at the moment of the seek stay with their holders until acked or expired.
     """
     conn = connection(ctx)
-    target = _seek_target(to)
-    if not yes:
-        typer.confirm(f"move subscription {consumer!r} of {topic!r} to {to}?", abort=True)
+    try:
+        target = _seek_target(to)
+    except CliError as exc:
+        fail(exc)
+    confirm(
+        f"Move subscription {consumer!r} of {topic!r} to {to}?",
+        f"move subscription {consumer!r} of {topic!r}",
+        yes,
+    )
     run(_seek(conn, topic, consumer, target, partition, as_json), debug=conn.debug)
 
 
 def _seek_target(text: str) -> SeekTarget:
-    from bucketq.cli.peek import parse_time
-
     if text == "earliest":
         return "earliest"
     if text == "latest":
         return "latest"
-    if text.isdigit():
+    if text.isdigit() and float(text) < UNIX_SECONDS_FROM:
         return int(text)
     return parse_time(text)
 

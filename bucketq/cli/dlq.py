@@ -7,19 +7,24 @@ Every command takes a topic or its dead-letter topic: ``orders`` means the dead 
 from __future__ import annotations
 
 import json
+import time
 from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from bucketq.cli.connection import Connection, connection
 from bucketq.cli.errors import EXIT_ERROR, CliError, out, run, stderr
-from bucketq.cli.peek import print_peeked
+from bucketq.cli.formats import human_duration
+from bucketq.cli.output import Column, print_table
+from bucketq.cli.peek import body_text, print_peeked
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from bucketq import Bucketq
+    from bucketq.core.peek import PeekedMessage
 
 app = typer.Typer(
     help="Dead letters: list the dead-letter topics, show their messages, move them back (no Spark needed).",
@@ -66,15 +71,22 @@ async def _list(conn: Connection, as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(rows, indent=2))
         return
+    print_dlq_list(rows, out())
+
+
+def print_dlq_list(rows: list[dict[str, Any]], console: Console) -> None:
     if not rows:
-        out().print("no dead-letter topics")
+        console.print("no dead-letter topics")
         return
-    table = Table(header_style="bold")
-    for col in ("topic", "dead-letter topic", "dead letters", "not redriven"):
-        table.add_column(col, justify="right" if col in ("dead letters", "not redriven") else "left")
-    for r in rows:
-        table.add_row(escape(r["topic"]), escape(r["dlq"]), f"{r['messages']:,}", f"{r['waiting']:,}")
-    out().print(table)
+    columns = (
+        Column("topic"),
+        Column("dead-letter topic"),
+        Column("dead letters", "number"),
+        Column("not redriven", "number"),
+    )
+    print_table(
+        columns, [(r["topic"], r["dlq"], f"{r['messages']:,}", f"{r['waiting']:,}") for r in rows], console
+    )
 
 
 @app.command("show")
@@ -83,11 +95,14 @@ def show(
     topic: str = typer.Argument(..., help="A topic (its dead letters) or a dead-letter topic."),
     limit: int = typer.Option(10, "--max", "-n", min=1, help="Show at most this many."),
     everything: bool = typer.Option(
-        False, "--all", help="Also show dead letters already redriven (default: only those waiting)."
+        False, "--all", help="Also show dead letters already redriven. \\[default: only those waiting]"
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per dead letter."),
 ) -> None:
-    """Show dead letters with why and where they died (headers bucketq-dlq-*); reads only."""
+    """Show dead letters: how long ago, from where, which consumer gave up and why (reads only).
+
+    The table comes from each dead letter's bucketq-dlq-* headers; --json prints them whole.
+    """
     conn = connection(ctx)
     run(_show(conn, topic, limit, everything, as_json), debug=conn.debug)
 
@@ -105,10 +120,57 @@ async def _show(conn: Connection, topic: str, limit: int, everything: bool, as_j
         )
     if source is not None:
         found = [m for m in found if m.record.headers.get(SOURCE_TOPIC_HEADER) == source]
-    for message in found[:limit]:
-        print_peeked(message, as_json)
-    if not found and not as_json:
+    found = found[:limit]
+    if as_json:
+        for message in found:
+            print_peeked(message, as_json=True)
+        return
+    if not found:
         stderr().print(f"[dim]no dead letters waiting in {escape(dlq)}[/]")
+        return
+    print_dead_letters(found, time.time(), out())
+
+
+DEAD_LETTER_COLUMNS = (
+    Column("position"),
+    Column("age", "duration"),
+    Column("from"),
+    Column("consumer"),
+    Column("deliveries", "number"),
+    Column("reason", "text"),
+    Column("payload", "text"),
+)
+
+
+def dead_letter_row(message: PeekedMessage, now: float) -> tuple[str, ...]:
+    """Where the dead letter sits, how long ago it died, where from, who gave up on it and why."""
+    from bucketq.core.consumer import DLQ_HEADER_PREFIX
+
+    headers = message.record.headers
+
+    def header(name: str) -> str:
+        return headers.get(DLQ_HEADER_PREFIX + name, "")
+
+    try:
+        at: float | None = float(header("at"))
+    except ValueError:
+        at = None
+    source = header("source-topic")
+    partition = header("partition")
+    origin = f"{source}/p{partition}" if source and partition else source or "-"
+    return (
+        f"p{message.partition}@{message.offset}",
+        human_duration(now - at) if at is not None else "-",
+        origin,
+        header("consumer") or "-",
+        header("deliveries") or "-",
+        header("reason") or "-",
+        body_text(message),
+    )
+
+
+def print_dead_letters(found: list[PeekedMessage], now: float, console: Console) -> None:
+    print_table(DEAD_LETTER_COLUMNS, [dead_letter_row(m, now) for m in found], console)
 
 
 @app.command("redrive")
@@ -116,7 +178,7 @@ def redrive(
     ctx: typer.Context,
     topic: str = typer.Argument(..., help="A topic (its dead letters) or a dead-letter topic."),
     to: str | None = typer.Option(
-        None, "--to", help="Move into this topic (default: each dead letter's source topic)."
+        None, "--to", help="Move into this topic. \\[default: each dead letter's source topic]"
     ),
     rate: float | None = typer.Option(
         None, "--rate", min=0.001, help="At most this many messages per second."
@@ -132,7 +194,7 @@ def redrive(
 ) -> None:
     """Move dead letters back, addressed to the consumer that failed them (bucketq-redrive-for).
 
-    Resumable and idempotent: a dead letter is acked in the dead-letter topic's ``redrive``
+    Resumable and idempotent: a dead letter is acked in the dead-letter topic's redrive
     subscription only once its copy is durable, and copies carry a dedup id derived from the dead
     letter's position, so running it again (after a crash or Ctrl-C) never copies twice.
     """

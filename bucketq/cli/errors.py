@@ -3,15 +3,31 @@
 from __future__ import annotations
 
 import asyncio
+import sys
 import traceback
 from collections.abc import Coroutine
 from typing import Any, NoReturn, TypeVar
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
+from bucketq.cli.output import out, stderr
+
 T = TypeVar("T")
+
+__all__ = [
+    "EXIT_ERROR",
+    "EXIT_OK",
+    "EXIT_STORAGE",
+    "EXIT_USAGE",
+    "CliError",
+    "confirm",
+    "fail",
+    "out",
+    "run",
+    "stderr",
+    "warn",
+]
 
 EXIT_OK = 0
 EXIT_ERROR = 1  # anything else that went wrong
@@ -28,17 +44,24 @@ class CliError(Exception):
         self.code = code
 
 
-def out() -> Console:
-    """Standard output for lines (never wrapped: output may be piped)."""
-    return Console(soft_wrap=True, highlight=False)
-
-
-def stderr() -> Console:
-    return Console(stderr=True, soft_wrap=True, highlight=False)
-
-
 def warn(message: str) -> None:
     stderr().print(f"[yellow]warning:[/] {escape(message)}")
+
+
+def confirm(question: str, action: str, yes: bool) -> None:
+    """Go on with a destructive command only with ``--yes`` or a "y" typed at a terminal.
+
+    Every destructive command asks alike: without ``--yes`` and with stdin not a terminal (a
+    script, CI, a pipe) it refuses with a usage error naming ``--yes``, so that it neither hangs
+    on a prompt nor takes its answer from piped data; a "no" at the prompt changes nothing, exit 1.
+    """
+    if yes:
+        return
+    if sys.stdin is None or not sys.stdin.isatty():
+        fail(CliError(f"refusing to {action} without --yes (stdin is not a terminal)"))
+    if not typer.confirm(question, default=False):
+        stderr().print("not confirmed: nothing changed")
+        raise typer.Exit(EXIT_ERROR)
 
 
 def exit_code_for(exc: BaseException) -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import time
 from typing import TYPE_CHECKING, Any, Literal
 
 import typer
@@ -13,10 +12,14 @@ from rich.markup import escape
 
 from bucketq.cli.connection import Connection, connection
 from bucketq.cli.errors import EXIT_ERROR, CliError, fail, out, run, stderr, warn
-from bucketq.cli.formats import parse_headers, parse_payload
+from bucketq.cli.formats import DURATION_HELP, human_duration, parse_duration, parse_headers, parse_payload
+from bucketq.cli.peek import print_message_line
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from bucketq import Message, Producer, PublishResult
+    from bucketq.core.producer import PreparedRecord
 
 RAW_CONTENT_TYPE = "text/plain; charset=utf-8"
 CLI_PRODUCER = "cli"
@@ -37,7 +40,7 @@ def publish(
     header: list[str] = typer.Option([], "--header", "-H", help="Header name=value (repeatable)."),
     raw: bool = typer.Option(False, "--raw", help="Send each payload as text data instead of parsing JSON."),
     content_type: str | None = typer.Option(
-        None, "--content-type", help=f"With --raw (default {RAW_CONTENT_TYPE})."
+        None, "--content-type", help=f"With --raw. \\[default: {RAW_CONTENT_TYPE}]"
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON result per message."),
 ) -> None:
@@ -53,13 +56,11 @@ def _read_stdin() -> list[tuple[str, str]]:
     return [(where, text) for where, text in lines if text.strip()]
 
 
-def _bodies(texts: list[tuple[str, str]], raw: bool, content_type: str | None) -> list[dict[str, Any]]:
+def _bodies(texts: list[tuple[str, str]], raw: bool) -> list[tuple[Any, bytes | None]]:
+    """Each message's body: (payload, None) parsed as JSON, or (None, data) with --raw."""
     if raw:
-        ctype = content_type or RAW_CONTENT_TYPE
-        return [{"data": text.encode(), "content_type": ctype} for _, text in texts]
-    if content_type is not None:
-        raise CliError("--content-type needs --raw (JSON payloads are application/json)")
-    return [{"payload": parse_payload(text, where)} for where, text in texts]
+        return [(None, text.encode()) for _, text in texts]
+    return [(parse_payload(text, where), None) for where, text in texts]
 
 
 async def _publish(
@@ -73,29 +74,35 @@ async def _publish(
     as_json: bool,
 ) -> None:
     from bucketq.core.keys import validate_name
-    from bucketq.core.segment import build_record, encode_record
+    from bucketq.publish_options import PublishOptions
 
     validate_name(topic)
-    headers = parse_headers(header)
+    if content_type is not None and not raw:
+        raise CliError("--content-type needs --raw (JSON payloads are application/json)")
+    options = PublishOptions(
+        key=key,
+        headers=parse_headers(header),
+        content_type=(content_type or RAW_CONTENT_TYPE) if raw else None,
+    )
     texts = [(f"argument {n}", p) for n, p in enumerate(payloads, start=1)] if payloads else _read_stdin()
     if not texts:
         raise CliError("nothing to publish: stdin had no lines")
-    bodies = _bodies(texts, raw, content_type)
+    bodies = _bodies(texts, raw)
     async with conn.open() as bq:
-        limit = (await bq.catalog.config(topic)).max_message_bytes
+        await bq.catalog.config(topic)  # an unknown topic before the producer registers
         producer = await bq.register_producer(CLI_PRODUCER)
-        for body in bodies:  # all or nothing: check every message before sending any
-            encode_record(build_record(key=key, headers=headers, producer_id=producer.id, **body), limit)
-        outcomes = await _send(producer, topic, bodies, key, headers)
+        # all or nothing: every message is built and checked before any is sent, once
+        prepared = [
+            await producer.prepare(topic, payload, data=data, options=options) for payload, data in bodies
+        ]
+        outcomes = await _send(producer, prepared)
     _report_publish(topic, outcomes, as_json)
 
 
 PROGRESS_FROM = 100  # a progress bar for bulk publishes of at least this many messages
 
 
-async def _send(
-    producer: Producer, topic: str, bodies: list[dict[str, Any]], key: str | None, headers: dict[str, str]
-) -> list[PublishResult | BaseException]:
+async def _send(producer: Producer, prepared: list[PreparedRecord]) -> list[PublishResult | BaseException]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     with Progress(
@@ -105,17 +112,17 @@ async def _send(
         TimeElapsedColumn(),
         console=stderr(),
         transient=True,
-        disable=len(bodies) < PROGRESS_FROM,
+        disable=len(prepared) < PROGRESS_FROM,
     ) as bar:
-        task = bar.add_task("publish", total=len(bodies))
+        task = bar.add_task("publish", total=len(prepared))
 
-        async def one(body: dict[str, Any]) -> PublishResult:
+        async def one(message: PreparedRecord) -> PublishResult:
             try:
-                return await producer.publish(topic, key=key, headers=headers, **body)
+                return await producer.publish_prepared(message)
             finally:
                 bar.advance(task)
 
-        return list(await asyncio.gather(*(one(b) for b in bodies), return_exceptions=True))
+        return list(await asyncio.gather(*(one(m) for m in prepared), return_exceptions=True))
 
 
 def _report_publish(topic: str, outcomes: list[PublishResult | BaseException], as_json: bool) -> None:
@@ -159,13 +166,12 @@ def consume(
     max_messages: int = typer.Option(
         10, "--max", "-n", min=1, help="Stop after this many messages (ignored with --follow)."
     ),
-    wait: float = typer.Option(
-        5.0,
+    wait: str = typer.Option(
+        "5s",
         "--wait",
         "-w",
-        min=0,
-        help="Stop after this many seconds without a message, counted from the member's first look at "
-        "its partitions (not with --follow).",
+        help="Stop after this long without a message, counted from the member's first look at its "
+        f"partitions ({DURATION_HELP}, or 0; not with --follow).",
     ),
     follow: bool = typer.Option(
         False, "--follow", "-f", help="Keep consuming until interrupted (Ctrl-C), like a console consumer."
@@ -182,17 +188,21 @@ def consume(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per message."),
 ) -> None:
-    """Print messages and ack them (at-least-once: a message is acked only after it is printed).
+    """Print messages and ack each once printed (at least once).
 
     Consuming joins the consumer group (creating its subscription, which keeps the topic's data
-    until it has consumed it: delete it with ``bucketq consumer delete``). It stops after ``--max``
-    messages (default 10) or ``--wait`` idle seconds; ``--follow`` runs until interrupted.
+    until it has consumed it: delete it with bucketq consumer delete). It stops after --max
+    messages or --wait idle seconds; --follow runs until interrupted.
     """
     conn = connection(ctx)
     if no_ack and dead_letter:
         fail(CliError("give --no-ack or --dead-letter, not both"))
     settle: Settle = "release" if no_ack else "dead" if dead_letter else "ack"
-    run(_consume(conn, topic, consumer, max_messages, wait, settle, as_json, follow), debug=conn.debug)
+    try:
+        idle = 0.0 if wait.strip() in ("0", "0s") else parse_duration(wait)
+    except CliError as exc:
+        fail(exc)
+    run(_consume(conn, topic, consumer, max_messages, idle, settle, as_json, follow), debug=conn.debug)
 
 
 FOLLOW_BATCH = 100
@@ -235,7 +245,7 @@ async def _consume(
                     continue
                 break
             for msg in messages:
-                _print_message(msg, as_json, acked=settle == "ack")
+                print_message(msg, as_json, acked=settle == "ack")
             got += len(messages)
             if no_ack:
                 held.extend(messages)
@@ -244,7 +254,9 @@ async def _consume(
         lost += await _settle(held, "release")
         await member.close()
     if not got:
-        stderr().print(f"[dim]no messages on {escape(topic)} for {escape(group)} within {wait:g}s[/]")
+        stderr().print(
+            f"[dim]no messages on {escape(topic)} for {escape(group)} within {human_duration(wait)}[/]"
+        )
     if lost:
         raise CliError(
             f"{lost} message(s) printed but their lease was lost: they may be delivered again", EXIT_ERROR
@@ -286,15 +298,19 @@ def _body_text(msg: Message) -> str:
     return f"<{len(msg.data)} bytes {msg.content_type}>"
 
 
-def _print_message(msg: Message, as_json: bool, *, acked: bool) -> None:
+def print_message(msg: Message, as_json: bool, *, acked: bool, console: Console | None = None) -> None:
     if as_json:
         typer.echo(json.dumps(message_json(msg, acked=acked), ensure_ascii=False))
         return
-    when = time.strftime("%H:%M:%S", time.localtime(msg.created_at))
-    meta = [f"p{msg.partition}@{msg.offset}", when, msg.id]
-    if msg.key is not None:
-        meta.append(f"key={msg.key}")
-    meta.extend(f"{k}={v}" for k, v in msg.headers.items())
-    if msg.deliveries > 1:
-        meta.append(f"delivery {msg.deliveries}")
-    out().print(f"[dim]{escape(' '.join(meta))}[/] {escape(_body_text(msg))}")
+    meta = [f"delivery {msg.deliveries}"] if msg.deliveries > 1 else []
+    print_message_line(
+        console or out(),
+        msg.partition,
+        msg.offset,
+        msg.created_at,
+        msg.id,
+        msg.key,
+        msg.headers,
+        meta,
+        _body_text(msg),
+    )

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import json
-import time
-from datetime import datetime
+from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import typer
@@ -12,30 +11,13 @@ from rich.markup import escape
 
 from bucketq.cli.connection import Connection, connection
 from bucketq.cli.errors import CliError, out, run, stderr
-from bucketq.cli.formats import parse_duration
+from bucketq.cli.formats import TIME_HELP, human_time, parse_time
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from bucketq import Bucketq
     from bucketq.core.peek import PeekedMessage
-
-
-def parse_time(text: str) -> float:
-    """A start time: Unix seconds, an ISO 8601 time, or an age such as ``15m``, ``2h``, ``1d``."""
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        return datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        pass
-    try:
-        return time.time() - parse_duration(text)
-    except CliError:
-        raise CliError(
-            f"time {text!r}: give Unix seconds, an ISO 8601 time (2026-11-26T14:00:00+00:00) "
-            "or an age (90s, 15m, 2h, 1d)"
-        ) from None
 
 
 def peek(
@@ -43,7 +25,7 @@ def peek(
     topic: str = typer.Argument(..., help="Topic to look at."),
     limit: int = typer.Option(10, "--max", "-n", min=1, help="Show at most this many messages."),
     partition: list[int] = typer.Option(
-        [], "--partition", "-p", help="Only this partition (repeatable; default: all)."
+        [], "--partition", "-p", help="Only this partition (repeatable). \\[default: all]"
     ),
     offset: int | None = typer.Option(
         None, "--offset", min=0, help="Start at this offset in each chosen partition."
@@ -51,7 +33,7 @@ def peek(
     since: str | None = typer.Option(
         None,
         "--since",
-        help="Start at messages created at or after this time (Unix, ISO 8601, or 15m/2h/1d ago).",
+        help=f"Start at messages created at or after this time: {TIME_HELP}.",
     ),
     consumer: str | None = typer.Option(
         None,
@@ -64,8 +46,10 @@ def peek(
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON object per message."),
 ) -> None:
-    """Show messages without consuming them: no lease is taken and no delivery is counted, so peeking
-    never moves a message towards its dead-letter limit and never creates a subscription."""
+    """Show messages without consuming them: no lease, no delivery counted.
+
+    Peeking never moves a message towards its dead-letter limit and never creates a subscription.
+    """
     conn = connection(ctx)
     run(
         _peek(conn, topic, limit, partition, offset, since, consumer, include_done, as_json), debug=conn.debug
@@ -127,18 +111,44 @@ def body_text(message: PeekedMessage) -> str:
     return f"<{len(record.data)} bytes {record.content_type}>"
 
 
-def print_peeked(message: PeekedMessage, as_json: bool) -> None:
+def print_peeked(message: PeekedMessage, as_json: bool, console: Console | None = None) -> None:
     if as_json:
         typer.echo(json.dumps(message.to_json(), ensure_ascii=False))
         return
     record = message.record
-    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(record.created_at))
-    meta = [f"p{message.partition}@{message.offset}", when, record.id]
+    meta: list[str] = []
     if message.state is not None:
         meta.append(message.state)
         if message.deliveries:
             meta.append(f"deliveries={message.deliveries}")
-    if record.key is not None:
-        meta.append(f"key={record.key}")
-    meta.extend(f"{k}={v}" for k, v in record.headers.items())
-    out().print(f"[dim]{escape(' '.join(meta))}[/] {escape(body_text(message))}")
+    print_message_line(
+        console or out(),
+        message.partition,
+        message.offset,
+        record.created_at,
+        record.id,
+        record.key,
+        record.headers,
+        meta,
+        body_text(message),
+    )
+
+
+def print_message_line(
+    console: Console,
+    partition: int,
+    offset: int,
+    created_at: float,
+    message_id: str,
+    key: str | None,
+    headers: Mapping[str, str],
+    meta: list[str],
+    body: str,
+) -> None:
+    """One message as peek, consume and dlq show print it: position, time, id, state, key,
+    headers (dim), then the body."""
+    parts = [f"p{partition}@{offset}", human_time(created_at), message_id, *meta]
+    if key is not None:
+        parts.append(f"key={key}")
+    parts.extend(f"{k}={v}" for k, v in headers.items())
+    console.print(f"[dim]{escape(' '.join(parts))}[/] {escape(body)}")

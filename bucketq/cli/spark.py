@@ -129,7 +129,7 @@ def backfill_command(
         help="Skip rows whose 'id' the topic already has (or the dataset repeats).",
     ),
     job_id: str | None = typer.Option(
-        None, "--job-id", help="Write job id (default: derived from the topic, options and input files)."
+        None, "--job-id", help="Write job id. \\[default: derived from the topic, options and input files]"
     ),
     master: str = MASTER,
     quiet: bool = QUIET,

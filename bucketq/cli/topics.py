@@ -4,19 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import json
-import sys
-import time
 from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.markup import escape
-from rich.table import Table
 
 from bucketq.cli.connection import Connection, connection
-from bucketq.cli.errors import CliError, fail, out, run, stderr, warn
-from bucketq.cli.formats import explain, human_bytes, human_duration, parse_duration
+from bucketq.cli.errors import CliError, confirm, out, run, stderr, warn
+from bucketq.cli.formats import (
+    DURATION_HELP,
+    explain,
+    human_bytes,
+    human_duration,
+    human_time,
+    parse_duration,
+)
+from bucketq.cli.output import Column, print_fields, print_table
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from bucketq import TopicConfig, TopicInfo
 
 app = typer.Typer(help="Create, list, describe and delete topics.", no_args_is_help=True)
@@ -26,28 +33,35 @@ app = typer.Typer(help="Create, list, describe and delete topics.", no_args_is_h
 def create(
     ctx: typer.Context,
     name: str = typer.Argument(..., help="Topic name (DNS-1123: lower-case letters, digits, '-', '.')."),
-    partitions: int | None = typer.Option(None, "--partitions", "-p", min=1, help="Partitions (default 1)."),
+    partitions: int | None = typer.Option(
+        None, "--partitions", "-p", min=1, help="Partitions. \\[default: 1]"
+    ),
     retention: str | None = typer.Option(
-        None, "--retention", help="Keep messages this long: 3600, 90m, 12h, 7d."
+        None,
+        "--retention",
+        help=f"Keep consumed messages at least this long ({DURATION_HELP}). \\[default: 7d]",
     ),
     max_message_bytes: int | None = typer.Option(
         None, "--max-message-bytes", help="Largest message accepted."
     ),
     max_deliveries: int | None = typer.Option(
-        None, "--max-deliveries", min=1, help="Dead-letter a message after this many deliveries (default 5)."
+        None,
+        "--max-deliveries",
+        min=1,
+        help="Dead-letter a message after this many deliveries. \\[default: 5]",
     ),
     dead_letter_topic: str | None = typer.Option(
-        None, "--dead-letter-topic", help="Where dead letters go (default NAME.dlq)."
+        None, "--dead-letter-topic", help="Where dead letters go. \\[default: NAME.dlq]"
     ),
     max_retention: str | None = typer.Option(
         None,
         "--max-retention",
-        help="Never keep a message longer, consumed or not (default: no limit): 30d.",
+        help=f"Never keep a message longer, consumed or not ({DURATION_HELP}). \\[default: no limit]",
     ),
     subscription_timeout: str | None = typer.Option(
         None,
         "--subscription-timeout",
-        help="A subscription with no member and no activity this long stops holding data (default: never).",
+        help="A subscription with no member and no activity this long stops holding data. \\[default: never]",
     ),
 ) -> None:
     """Create a topic (idempotent: an existing topic is kept as it is)."""
@@ -93,11 +107,25 @@ async def _create(conn: Connection, name: str, fields: dict[str, Any]) -> None:
         if differs:
             warn(f"topic {name!r} kept its existing config; it differs in: {', '.join(differs)}")
         return
-    out().print(
-        f"created topic [bold]{escape(name)}[/]: {cfg.partitions} partition(s), retention "
-        f"{human_duration(cfg.retention_seconds)}, max message {human_bytes(cfg.max_message_bytes)}, "
-        f"dead letters after {cfg.dead_letter.max_deliveries} deliveries to {cfg.dead_letter_topic(name)}"
-    )
+    out().print(f"created topic [bold]{escape(name)}[/]: {escape(', '.join(config_summary(name, cfg)))}")
+
+
+def config_summary(name: str, cfg: TopicConfig) -> list[str]:
+    """The config as short phrases (the limits only when set)."""
+    dead = cfg.dead_letter_topic(name)
+    parts = [
+        f"{cfg.partitions} partition(s)",
+        f"retention {human_duration(cfg.retention_seconds)}",
+        f"max message {human_bytes(cfg.max_message_bytes)}",
+        f"dead letters after {cfg.dead_letter.max_deliveries} deliveries to {dead}"
+        if dead
+        else "no dead letters",
+    ]
+    if cfg.max_retention_seconds is not None:
+        parts.append(f"max retention {human_duration(cfg.max_retention_seconds)}")
+    if cfg.subscription_timeout_seconds is not None:
+        parts.append(f"subscription timeout {human_duration(cfg.subscription_timeout_seconds)}")
+    return parts
 
 
 def topic_config(fields: dict[str, Any]) -> TopicConfig:
@@ -129,21 +157,31 @@ async def _list(conn: Connection, as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(names))
         return
-    if not names:
-        out().print("no topics")
+    print_topic_list(infos, out())
+
+
+def print_topic_list(infos: list[TopicInfo], console: Console) -> None:
+    if not infos:
+        console.print("no topics")
         return
-    table = Table(header_style="bold")
-    for col in ("topic", "partitions", "messages", "consumers", "retention"):
-        table.add_column(col, justify="left" if col == "topic" else "right")
-    for info in infos:
-        table.add_row(
-            escape(info.name),
+    columns = (
+        Column("topic"),
+        Column("partitions", "number"),
+        Column("messages", "number"),
+        Column("consumers", "number"),
+        Column("retention", "duration"),
+    )
+    rows = [
+        (
+            info.name,
             str(info.config.partitions),
             f"{info.messages:,}",
             str(len(info.consumers)),
             human_duration(info.config.retention_seconds),
         )
-    out().print(table)
+        for info in infos
+    ]
+    print_table(columns, rows, console)
 
 
 async def _describe_many(bq: Any, names: list[str]) -> list[TopicInfo]:
@@ -189,32 +227,35 @@ async def _describe(conn: Connection, name: str, as_json: bool) -> None:
     if as_json:
         typer.echo(json.dumps(topic_json(info), indent=2))
         return
+    print_topic(info, out())
+
+
+def print_topic(info: TopicInfo, console: Console) -> None:
+    """Config (every limit that is set), consumers, then the partitions."""
     cfg = info.config
-    created = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(info.created_at))
-    dead = (
-        f"after {cfg.dead_letter.max_deliveries} deliveries to {cfg.dead_letter_topic(info.name)}"
-        if cfg.dead_letter.enabled
-        else "off"
-    )
-    console = out()
-    console.print(f"[bold]topic {escape(info.name)}[/]")
-    for label, value in (
-        ("created", created),
+    dead = cfg.dead_letter_topic(info.name)
+    fields = [
+        ("created", human_time(info.created_at)),
         ("partitions", str(cfg.partitions)),
         ("messages", f"{info.messages:,}"),
         ("retention", human_duration(cfg.retention_seconds)),
+        (
+            "max retention",
+            human_duration(cfg.max_retention_seconds) if cfg.max_retention_seconds else "no limit",
+        ),
+        (
+            "subscription timeout",
+            human_duration(cfg.subscription_timeout_seconds) if cfg.subscription_timeout_seconds else "never",
+        ),
         ("max message", human_bytes(cfg.max_message_bytes)),
-        ("dead letters", dead),
+        ("dead letters", f"after {cfg.dead_letter.max_deliveries} deliveries to {dead}" if dead else "off"),
         ("consumers", ", ".join(info.consumers) or "-"),
-    ):
-        console.print(f"  {label:<13} {escape(value)}")
-    table = Table(header_style="bold")
-    table.add_column("partition", justify="right")
-    table.add_column("segments", justify="right")
-    table.add_column("messages", justify="right")
-    for p in info.partitions:
-        table.add_row(str(p.partition), f"{p.next_seq:,}", f"{p.next_offset:,}")
-    console.print(table)
+    ]
+    console.print(f"topic {info.name}", markup=False, style="bold")
+    print_fields(fields, console)
+    columns = (Column("partition", "number"), Column("segments", "number"), Column("messages", "number"))
+    rows = [(str(p.partition), f"{p.next_seq:,}", f"{p.next_offset:,}") for p in info.partitions]
+    print_table(columns, rows, console)
 
 
 @app.command("delete")
@@ -228,11 +269,8 @@ def delete(
 ) -> None:
     """Delete a topic and (unless --no-purge) every object under it."""
     conn = connection(ctx)
-    if not yes:
-        if not sys.stdin.isatty():
-            fail(CliError(f"refusing to delete topic {name!r} without --yes (stdin is not a terminal)"))
-        what = "its marker" if no_purge else "all its messages and subscriptions"
-        typer.confirm(f"Delete topic {name!r} and {what}?", abort=True)
+    what = "its marker" if no_purge else "all its messages and subscriptions"
+    confirm(f"Delete topic {name!r} and {what}?", f"delete topic {name!r}", yes)
     run(_delete(conn, name, purge=not no_purge), debug=conn.debug)
 
 

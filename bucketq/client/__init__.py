@@ -35,6 +35,7 @@ from bucketq.client.errors import (
     Unavailable,
 )
 from bucketq.client.push import PushServer, serve, serve_async
+from bucketq.client.retry import RetryPolicy
 from bucketq.client.sync import Client
 
 __all__ = [
@@ -49,6 +50,7 @@ __all__ = [
     "PublishBatchResponse",
     "PublishResponse",
     "PushServer",
+    "RetryPolicy",
     "SettleBatchResponse",
     "SettleResponse",
     "SidecarError",

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import base64
 import os
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, Unpack
 from urllib.parse import quote
 
 from bucketq.api_models import ExtendRequest, NackRequest, OutgoingMessage
+from bucketq.publish_options import PublishFields, PublishOptions, resolve_options
 
 URL_ENV = "BUCKETQ_SIDECAR_URL"
 DEFAULT_URL = "http://127.0.0.1:3580"
@@ -23,31 +23,13 @@ def message(
     payload: Any = None,
     *,
     data: bytes | None = None,
-    content_type: str | None = None,
-    key: str | None = None,
-    headers: Mapping[str, str] | None = None,
-    dedup_id: str | None = None,
-    priority: int = 0,
-    delay: float | None = None,
-    not_before: float | None = None,
+    options: PublishOptions | None = None,
+    **fields: Unpack[PublishFields],
 ) -> OutgoingMessage:
-    """A message to publish: a JSON ``payload`` or raw ``data`` bytes (validated here)."""
-    fields: dict[str, Any] = {"priority": priority}
-    if data is not None:
-        fields["data_b64"] = base64.b64encode(data).decode()
-    else:
-        fields["payload"] = payload
-    optional = {
-        "content_type": content_type,
-        "key": key,
-        "dedup_id": dedup_id,
-        "delay_seconds": delay,
-        "not_before": not_before,
-    }
-    fields.update({k: v for k, v in optional.items() if v is not None})
-    if headers:
-        fields["headers"] = dict(headers)
-    return OutgoingMessage(**fields)
+    """A message to publish: a JSON ``payload`` or raw ``data`` bytes, and the options of
+    :class:`~bucketq.PublishOptions` as keyword arguments or as one ``options`` value (validated
+    here: a bad field raises pydantic's ValidationError, a ValueError)."""
+    return OutgoingMessage.build(payload, data=data, options=resolve_options(options, **fields))
 
 
 def wire(m: OutgoingMessage) -> dict[str, Any]:

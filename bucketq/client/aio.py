@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterable, Mapping
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypeVar, Unpack
 
 import aiohttp
 from pydantic import BaseModel
@@ -32,6 +33,8 @@ from bucketq.client._common import (
     wire,
 )
 from bucketq.client.errors import ConnectionFailed, SidecarError, error_for
+from bucketq.client.retry import NO_RETRY, RetryPolicy
+from bucketq.publish_options import PublishFields, PublishOptions
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -40,12 +43,22 @@ class AsyncClient:
     """Talks to the sidecar at ``url`` (default ``$BUCKETQ_SIDECAR_URL`` or http://127.0.0.1:3580).
 
     Use as ``async with AsyncClient() as client``. Errors raise :class:`~bucketq.client.SidecarError`
-    subclasses (``LeaseLost`` for 409, ``Busy`` for 429, ...).
+    subclasses (``LeaseLost`` for 409, ``Busy`` for 429, ...). A 429 or 503 is first retried after
+    the ``Retry-After`` it names, as ``retry`` says (:class:`~bucketq.client.RetryPolicy`; ``None``:
+    never): ``Busy`` or ``Unavailable`` is raised once the policy gives up.
     """
 
-    def __init__(self, url: str | None = None, *, token: str | None = None, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        token: str | None = None,
+        timeout: float = 30.0,
+        retry: RetryPolicy | None = RetryPolicy(),
+    ) -> None:
         self.url = (url or default_url()).rstrip("/")
         self.timeout = timeout
+        self.retry = retry or NO_RETRY
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._session: aiohttp.ClientSession | None = None
 
@@ -67,7 +80,21 @@ class AsyncClient:
             self._session = aiohttp.ClientSession(headers=self._headers)
         return self._session
 
-    async def _call(self, method: str, path: str, body: Any = None, *, extra_timeout: float = 0.0) -> bytes:
+    async def _call(
+        self, method: str, path: str, body: Any = None, *, extra_timeout: float = 0.0, retry: bool = True
+    ) -> bytes:
+        """One request, tried again after a 429 or 503 as :attr:`retry` says (:mod:`bucketq.client.retry`)."""
+        tries = (self.retry if retry else NO_RETRY).begin()
+        while True:
+            try:
+                return await self._call_once(method, path, body, extra_timeout=extra_timeout)
+            except SidecarError as exc:
+                wait = tries.wait_after(exc)
+                if wait is None:
+                    raise
+            await asyncio.sleep(wait)
+
+    async def _call_once(self, method: str, path: str, body: Any, *, extra_timeout: float) -> bytes:
         timeout = aiohttp.ClientTimeout(total=self.timeout + extra_timeout)
         try:
             async with self._http().request(method, self.url + path, json=body, timeout=timeout) as resp:
@@ -78,8 +105,10 @@ class AsyncClient:
         except (aiohttp.ClientConnectionError, TimeoutError) as exc:
             raise ConnectionFailed(0, "connection_failed", f"{method} {self.url}{path}: {exc}") from exc
 
-    async def _model(self, model: type[M], method: str, path: str, body: Any = None, **kw: float) -> M:
-        return model.model_validate_json(await self._call(method, path, body, **kw))
+    async def _model(
+        self, model: type[M], method: str, path: str, body: Any = None, *, extra_timeout: float = 0.0
+    ) -> M:
+        return model.model_validate_json(await self._call(method, path, body, extra_timeout=extra_timeout))
 
     # -- publish ---------------------------------------------------------------------------------
 
@@ -89,26 +118,15 @@ class AsyncClient:
         payload: Any = None,
         *,
         data: bytes | None = None,
-        content_type: str | None = None,
-        key: str | None = None,
-        headers: Mapping[str, str] | None = None,
-        dedup_id: str | None = None,
-        priority: int = 0,
-        delay: float | None = None,
-        not_before: float | None = None,
+        options: PublishOptions | None = None,
+        **fields: Unpack[PublishFields],
     ) -> PublishResponse:
-        """Publish one message; returns once it is durable in the bucket."""
-        m = message(
-            payload,
-            data=data,
-            content_type=content_type,
-            key=key,
-            headers=headers,
-            dedup_id=dedup_id,
-            priority=priority,
-            delay=delay,
-            not_before=not_before,
-        )
+        """Publish one message; returns once it is durable in the bucket.
+
+        A JSON ``payload`` or raw ``data`` bytes, and the options of :class:`~bucketq.PublishOptions`
+        as keyword arguments or as one ``options`` value (not both).
+        """
+        m = message(payload, data=data, options=options, **fields)
         return await self._model(PublishResponse, "POST", publish_path(topic), wire(m))
 
     async def publish_batch(
@@ -163,7 +181,7 @@ class AsyncClient:
     async def ready(self) -> bool:
         """True when the sidecar is connected and serving."""
         try:
-            await self._call("GET", "/readyz")
+            await self._call("GET", "/readyz", retry=False)
         except SidecarError:  # an error answer (503 while starting or draining) or no answer
             return False
         return True

@@ -1,15 +1,29 @@
 """Errors raised by the sidecar clients, one :class:`~bucketq.errors.SidecarError` subclass per kind
-of answer (the tree and the naming rule are drawn in :mod:`bucketq.errors`)."""
+of answer (the tree and the naming rule are drawn in :mod:`bucketq.errors`).
+
+Where the engine has a class for the same condition, the client's error is that class too:
+``except bucketq.LeaseLost`` catches :class:`LeaseLost` here, ``except bucketq.TopicNotFound``
+:class:`TopicNotFound`, and ``except bucketq.InvalidArgument`` (a ``ValueError``)
+:class:`BadRequest` and :class:`TooLarge`, so an app's error handling reads the same in library
+and in sidecar mode.
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 
+from bucketq import errors
+from bucketq.client.retry import parse_retry_after
 from bucketq.errors import SidecarError
 
+# How the sidecar's 404 message names the topic: the engine's TopicNotFound and TopicDeleted
+# messages ("unknown topic 'orders': ...", "topic 'orders' is gone: ...").
+_TOPIC_IN_MESSAGE = re.compile(r"topic '([^']*)'")
 
-class BadRequest(SidecarError):
+
+class BadRequest(SidecarError, errors.InvalidArgument):
     """400/415: the request is malformed or invalid; it changed nothing."""
 
 
@@ -17,18 +31,35 @@ class Unauthorized(SidecarError):
     """401: missing or wrong bearer token."""
 
 
-class TopicNotFound(SidecarError):
-    """404: the topic does not exist (the engine, in library mode, raises :class:`bucketq.TopicNotFound`)."""
+class TopicNotFound(SidecarError, errors.TopicNotFound):
+    """404: the topic does not exist; also a :class:`bucketq.TopicNotFound`.
 
-
-class LeaseLost(SidecarError):
-    """409: the receipt is stale; the message may already be redelivered elsewhere.
-
-    The engine, in library mode, raises :class:`bucketq.LeaseLost` for the same condition.
+    ``topic`` is the topic the sidecar's answer names (``None`` if it names none).
     """
 
+    topic: str | None  # type: ignore[assignment]  # the engine's is always known; an answer may not say
 
-class TooLarge(SidecarError):
+    def __init__(self, status: int, code: str, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(status, code, message, retry_after=retry_after)
+        found = _TOPIC_IN_MESSAGE.search(message)
+        self.topic = found.group(1) if found else None
+
+
+class LeaseLost(SidecarError, errors.LeaseLost):
+    """409: the receipt is stale; the message may already be redelivered elsewhere; also a
+    :class:`bucketq.LeaseLost`.
+
+    ``reason`` is the sidecar's message; ``position`` is ``None`` (the receipt the app passed
+    names the message).
+    """
+
+    def __init__(self, status: int, code: str, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(status, code, message, retry_after=retry_after)
+        self.position = None
+        self.reason = message
+
+
+class TooLarge(SidecarError, errors.InvalidArgument):
     """413: a message, batch or body is over its limit; nothing was published."""
 
 
@@ -66,13 +97,7 @@ def error_for(status: int, body: bytes, headers: Mapping[str, str]) -> SidecarEr
             message = str(data.get("message", message))
     except ValueError:
         pass
-    retry_after: float | None = None
-    raw = headers.get("Retry-After")
-    if raw is not None:
-        try:
-            retry_after = float(raw)
-        except ValueError:
-            retry_after = None
+    retry_after = parse_retry_after(headers.get("Retry-After"))
     if status == 404 and code != "topic_not_found":
         return SidecarError(status, code, message)
     return _BY_STATUS.get(status, SidecarError)(status, code, message, retry_after=retry_after)

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import http.client
 import json
+import time
 from collections.abc import Iterable, Mapping
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Self, TypeVar, Unpack
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel
@@ -33,6 +34,8 @@ from bucketq.client._common import (
     wire,
 )
 from bucketq.client.errors import ConnectionFailed, SidecarError, error_for
+from bucketq.client.retry import NO_RETRY, RetryPolicy
+from bucketq.publish_options import PublishFields, PublishOptions
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -40,11 +43,21 @@ M = TypeVar("M", bound=BaseModel)
 class Client:
     """Blocking twin of :class:`~bucketq.client.AsyncClient` (one connection; not thread-safe).
 
-    Use one client per thread, as ``with Client() as client``.
+    Use one client per thread, as ``with Client() as client``. A 429 or 503 is first retried after
+    the ``Retry-After`` it names, as ``retry`` says (:class:`~bucketq.client.RetryPolicy`; ``None``:
+    never).
     """
 
-    def __init__(self, url: str | None = None, *, token: str | None = None, timeout: float = 30.0) -> None:
+    def __init__(
+        self,
+        url: str | None = None,
+        *,
+        token: str | None = None,
+        timeout: float = 30.0,
+        retry: RetryPolicy | None = RetryPolicy(),
+    ) -> None:
         self.url = (url or default_url()).rstrip("/")
+        self.retry = retry or NO_RETRY
         parts = urlsplit(self.url)
         if parts.scheme != "http" or not parts.hostname:
             raise ValueError(f"sidecar URL must be http://host:port, got {self.url!r}")
@@ -68,7 +81,21 @@ class Client:
             self._conn.close()
             self._conn = None
 
-    def _call(self, method: str, path: str, body: Any = None, *, extra_timeout: float = 0.0) -> bytes:
+    def _call(
+        self, method: str, path: str, body: Any = None, *, extra_timeout: float = 0.0, retry: bool = True
+    ) -> bytes:
+        """One request, tried again after a 429 or 503 as :attr:`retry` says (:mod:`bucketq.client.retry`)."""
+        tries = (self.retry if retry else NO_RETRY).begin()
+        while True:
+            try:
+                return self._call_once(method, path, body, extra_timeout=extra_timeout)
+            except SidecarError as exc:
+                wait = tries.wait_after(exc)
+                if wait is None:
+                    raise
+            time.sleep(wait)
+
+    def _call_once(self, method: str, path: str, body: Any, *, extra_timeout: float) -> bytes:
         payload = None if body is None else json.dumps(body).encode()
         for attempt in (1, 2):  # a kept-alive connection the server closed is retried once
             if self._conn is None:
@@ -95,8 +122,10 @@ class Client:
             return data
         raise AssertionError("unreachable")
 
-    def _model(self, model: type[M], method: str, path: str, body: Any = None, **kw: float) -> M:
-        return model.model_validate_json(self._call(method, path, body, **kw))
+    def _model(
+        self, model: type[M], method: str, path: str, body: Any = None, *, extra_timeout: float = 0.0
+    ) -> M:
+        return model.model_validate_json(self._call(method, path, body, extra_timeout=extra_timeout))
 
     # -- publish ---------------------------------------------------------------------------------
 
@@ -106,26 +135,15 @@ class Client:
         payload: Any = None,
         *,
         data: bytes | None = None,
-        content_type: str | None = None,
-        key: str | None = None,
-        headers: Mapping[str, str] | None = None,
-        dedup_id: str | None = None,
-        priority: int = 0,
-        delay: float | None = None,
-        not_before: float | None = None,
+        options: PublishOptions | None = None,
+        **fields: Unpack[PublishFields],
     ) -> PublishResponse:
-        """Publish one message; returns once it is durable in the bucket."""
-        m = message(
-            payload,
-            data=data,
-            content_type=content_type,
-            key=key,
-            headers=headers,
-            dedup_id=dedup_id,
-            priority=priority,
-            delay=delay,
-            not_before=not_before,
-        )
+        """Publish one message; returns once it is durable in the bucket.
+
+        A JSON ``payload`` or raw ``data`` bytes, and the options of :class:`~bucketq.PublishOptions`
+        as keyword arguments or as one ``options`` value (not both).
+        """
+        m = message(payload, data=data, options=options, **fields)
         return self._model(PublishResponse, "POST", publish_path(topic), wire(m))
 
     def publish_batch(
@@ -173,7 +191,7 @@ class Client:
     def ready(self) -> bool:
         """True when the sidecar is connected and serving."""
         try:
-            self._call("GET", "/readyz")
+            self._call("GET", "/readyz", retry=False)
         except SidecarError:
             return False
         return True

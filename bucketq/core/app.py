@@ -5,11 +5,20 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, Unpack
 
-from bucketq.config import ConsumerSettings, ProducerSettings, Settings
+from bucketq.config import (
+    ConsumerOverrides,
+    ConsumerSettings,
+    ConsumerTuning,
+    ProducerOverrides,
+    ProducerSettings,
+    Settings,
+    SettingsOverrides,
+)
 from bucketq.core.bucket_format import FORMAT, UPGRADABLE_FORMATS, ensure_format  # noqa: F401 (re-exported)
 from bucketq.core.consumer import Consumer
+from bucketq.core.fences import DELTA_GRACE_S, SEGMENT_GRACE_S
 from bucketq.core.gc import GcReport, collect_garbage
 from bucketq.core.keys import Keys, validate_name
 from bucketq.core.models import DeadLetterConfig, TopicConfig, TopicMarker
@@ -17,9 +26,10 @@ from bucketq.core.peek import PeekedMessage, peek
 from bucketq.core.pings import PingNetwork, Pings
 from bucketq.core.producer import Producer, PublishResult
 from bucketq.core.producer_peers import ProducerPeers
-from bucketq.core.redrive import RedriveReport, redrive
+from bucketq.core.redrive import RedriveFilter, RedriveReport, redrive
 from bucketq.core.registry import Registry
 from bucketq.core.stats import SubscriptionStats, subscription_stats
+from bucketq.core.store_clock import StoreClock
 from bucketq.core.subscriptions import (
     SeekTarget,
     delete_subscription,
@@ -28,7 +38,8 @@ from bucketq.core.subscriptions import (
 )
 from bucketq.core.topics import TopicCatalog, TopicInfo
 from bucketq.core.udp_pings import udp_pings
-from bucketq.errors import BucketqError, ConfigError
+from bucketq.errors import BucketqError, ConfigError, StorageError
+from bucketq.publish_options import PublishFields, PublishOptions
 from bucketq.storage import ObjectStore, Storage, open_storage
 
 log = logging.getLogger("bucketq")
@@ -58,8 +69,9 @@ class Bucketq:
     # -- constructors ----------------------------------------------------------------------------
 
     @classmethod
-    def from_env(cls, **overrides: Any) -> Bucketq:
-        """From ``BUCKETQ_*`` environment variables; keyword overrides win."""
+    def from_env(cls, **overrides: Unpack[SettingsOverrides]) -> Bucketq:
+        """From ``BUCKETQ_*`` environment variables; keyword overrides (:class:`~bucketq.Settings`
+        fields) win. Raises :class:`~bucketq.ConfigError`."""
         return cls(Settings.load(**overrides))
 
     @classmethod
@@ -89,6 +101,14 @@ class Bucketq:
         return self._catalog
 
     @property
+    def clock(self) -> StoreClock:
+        """The store's clock as this connection reads it; ``clock.offset_s`` is this host's clock
+        minus the store's at the last reading, ``clock.warnings`` how often it was beyond the
+        margin (docs/protocol.md, I15)."""
+        self.storage  # noqa: B018
+        return self._clock
+
+    @property
     def registry(self) -> Registry:
         """Named producers and consumers with stable ids."""
         self.storage  # noqa: B018
@@ -102,6 +122,15 @@ class Bucketq:
         self._catalog = TopicCatalog(self._storage, self.keys)
         self._registry = Registry(self._storage, self.keys)
         await self._bootstrap()
+        # the store's clock (I15): this process's ages that decide takeovers are measured on it,
+        # and this host's clock is compared with it once now (a warning when beyond the margin)
+        self._clock = StoreClock(
+            self._storage, keys=self.keys, margin_s=self.settings.consumer.clock_skew_s, who="bucketq"
+        )
+        try:
+            await self._clock.read()
+        except StorageError as exc:  # a diagnostic: the store answered everything else
+            log.warning("could not compare this host's clock with the store's: %s", exc)
         network = self._ping_network
         if network is None and self.settings.ping.enabled:
             network = await udp_pings(self.settings)
@@ -181,13 +210,47 @@ class Bucketq:
 
     # -- producers and consumers -----------------------------------------------------------------
 
-    async def register_producer(self, name: str = "default", **overrides: Any) -> Producer:
-        """A producer registered under ``name`` (stable id); ``overrides`` tune its ProducerSettings."""
+    async def register_producer(
+        self,
+        name: str = "default",
+        *,
+        linger_ms: float | None = None,
+        linger_fill_messages: int | None = None,
+        max_batch_messages: int | None = None,
+        max_batch_bytes: int | None = None,
+        max_attempts: int | None = None,
+        publish_timeout_s: float | None = None,
+        dedup_window_s: float | None = None,
+    ) -> Producer:
+        """A producer registered under ``name``: a stable id, and a share of the partitions split
+        with the other live producers (unkeyed publishes).
+
+        The keyword arguments override this connection's :class:`~bucketq.ProducerSettings` for
+        this producer (``None``: the connection's value): ``linger_ms`` (the most a batch waits for
+        company), ``linger_fill_messages`` (a batch this full stops lingering),
+        ``max_batch_messages`` and ``max_batch_bytes`` (a segment's limits),
+        ``max_attempts`` (segment writes before a publish fails), ``publish_timeout_s``, and
+        ``dedup_window_s`` (how long a ``dedup_id`` is remembered). Raises
+        :class:`~bucketq.ConfigError` for a value out of range.
+        """
+        overrides = {
+            k: v
+            for k, v in {
+                "linger_ms": linger_ms,
+                "linger_fill_messages": linger_fill_messages,
+                "max_batch_messages": max_batch_messages,
+                "max_batch_bytes": max_batch_bytes,
+                "max_attempts": max_attempts,
+                "publish_timeout_s": publish_timeout_s,
+                "dedup_window_s": dedup_window_s,
+            }.items()
+            if v is not None
+        }
+        try:
+            settings = ProducerSettings.model_validate({**self.settings.producer.model_dump(), **overrides})
+        except ValueError as exc:
+            raise ConfigError(f"invalid producer settings: {exc}") from None
         reg = await self._registry.register("producer", name)
-        settings = (
-            self.settings.producer.model_copy(update=overrides) if overrides else self.settings.producer
-        )
-        ProducerSettings.model_validate(settings.model_dump())
         peers = ProducerPeers(self.storage, self.keys, self.registry, reg)
         await peers.refresh(heartbeat=False)  # register() just wrote the registration
         producer = Producer(
@@ -199,6 +262,7 @@ class Bucketq:
             name=name,
             peers=peers,
             pings=self._pings,
+            clock=self._clock,
         )
         self._producers.append(producer)
         return producer
@@ -209,18 +273,26 @@ class Bucketq:
         topics: list[str] | str,
         *,
         start_position: Literal["earliest", "latest"] | None = None,
-        **overrides: Any,
+        **overrides: Unpack[ConsumerTuning],
     ) -> Consumer:
-        """Join consumer group ``name`` over ``topics`` and start prefetching."""
+        """Join consumer group ``name`` over ``topics`` and start prefetching; returns once every
+        partition's cursor has started (I5).
+
+        ``start_position``: where a new subscription starts (default: the settings'). The other
+        keyword arguments override this connection's :class:`~bucketq.ConsumerSettings` fields for
+        this member (``visibility_timeout_s``, ``max_in_flight``, ``ordered``, ...). Raises
+        :class:`~bucketq.TopicNotFound`, :class:`~bucketq.ConfigError` for bad settings.
+        """
         topic_list = [topics] if isinstance(topics, str) else list(topics)
         if not topic_list:
             raise ConfigError("a consumer needs at least one topic")
         for t in topic_list:
             await self.catalog.config(t)  # raises TopicNotFound early
+        fields: dict[str, Any] = {**self.settings.consumer.model_dump(), **overrides}
         if start_position is not None:
-            overrides["start_position"] = start_position
+            fields["start_position"] = start_position
         try:
-            settings = ConsumerSettings.model_validate({**self.settings.consumer.model_dump(), **overrides})
+            settings = ConsumerSettings.model_validate(fields)
         except ValueError as exc:
             raise ConfigError(f"invalid consumer settings: {exc}") from None
         reg = await self._registry.register("consumer", name, topics=topic_list)
@@ -249,13 +321,25 @@ class Bucketq:
                 producer_id="dead-letter",
                 name="dead-letter",
                 pings=self._pings,
+                clock=self._clock,
             )
             self._producers.append(self._default_producer)
         return self._default_producer
 
-    async def publish(self, topic: str, payload: Any = None, **kwargs: Any) -> PublishResult:
-        """Publish through this connection's shared default producer."""
-        return await self._dlq_producer().publish(topic, payload, **kwargs)
+    async def publish(
+        self,
+        topic: str,
+        payload: Any = None,
+        *,
+        data: bytes | None = None,
+        options: PublishOptions | None = None,
+        **fields: Unpack[PublishFields],
+    ) -> PublishResult:
+        """Publish one message through this connection's shared default producer; returns once it
+        is durable. The arguments and errors are :meth:`Producer.publish`'s: a JSON ``payload`` or
+        raw ``data``, and the options of :class:`~bucketq.PublishOptions` as keyword arguments or
+        as one ``options`` value."""
+        return await self._dlq_producer().publish(topic, payload, data=data, options=options, **fields)
 
     async def init_subscription(
         self, topic: str, consumer: str, start_position: Literal["earliest", "latest"] = "earliest"
@@ -273,19 +357,108 @@ class Bucketq:
         """Delete ``consumer``'s cursors on ``topic``; returns objects deleted."""
         return await delete_subscription(self.storage, self.keys, topic, consumer)
 
-    async def collect_garbage(self, topics: list[str] | None = None, **options: Any) -> GcReport:
-        """Retention and garbage collection (docs/design.md 2.5); see :func:`bucketq.core.gc.collect_garbage`."""
-        return await collect_garbage(self.storage, self.keys, topics=topics, **options)
+    async def collect_garbage(
+        self,
+        topics: list[str] | None = None,
+        *,
+        member_ttl_s: float = 300.0,
+        dedup_window_s: float = 3600.0,
+        claim_timeout_s: float = 30.0,
+        delta_grace_s: float = DELTA_GRACE_S,
+        segment_grace_s: float = SEGMENT_GRACE_S,
+        now: float | None = None,
+    ) -> GcReport:
+        """Retention and garbage collection of ``topics`` (default: every topic) and the
+        bucket-wide leftovers (docs/protocol.md); see :func:`bucketq.core.gc.collect_garbage`.
+
+        ``member_ttl_s``: member heartbeats older than this are deleted (and none older counts a
+        group as live). ``dedup_window_s``: dedup markers older than this are deleted (use the
+        producers' window). ``claim_timeout_s``: csprng claim objects older than this are deleted.
+        ``delta_grace_s``, ``segment_grace_s``: how old a fence must be, on the store's clock,
+        before what is below it is freed (I1; shorter than the defaults only in tests).
+        ``now``: the unix time ages are measured against (default: the clock).
+        """
+        return await collect_garbage(
+            self.storage,
+            self.keys,
+            topics=topics,
+            member_ttl_s=member_ttl_s,
+            dedup_window_s=dedup_window_s,
+            claim_timeout_s=claim_timeout_s,
+            delta_grace_s=delta_grace_s,
+            segment_grace_s=segment_grace_s,
+            now=now,
+        )
 
     # -- looking at messages and moving dead letters ---------------------------------------------
 
-    async def peek(self, topic: str, **options: Any) -> list[PeekedMessage]:
-        """Read messages without leasing them or counting a delivery; see :func:`bucketq.core.peek.peek`."""
-        return await peek(self.storage, self.keys, self.catalog, topic, **options)
+    async def peek(
+        self,
+        topic: str,
+        *,
+        limit: int = 10,
+        partitions: list[int] | None = None,
+        offset: int | None = None,
+        since: float | None = None,
+        consumer: str | None = None,
+        include_done: bool = False,
+    ) -> list[PeekedMessage]:
+        """Up to ``limit`` messages of ``topic``, read without leasing them or counting a delivery
+        (oldest first per partition, merged by creation time); see :func:`bucketq.core.peek.peek`.
 
-    async def redrive(self, dlq: str, **options: Any) -> RedriveReport:
-        """Move pending dead letters back, idempotently; see :func:`bucketq.core.redrive.redrive`."""
-        return await redrive(self, dlq, **options)
+        ``partitions``: only these (default: all). Start at a partition ``offset`` or at the
+        first message created at or after ``since`` (unix time), not both; default: the oldest
+        message kept. ``consumer``: start at that subscription's window and give each message
+        its state for it (done messages only with ``include_done``). Raises
+        :class:`~bucketq.TopicNotFound`, :class:`~bucketq.InvalidArgument` for a bad limit,
+        offset or partition, :class:`~bucketq.StorageError`.
+        """
+        return await peek(
+            self.storage,
+            self.keys,
+            self.catalog,
+            topic,
+            limit=limit,
+            partitions=partitions,
+            offset=offset,
+            since=since,
+            consumer=consumer,
+            include_done=include_done,
+        )
+
+    async def redrive(
+        self,
+        dlq: str,
+        *,
+        to: str | None = None,
+        where: RedriveFilter | None = None,
+        rate: float | None = None,
+        limit: int | None = None,
+        batch: int = 100,
+        lease_s: float = 600.0,
+        progress: Callable[[int], None] | None = None,
+    ) -> RedriveReport:
+        """Move the pending dead letters of ``dlq`` back, resumably and idempotently; see
+        :func:`bucketq.core.redrive.redrive`.
+
+        ``to``: the target topic (default: each message's source topic). ``where``: which dead
+        letters (source topic, consumer, reason). ``rate``: publishes per second at most;
+        ``limit``: messages moved by this run at most; ``batch``: messages claimed at a time,
+        each for ``lease_s`` seconds; ``progress`` hears each batch's count. Raises
+        :class:`~bucketq.TopicNotFound`, :class:`~bucketq.InvalidArgument` for a bad batch or rate
+        or a message without a source topic when ``to`` is not given.
+        """
+        return await redrive(
+            self,
+            dlq,
+            to=to,
+            where=where,
+            rate=rate,
+            limit=limit,
+            batch=batch,
+            lease_s=lease_s,
+            progress=progress,
+        )
 
     # -- stats -----------------------------------------------------------------------------------
 
@@ -342,11 +515,13 @@ class BucketqBuilder:
         self._data["strategy"] = name
         return self
 
-    def producer(self, **settings: Any) -> BucketqBuilder:
+    def producer(self, **settings: Unpack[ProducerOverrides]) -> BucketqBuilder:
+        """Set :class:`~bucketq.ProducerSettings` fields."""
         self._data["producer"].update(settings)
         return self
 
-    def consumer(self, **settings: Any) -> BucketqBuilder:
+    def consumer(self, **settings: Unpack[ConsumerOverrides]) -> BucketqBuilder:
+        """Set :class:`~bucketq.ConsumerSettings` fields."""
         self._data["consumer"].update(settings)
         return self
 

@@ -1,4 +1,4 @@
-"""Columnar chunks (format 4): messages of a bulk write as one Arrow IPC file with typed columns.
+"""Columnar chunks (format 5): messages of a bulk write as one Arrow IPC file with typed columns.
 
 A write job's tasks write each chunk once, at its final key ``R/{topic}/chunk/{name}``; the job
 commit makes chunks part of a partition by appending a *reference segment* that names them
@@ -308,8 +308,8 @@ class Chunk:
 def decode_chunk(data: bytes, columns: Sequence[str] | None = None, *, what: str = "chunk") -> Chunk:
     """The chunk in ``data``, with only ``columns`` (None: all) decompressed.
 
-    Raises :class:`UnsupportedSegment` for a chunk of a newer format, :class:`CorruptChunk` for
-    bytes that are not a chunk.
+    Raises :class:`UnsupportedSegment` for a chunk of a newer format (I19: refused, never taken
+    for a corrupt chunk), :class:`CorruptChunk` for bytes that are not a chunk.
     """
     pa = arrow()
     try:

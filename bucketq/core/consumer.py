@@ -14,6 +14,7 @@ from typing import Literal
 
 from bucketq.config import ConsumerSettings
 from bucketq.core.cursor import Pos
+from bucketq.core.hooks import CommitHook
 from bucketq.core.ids import token
 from bucketq.core.keys import Keys
 from bucketq.core.membership import Membership
@@ -29,6 +30,7 @@ from bucketq.core.wake import WAKE_ACTIVE_S, WakeWatch, next_wake_turn, touch_wa
 from bucketq.errors import (
     BucketqError,
     Closed,
+    InvalidArgument,
     InvalidReceipt,
     LeaseLost,
     StorageError,
@@ -97,6 +99,7 @@ class _TopicSub:
         # theirs: the next tick sweeps the partitions they own once (core/wake.py)
         self.sweep = False
         self.partitions = partitions
+        self.owned: set[int] = set()  # the partitions this member owned at its last tick (I16)
         self.membership = membership
         self.incarnation = incarnation
         self.gone: TopicNotFound | None = None  # the topic was deleted: readers are told
@@ -151,7 +154,7 @@ class Consumer:
         self._last_refresh = 0.0
         self._poll_delay = settings.poll_min_ms / 1000
         self._error: BaseException | None = None
-        self.on_commit: Callable[[str, int, CycleResult, float], None] | None = None
+        self.on_commit: CommitHook | None = None
         self.pings = pings
         self._unlisten: list[Callable[[], None]] = []
 
@@ -268,6 +271,9 @@ class Consumer:
             subscription_started=siblings_started,
             incarnation=lambda: sub.incarnation,
             topic_idle=lambda: time.monotonic() >= sub.active_until,
+            # I6: the worker's cursor writes are fenced by the incarnation it was made for; a
+            # re-created topic gets new workers (_refresh_topic)
+            topic_fence=self.catalog.fence(sub.topic, sub.incarnation),
         )
 
     async def close(self, *, drain: bool = True) -> None:
@@ -377,6 +383,7 @@ class Consumer:
             if not failed:
                 delay = min(delay, max(0.0, self._next_settle() - time.monotonic()))
                 delay = min(delay, max(0.0, self._next_wake_turn() - time.time()))
+                delay = min(delay, max(0.0, self._next_lease_due() - time.time()))
             if not await wait_event(self._wake, delay):
                 self._poll_delay = min(self._poll_delay * 2, self._poll_ceiling())
 
@@ -401,6 +408,21 @@ class Consumer:
         deleted topic's are not: they are answered when the consumer closes)."""
         return min(
             (w.settle_at() for sub in self._subs.values() if sub.gone is None for w in sub.workers.values()),
+            default=float("inf"),
+        )
+
+    def _next_lease_due(self) -> float:
+        """When (wall time) the next lease this member looks after comes due (I16; inf: none, or
+        no room to claim it). The loop wakes then, whatever its idle cadence."""
+        if self.demand() <= 0:
+            return float("inf")
+        return min(
+            (
+                w.lease_due(owned=p in sub.owned)
+                for sub in self._subs.values()
+                if sub.gone is None
+                for p, w in sub.workers.items()
+            ),
             default=float("inf"),
         )
 
@@ -500,6 +522,7 @@ class Consumer:
             if sub.gone is None:
                 log.warning("consumer %s: topic %s was deleted", self.name, sub.topic)
                 self._drop_topic_messages(sub.topic)
+                self._fail_settlements(sub, TopicDeleted(sub.topic))
             sub.gone = exc
             self._arrived.set()
             return
@@ -509,6 +532,7 @@ class Consumer:
                 "consumer %s: topic %s was deleted and created again; starting over", self.name, sub.topic
             )
             self._drop_topic_messages(sub.topic)
+            self._fail_settlements(sub, TopicDeleted(sub.topic, "it was deleted and created again"))
             sub.incarnation = marker.incarnation
             sub.workers = {}
             sub.partitions = 0
@@ -521,6 +545,16 @@ class Consumer:
         for p in range(sub.partitions, config.partitions):
             sub.workers[p] = self._worker(sub, p)
         sub.partitions = config.partitions
+
+    @staticmethod
+    def _fail_settlements(sub: _TopicSub, error: TopicDeleted) -> None:
+        """Settlements still waiting on the topic's old cursors: their callers learn that the
+        topic is gone (they were never committed; the old cursors went with the topic)."""
+        for worker in sub.workers.values():
+            for intent in worker.intents:
+                if not intent.future.done():
+                    intent.future.set_exception(error)
+            worker.intents = []
 
     def _drop_topic_messages(self, topic: str) -> None:
         self._buffer = deque(m for m in self._buffer if m.topic != topic)
@@ -576,16 +610,26 @@ class Consumer:
         demand = self.demand()
         jobs: list[tuple[PartitionWorker, int, bool]] = []
         eager: set[PartitionWorker] = set()  # foreign jobs that claim without steal_after_s
-        now = time.monotonic()
+        expired: set[PartitionWorker] = set()  # foreign jobs that claim only expired leases (I16)
+        now, wall = time.monotonic(), time.time()
         for sub in self._subs.values():
             if sub.gone is not None:
                 continue
             mine = set(sub.membership.owned(sub.partitions))
+            # Lease liveness (I16): a partition this member just came to own (its owner left or
+            # died) is read and looked at now, so the leases its owner held are known here
+            for p in mine - sub.owned:
+                if p in sub.workers:
+                    sub.workers[p].wake_up()
+            sub.owned = mine
             sweep, sub.sweep = sub.sweep, False
             for p, worker in sub.workers.items():
                 settle = self._settle_due(worker, now)
+                # I16: an expired lease is claimed again when it comes due, whatever the cadence
+                # (an idle topic's partitions are otherwise looked at only every poll_idle_ms)
+                lease_due = demand > 0 and worker.lease_due(owned=p in mine) <= wall
                 if p in mine:
-                    if settle or (demand > 0 and (worker.recheck or worker.discovery_due(now))):
+                    if settle or (demand > 0 and (worker.recheck or worker.discovery_due(now))) or lease_due:
                         jobs.append((worker, demand, False))
                 elif settle:
                     jobs.append((worker, 0, True))
@@ -597,6 +641,11 @@ class Consumer:
                     jobs.append((worker, demand, True))
                 elif demand > 0 and p in sub.membership.help_wanted and now >= worker.next_foreign_poll:
                     jobs.append((worker, demand, True))  # work stealing: its owner asked for help
+                elif lease_due:
+                    # a lease this member looks after came due and the owner (dead, silent, or
+                    # this member's view of it stale) did not take it back: claim it
+                    expired.add(worker)
+                    jobs.append((worker, demand, True))
         if not jobs:
             return False
         claiming = sum(1 for _, d, _ in jobs if d > 0)
@@ -607,7 +656,10 @@ class Consumer:
         # after gather gave up (as plain gather does) outlived close(), holding settlements it had
         # taken, which then were neither committed nor failed (simulation seed 1974).
         results = await asyncio.gather(
-            *(self._cycle(w, d, foreign, self._settle_due(w, now), w in eager) for w, d, foreign in jobs),
+            *(
+                self._cycle(w, d, foreign, self._settle_due(w, now), w in eager, w in expired)
+                for w, d, foreign in jobs
+            ),
             return_exceptions=True,
         )
         failure = next((r for r in results if isinstance(r, BaseException)), None)
@@ -646,11 +698,24 @@ class Consumer:
         return not self._claiming or worker.settle_at() <= now or self._app_blocked()
 
     async def _cycle(
-        self, worker: PartitionWorker, demand: int, foreign: bool, settle: bool = True, eager: bool = False
+        self,
+        worker: PartitionWorker,
+        demand: int,
+        foreign: bool,
+        settle: bool = True,
+        eager: bool = False,
+        expired_only: bool = False,
     ) -> CycleResult:
         started = time.perf_counter()
         try:
-            res = await worker.cycle(demand, foreign=foreign, settle=settle, eager=eager)
+            res = await worker.cycle(
+                demand, foreign=foreign, settle=settle, eager=eager, expired_only=expired_only
+            )
+        except TopicDeleted:
+            # the topic fence (I6) found the topic gone or re-created: look at its marker at the
+            # next tick (readers are told, or the subscription starts over), write nothing more
+            self._last_refresh = 0.0
+            raise
         except StorageError:
             worker.failed_cycles += 1
             if worker.failed_cycles == FAILED_CYCLES_FOR_HELP and not foreign:
@@ -775,7 +840,7 @@ class Consumer:
     async def extend(self, receipt: str, seconds: float) -> float:
         """Keep the lease for ``seconds`` more from now; returns the new deadline."""
         if seconds <= 0:
-            raise BucketqError("extend needs a positive number of seconds")
+            raise InvalidArgument("extend needs a positive number of seconds")
         until = time.time() + seconds
         r = Receipt.decode(receipt)
         if receipt in self._settled:

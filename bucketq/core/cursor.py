@@ -169,9 +169,13 @@ class Delta:
     at: float
     ops: list[Op]
     unknown_ops: list[str] = field(default_factory=list, compare=False, repr=False)
+    # the topic incarnation its writer wrote for (format 4; "" when the writer named none: a
+    # format-3 delta, or a tool without a topic fence). A replica of another incarnation never
+    # applies it (I6): the delta takes its number with no ops, like an undecodable one.
+    inc: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "v": 1,
             "n": self.n,
             "member": self.member,
@@ -179,6 +183,9 @@ class Delta:
             "at": self.at,
             "ops": [op.to_json() for op in self.ops],
         }
+        if self.inc:
+            out["inc"] = self.inc
+        return out
 
     @classmethod
     def from_json(cls, obj: dict[str, Any]) -> Delta:
@@ -199,6 +206,7 @@ class Delta:
             at=float(obj["at"]),
             ops=ops,
             unknown_ops=unknown,
+            inc=str(obj.get("inc") or ""),
         )
 
 

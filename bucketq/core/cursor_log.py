@@ -13,6 +13,13 @@ Invariants this module enforces (docs/protocol.md):
   response, timeout) is resolved by reading the log: the member's delta id in ``state.ids``
   (kept in checkpoints too) says whether it landed; it is retried byte for byte only while its
   number is still free.
+* I6 — a cursor log belongs to one incarnation of its topic (with a ``topic_fence``). Deltas and
+  checkpoints carry the incarnation (format 4); a replica refuses another incarnation's: such a
+  delta takes its number with no ops, such a checkpoint is passed over. A delta or checkpoint is
+  written only with a marker copy younger than TOPIC_FENCE_S, and a delta counts as written
+  only if the copy was that young when the write completed (else :class:`TopicDeleted`): a
+  member that missed the topic's deletion and re-creation never writes its old state into the
+  purged prefix the new incarnation's log now uses.
 """
 
 from __future__ import annotations
@@ -24,20 +31,21 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from bucketq.core.cursor import CursorState, Delta, Op, apply_delta
-from bucketq.core.fences import DELTA_GRACE_S, DELTA_TRUST_S, FenceView
+from bucketq.core.fences import DELTA_TRUST_S, FenceView
+from bucketq.core.foreign import skip_foreign
 from bucketq.core.ids import token
-from bucketq.core.keys import Keys
-from bucketq.errors import AlreadyExists, Contended, StorageError
+from bucketq.core.keys import Keys, seq_of
+from bucketq.errors import AlreadyExists, Contended, StorageError, TopicDeleted
 from bucketq.storage import Storage
+
+if TYPE_CHECKING:
+    from bucketq.core.topics import TopicFence
 
 log = logging.getLogger("bucketq.cursor")
 
-# Kept for callers that name the windows by their old meaning: GC frees deltas only below a trim
-# fence older than GC_DELTA_GRACE_S; replicas trust a fence copy for RELOAD_AFTER_S.
-GC_DELTA_GRACE_S = DELTA_GRACE_S
-RELOAD_AFTER_S = DELTA_TRUST_S
 # Another member's delta stamped further than this in our future means a clock is off by more
 # than the configured margin: reported (log + counter), since lease expiry relies on the margin.
 SKEW_REPORT_S = 5.0
@@ -68,6 +76,7 @@ class CursorLog:
         max_attempts: int = 50,
         clock: Callable[[], float] | None = None,
         clock_skew_s: float = SKEW_REPORT_S,
+        topic_fence: TopicFence | None = None,
     ) -> None:
         self.storage = storage
         self.keys = keys
@@ -82,6 +91,13 @@ class CursorLog:
         self.clock_skew_s = clock_skew_s
         self.state = CursorState()
         self.fence = FenceView(storage, keys.log_trim(topic, consumer, partition), DELTA_TRUST_S)
+        # I6: the topic incarnation this log belongs to ("" without a fence: accepts any)
+        self.topic_fence = topic_fence
+        self.incarnation = topic_fence.incarnation if topic_fence is not None else ""
+        self.foreign = 0  # deltas and checkpoints of another incarnation refused
+        # the store's Last-Modified of the newest object this replica read (the checkpoint it
+        # loaded, or the delta at its tip): when the log was last written, on the store's clock
+        self.tip_modified: float | None = None
         self.conflicts = 0
         self.reloads = 0
         self.orphans = 0
@@ -101,7 +117,12 @@ class CursorLog:
             self.keys.checkpoint(self.topic, self.consumer, self.partition, after) if after else None
         )
         for _ in range(10):
-            listed = [info.key async for info in self.storage.list(prefix, start_after=start_after)]
+            listed = []
+            async for info in self.storage.list(prefix, start_after=start_after):
+                if seq_of(info.key, "json") is None:
+                    skip_foreign(info.key, f"cursor {self.topic}/{self.consumer}/p{self.partition}")
+                else:
+                    listed.append(info.key)
             vanished = False
             for key in reversed(listed):
                 blob = await self.storage.get(key)
@@ -109,8 +130,19 @@ class CursorLog:
                     vanished = True
                     break
                 try:
-                    return CursorState.from_json(json.loads(blob.data))
-                except (ValueError, KeyError, TypeError) as exc:
+                    obj = json.loads(blob.data)
+                    if self._foreign(obj.get("inc")):
+                        log.warning(
+                            "checkpoint %s belongs to another incarnation of topic %s (written by a "
+                            "member that missed its deletion); using an older one",
+                            key,
+                            self.topic,
+                        )
+                        continue
+                    loaded = CursorState.from_json(obj)
+                    self._note_modified(blob.last_modified)
+                    return loaded
+                except (ValueError, KeyError, TypeError, AttributeError) as exc:
                     log.warning("checkpoint %s cannot be decoded (%s); using an older one", key, exc)
             if not vanished:
                 return None
@@ -121,6 +153,7 @@ class CursorLog:
     async def load(self) -> CursorState:
         """Fence, newest checkpoint, then every delta after it until the first missing one."""
         await self.fence.refresh()
+        self.tip_modified = None
         state = await self._newest_checkpoint() or CursorState()
         if state.n + 1 < self.fence.floor:
             # deltas up to the fence may be gone, and no checkpoint covers them: cannot happen
@@ -176,14 +209,55 @@ class CursorLog:
                 continue
             if blob is None:
                 return applied
+            self._note_modified(blob.last_modified)
             delta = _decode_delta(blob.data, self.state.n + 1)
+            if self._foreign(delta.inc):
+                # I6: written for another incarnation of the topic into the prefix this one uses
+                # (a member that missed a deletion); it takes its number, with no ops, in every
+                # replica of this incarnation alike
+                log.warning(
+                    "cursor %s/%s/p%d: delta %d belongs to another incarnation of the topic; it counts "
+                    "as an empty delta",
+                    self.topic,
+                    self.consumer,
+                    self.partition,
+                    delta.n,
+                )
+                delta = Delta(delta.n, "", "", 0.0, [])
             self._check_clock(delta)
             results = apply_delta(self.state, delta)
             if self._inflight is not None and delta.id == self._inflight.id:
                 self._inflight_results = results  # our write landed; its response was lost
             applied += 1
 
+    def _note_modified(self, last_modified: float) -> None:
+        self.tip_modified = max(last_modified, self.tip_modified or last_modified)
+
+    def _foreign(self, inc: object) -> bool:
+        """Whether an object stamped ``inc`` belongs to another incarnation than this log's (an
+        object without a stamp, and a log without an incarnation, match any)."""
+        if isinstance(inc, str) and inc and self.incarnation and inc != self.incarnation:
+            self.foreign += 1
+            return True
+        return False
+
+    async def _confirm_topic(self, at: float) -> None:
+        """The topic fence (I6): raise TopicDeleted unless the topic was live, as this log's
+        incarnation, by a marker read less than TOPIC_FENCE_S before ``at``. A write of unknown
+        outcome is dropped with it: whatever it did, it did to a topic that is gone."""
+        if self.topic_fence is None:
+            return
+        try:
+            await self.topic_fence.confirm(at)
+        except TopicDeleted:
+            self._inflight = None
+            self._inflight_results = None
+            raise
+
     def _check_clock(self, delta: Delta) -> None:
+        """I10: a clock off by more than the margin is reported (lease expiry relies on it): a
+        delta stamped more than ``clock_skew_s`` in our future is logged, naming its member, and
+        the largest lead seen is kept in ``skew_seen``."""
         if not delta.member:
             return  # an undecodable delta: no clock to compare
         lead = delta.at - self.clock()
@@ -209,10 +283,12 @@ class CursorLog:
         self._inflight_results = None
         await self._tail()
         if self._inflight_results is not None:
+            await self._confirm_topic(time.monotonic())  # it landed before now: in a live topic?
             return self._finish(delta, 0, self._inflight_results, applied=True)
         if self.state.n >= delta.n:
             if self.state.ids.get(self.member, ("", 0.0))[0] == delta.id:
                 # landed, and was covered by a checkpoint we loaded: judge each op by the state
+                await self._confirm_topic(time.monotonic())
                 return self._finish(delta, 0, [_held(self.state, op) for op in delta.ops], applied=True)
             self._inflight = None  # another delta took the number: ours never landed
         return None
@@ -243,8 +319,11 @@ class CursorLog:
                 ops = build(self.state)
                 if not ops:
                     return None
-                delta = Delta(self.state.n + 1, self.member, token(), self.clock(), ops)
+                delta = Delta(self.state.n + 1, self.member, token(), self.clock(), ops, inc=self.incarnation)
             body = json.dumps(delta.to_json(), separators=(",", ":")).encode()
+            # I6: no write is even started into a topic that may be gone (a copy of its marker
+            # older than TOPIC_FENCE_S is read again first)
+            await self._confirm_topic(time.monotonic())
             try:
                 self._inflight = delta
                 await self.storage.create(self._delta_key(delta.n), body)
@@ -268,7 +347,8 @@ class CursorLog:
                     resolved.conflicts = conflicts
                     return resolved
                 continue
-            if not await self.fence.admits(delta.n, completed_at=time.monotonic()):
+            completed = time.monotonic()
+            if not await self.fence.admits(delta.n, completed_at=completed):
                 # I1: the write completed after GC may have freed its number (this replica was
                 # stale, or the member paused between the PUT and its answer). Reload: if the
                 # checkpoint that covers the number names this delta our newest, it landed
@@ -277,6 +357,7 @@ class CursorLog:
                 self._inflight = None
                 await self.load()
                 if self.state.ids.get(self.member, ("", 0.0))[0] == delta.id:
+                    await self._confirm_topic(time.monotonic())
                     return self._finish(
                         delta, conflicts, [_held(self.state, op) for op in delta.ops], applied=True
                     )
@@ -290,6 +371,8 @@ class CursorLog:
                     self.fence.floor,
                 )
                 continue
+            # I6: acknowledged only if the topic was live, as this incarnation, when it landed
+            await self._confirm_topic(completed)
             return self._finish(delta, conflicts, apply_delta(self.state, delta), applied=True)
 
     def _finish(self, delta: Delta, conflicts: int, results: list[bool], *, applied: bool) -> CommitOutcome:
@@ -300,7 +383,10 @@ class CursorLog:
         return CommitOutcome(delta, results, conflicts)
 
     def _checkpoint_soon(self) -> None:
-        body = json.dumps(self.state.to_json(), separators=(",", ":")).encode()
+        obj = self.state.to_json()
+        if self.incarnation:
+            obj["inc"] = self.incarnation  # format 4: loaders of another incarnation pass it over
+        body = json.dumps(obj, separators=(",", ":")).encode()
         key = self.keys.checkpoint(self.topic, self.consumer, self.partition, self.state.n)
         task = asyncio.get_running_loop().create_task(self._write_checkpoint(key, body))
         _background.add(task)
@@ -308,9 +394,13 @@ class CursorLog:
 
     async def _write_checkpoint(self, key: str, body: bytes) -> None:
         try:
+            if self.topic_fence is not None:  # I6, as for deltas (a background write: no state touched)
+                await self.topic_fence.confirm(time.monotonic())
             await self.storage.create(key, body)
         except (AlreadyExists, Contended):
             pass  # identical bytes from another writer, or one is being written
+        except TopicDeleted:
+            pass  # the topic went away: its cursor logs went with it
         except StorageError as exc:
             log.warning("checkpoint %s not written (%s); the log stays complete", key, exc)
 

@@ -9,12 +9,24 @@ GC frees numbers in two phases, so that a number that was ever taken is never ta
 2. **free**: objects below a fence are deleted only once the fence is ``grace`` old (normally in
    a later collection). Writers and readers re-read a fence they have not read for ``trust``
    (much shorter than ``grace``), so none of them can still act on a view that predates it.
-   A fence's age is measured on the store's clock (its last-modified time against that of an
-   object GC writes now), so no host's clock, GC's included, can make a fence look old early.
+   A fence's age is measured on the store's clock (its last-modified time against the store's
+   time), so no host's clock, GC's included, can make a fence look old early.
+
+Every other age that decides a deletion or an abandonment is measured on the store's clock too
+(invariant I15, ``core/store_clock.py``): GC reads the store's time once per collection and
+compares its own host clock with it only to warn.
 
 A partition where any subscription has not started its cursor yet is left alone (its start
 position is being decided). Also collected: stale member heartbeats, expired dedup markers,
-leftover probe and csprng claim objects, and objects a fenced writer left under a deleted topic.
+leftover probe and csprng claim objects, objects a fenced writer left under a deleted topic,
+expired pending job records (aborted, never deleted) and Spark staging nobody needs any more.
+
+GC is not the only code that deletes (docs/architecture.md, "Where is"): deleting a topic purges
+everything under it but its fences, which stay as tombstones (``TopicCatalog.delete``, I6);
+deleting a subscription removes its cursors (``core/subscriptions.delete_subscription``); a Spark
+write job removes its own staging area once committed (``spark/commit.py``), and a Spark redrive
+its round's intent (``spark/redrive.py``). None of them deletes a segment or delta number a
+writer could still take: that is GC's, through the fences.
 """
 
 from __future__ import annotations
@@ -26,14 +38,23 @@ from dataclasses import dataclass, field
 from bucketq.core.cursor import CursorState
 from bucketq.core.cursor_log import CursorLog
 from bucketq.core.fences import DELTA_GRACE_S, SEGMENT_GRACE_S, FenceValue, raise_fence, read_fence
-from bucketq.core.ids import token
-from bucketq.core.keys import Keys, parse_seq
+from bucketq.core.foreign import skip_foreign
+from bucketq.core.keys import (
+    Keys,
+    heartbeat_member,
+    is_dedup_key,
+    is_topic_object,
+    key_kind,
+    seq_of,
+    validate_name,
+)
 from bucketq.core.membership import live_heartbeats
 from bucketq.core.models import TopicConfig
 from bucketq.core.segment import taken_header
+from bucketq.core.store_clock import CLOCK_MARGIN_S, StoreClock
 from bucketq.core.topics import TopicCatalog
 from bucketq.core.txn import collect_transactions
-from bucketq.errors import StorageError, TopicNotFound
+from bucketq.errors import InvalidName, StorageError, TopicNotFound
 from bucketq.storage import Storage
 from bucketq.storage.strategies import CLAIM_SUFFIX
 
@@ -71,10 +92,25 @@ class GcReport:
     # consumed them (their readers skip them with an ``expire`` op, counted)
     expired_unconsumed: int = 0
     abandoned_subscriptions: list[str] = field(default_factory=list)
+    # GC's host clock minus the store's (seconds; positive: the host is ahead), and whether it was
+    # beyond the margin: ages are measured on the store's clock whatever this says (I15)
+    clock_offset_s: float | None = None
+    clock_warning: bool = False
     # what each collected topic stores after this collection (counted from the LISTs GC makes
     # anyway): the operator exports these as metrics
     stored: dict[str, TopicStorage] = field(default_factory=dict)
     deleted_keys: list[str] = field(default_factory=list)
+    # objects under the collected prefixes that bucketq did not write (a ``.keep``, a README):
+    # skipped, never deleted (invariant I8, core/foreign.py); how many, and which
+    foreign_objects: int = 0
+    foreign_keys: list[str] = field(default_factory=list)
+
+    def foreign(self, key: str, where: str) -> None:
+        """A listing met ``key``, a name bucketq does not write: skip it (logged once, counted)."""
+        if key not in self.foreign_keys:
+            self.foreign_keys.append(key)
+            self.foreign_objects += 1
+        skip_foreign(key, where)
 
     @property
     def total(self) -> int:
@@ -89,27 +125,6 @@ class GcReport:
             + self.orphans
             + self.transactions
         )
-
-
-class _StoreClock:
-    """The store's current time: the last-modified time of an object written now (read once per
-    collection, lazily; fences raised during the collection are younger than it, never older)."""
-
-    def __init__(self, storage: Storage, keys: Keys) -> None:
-        self.storage = storage
-        self.key = keys.probe("gc-clock")
-        self._now: float | None = None
-
-    async def now(self) -> float:
-        if self._now is None:
-            # different bytes every time: a server may keep the old Last-Modified when a PUT
-            # leaves an object's content unchanged (then GC would never see time pass)
-            await self.storage.overwrite(self.key, json.dumps({"at": time.time(), "n": token()}).encode())
-            info = await self.storage.head(self.key)
-            if info is None:
-                raise StorageError(f"{self.key} vanished right after it was written")
-            self._now = info.last_modified
-        return self._now
 
 
 class _Deleter:
@@ -141,30 +156,59 @@ async def collect_garbage(
     delta_grace_s: float = DELTA_GRACE_S,
     segment_grace_s: float = SEGMENT_GRACE_S,
     now: float | None = None,
+    clock_margin_s: float = CLOCK_MARGIN_S,
 ) -> GcReport:
     """Collect garbage for ``topics`` (default: every topic) plus the bucket-wide leftovers.
 
-    ``now`` (unix seconds) stands for the clock: ages of objects and fences are measured with it.
+    Every age that decides a deletion or an abandonment — retention, heartbeats, cursor writes,
+    dedup windows, fences, leftovers — is measured on the store's clock (I15): the store's time,
+    read once at the start of the collection, minus the objects' Last-Modified. ``now`` (unix
+    seconds) is what GC's host clock reads (default: ``time.time()``); it decides nothing, and
+    is only compared with the store's: a disagreement beyond ``clock_margin_s`` is reported
+    (``report.clock_warning``, a warning in the log).
     """
-    now = time.time() if now is None else now
     report = GcReport()
     deleter = _Deleter(storage, report)
-    clock = _StoreClock(storage, keys)
+    shift = 0.0 if now is None else now - time.time()
+    clock = StoreClock(
+        storage, keys=keys, margin_s=clock_margin_s, host_clock=lambda: time.time() + shift, who="GC"
+    )
+    now = await clock.read()  # the store's time: every age below is measured from it
+    report.clock_offset_s = clock.offset_s
+    report.clock_warning = clock.warnings > 0
     catalog = TopicCatalog(storage, keys)
     for topic in topics if topics is not None else await catalog.names():
         try:
-            config = await catalog.config(topic)
+            marker = await catalog.marker(topic)
         except TopicNotFound:
             continue
-        consumers = await catalog.consumers(topic)
-        states = {
-            (consumer, partition): await CursorLog(
-                storage, keys, topic, consumer, partition, member="gc"
-            ).load()
+        config = marker.config
+        # cursor objects of another incarnation (a member that missed a deletion) are not this
+        # topic's: loads pass them over, and trim fences are raised only above this one's (I6)
+        incarnation = marker.incarnation
+        fence = catalog.fence(topic, incarnation)
+        consumers = await catalog.consumers(topic, foreign=report.foreign)
+        logs = {
+            (consumer, partition): CursorLog(
+                storage, keys, topic, consumer, partition, member="gc", topic_fence=fence
+            )
             for consumer in consumers
             for partition in range(config.partitions)
         }
-        passed = await _abandoned(storage, keys, topic, consumers, states, config, now, member_ttl_s)
+        states = {where: await log.load() for where, log in logs.items()}
+        # a folder under subs/ that holds no cursor object is no subscription (someone dropped a
+        # file there): its "unstarted cursors" must not hold the topic's retention back
+        for consumer in list(consumers):
+            started = any(states[(consumer, p)].started for p in range(config.partitions))
+            if not started and not await _holds_cursor_objects(storage, keys, topic, consumer, report):
+                consumers.remove(consumer)
+        last_write = {
+            consumer: max(
+                (t for (c, _), log in logs.items() if c == consumer and (t := log.tip_modified)), default=None
+            )
+            for consumer in consumers
+        }
+        passed = await _abandoned(storage, keys, topic, consumers, last_write, config, now, member_ttl_s)
         report.abandoned_subscriptions.extend(f"{topic}/{c}" for c in passed)
         for partition in range(config.partitions):
             floors: list[int] = []
@@ -178,7 +222,9 @@ async def collect_garbage(
                 lagging.append(state.floor)
                 if consumer not in passed:
                     floors.append(state.floor)
-                await _collect_log(storage, keys, topic, consumer, partition, clock, delta_grace_s, deleter)
+                await _collect_log(
+                    storage, keys, topic, consumer, partition, now, delta_grace_s, deleter, incarnation
+                )
             if unstarted and config.max_retention_seconds is None:
                 continue  # a subscription is choosing its start position here: free nothing
             # ... except what is past the hard limit: a subscription that never starts (its first
@@ -191,24 +237,31 @@ async def collect_garbage(
                 0 if unstarted else min(floors) if floors else None,
                 config.retention_seconds,
                 now,
-                clock,
                 segment_grace_s,
                 deleter,
                 max_retention_s=config.max_retention_seconds,
                 lagging_floor=min(lagging) if lagging else None,
             )
-        async for info in storage.list(keys.dedup_prefix(topic)):
-            if now - info.last_modified > dedup_window_s:
+        dedup_prefix = keys.dedup_prefix(topic)
+        async for info in storage.list(dedup_prefix):
+            if not is_dedup_key(info.key, dedup_prefix):
+                report.foreign(info.key, f"{topic}: collecting dedup markers")
+            elif now - info.last_modified > dedup_window_s:
                 await deleter.add(info.key)
                 report.dedup_markers += 1
-        async for info in storage.list(keys.members_topic_prefix(topic)):
-            if now - info.last_modified > member_ttl_s:
+        members_prefix = keys.members_topic_prefix(topic)
+        async for info in storage.list(members_prefix):
+            if not _is_heartbeat(info.key, members_prefix):
+                report.foreign(info.key, f"{topic}: collecting member heartbeats")
+            elif now - info.last_modified > member_ttl_s:
                 await deleter.add(info.key)
                 report.members += 1
     if topics is None:
         await _collect_deleted_topics(storage, keys, catalog, now, deleter)
     async for info in storage.list(keys.probes_prefix()):
-        if now - info.last_modified > 3600 and info.key != clock.key:
+        if not info.key.endswith(".probe") or "/" in info.key[len(keys.probes_prefix()) :]:
+            report.foreign(info.key, "collecting probes")
+        elif now - info.last_modified > 3600 and info.key != keys.probe("clock"):
             await deleter.add(info.key)
             report.probes += 1
     await _collect_transactions(storage, keys, catalog, topics, now, deleter)
@@ -218,18 +271,42 @@ async def collect_garbage(
     return report
 
 
+async def _holds_cursor_objects(
+    storage: Storage, keys: Keys, topic: str, consumer: str, report: GcReport
+) -> bool:
+    """Whether anything under the subscription's prefix is a cursor object bucketq wrote."""
+    found = False
+    async for info in storage.list(keys.subscription_prefix(topic, consumer)):
+        if is_topic_object(info.key, keys.topic_prefix(topic)):
+            found = True
+        else:
+            report.foreign(info.key, f"{topic}: listing the subscription {consumer}")
+    return found
+
+
+def _is_heartbeat(key: str, members_topic_prefix: str) -> bool:
+    """Whether ``key`` is ``{consumer}/{member}.json`` under a topic's members prefix."""
+    consumer = key[len(members_topic_prefix) :].partition("/")[0]
+    try:
+        validate_name(consumer, "consumer")
+    except InvalidName:
+        return False
+    return heartbeat_member(key, f"{members_topic_prefix}{consumer}/") is not None
+
+
 async def _abandoned(
     storage: Storage,
     keys: Keys,
     topic: str,
     consumers: list[str],
-    states: dict[tuple[str, int], CursorState],
+    last_write: dict[str, float | None],
     config: TopicConfig,
     now: float,
     member_ttl_s: float,
 ) -> set[str]:
-    """Subscriptions of ``topic`` GC no longer waits for: inactive longer than the topic's
-    ``subscription_timeout_seconds`` (no live member heartbeat and no cursor write that long).
+    """Subscriptions of ``topic`` GC no longer waits for (I12: retention cannot be held hostage):
+    inactive longer than the topic's ``subscription_timeout_seconds`` (no live member heartbeat and
+    no cursor write that long).
 
     A subscription that is passed keeps its cursors: when it is read again, its readers find the
     collected segments below the floor fence and record an ``expire`` op that skips them, counted
@@ -238,16 +315,18 @@ async def _abandoned(
     heartbeat counts while it is younger than the timeout or than the TTL its member announced
     (an idle member heartbeats only every ``heartbeat_idle_s`` and says so, I13), within GC's
     ``member_ttl_s``.
+
+    Both ages are on the store's clock (``now`` is the store's time; ``last_write`` the store's
+    Last-Modified of each subscription's newest cursor object): a cursor write's age used to be
+    GC's host clock minus the ``at`` its writer stamped, and a heartbeat's GC's host clock minus
+    its Last-Modified, so a GC host ahead by more than the timeout passed every live group.
     """
     timeout = config.subscription_timeout_seconds
     if timeout is None:
         return set()
     passed = set()
     for consumer in consumers:
-        last = max(
-            (at for (c, _), st in states.items() if c == consumer for _, at in st.ids.values()),
-            default=None,
-        )
+        last = last_write.get(consumer)
         if last is not None and now - last <= timeout:
             continue
         prefix = keys.members_prefix(topic, consumer)
@@ -264,7 +343,6 @@ async def _collect_segments(
     min_floor: int | None,
     retention_s: float,
     now: float,
-    clock: _StoreClock,
     grace_s: float,
     deleter: _Deleter,
     *,
@@ -275,7 +353,7 @@ async def _collect_segments(
 
     A segment is kept while it is younger than ``retention_s`` or some subscription still needs
     it (``min_floor``), except that none is kept past ``max_retention_s`` (the topic's hard limit:
-    no subscription can hold the topic's data hostage). ``lagging_floor`` (every started
+    no subscription can hold the topic's data hostage, I12). ``lagging_floor`` (every started
     subscription's, passed ones included) only tells which freed segments were unconsumed.
     """
     fence_key = keys.segment_floor(topic, partition)
@@ -286,8 +364,12 @@ async def _collect_segments(
     hard_floor = floor  # below it every segment is past max_retention_s (contiguous)
     start_after = keys.segment(topic, partition, floor - 1) if floor > 0 else None
     stored = deleter.report.stored.setdefault(topic, TopicStorage())
+    where = f"{topic}/p{partition}: collecting segments"
     async for info in storage.list(keys.segments_prefix(topic, partition), start_after=start_after):
-        seq = parse_seq(info.key)
+        seq = seq_of(info.key, "jsonl")
+        if seq is None:  # foreign: it sorts anywhere (.keep first, README.txt last), so skip it
+            deleter.report.foreign(info.key, where)
+            continue
         age = now - info.last_modified
         expired_hard = max_retention_s is not None and age > max_retention_s
         if expired_hard and seq == hard_floor:
@@ -315,10 +397,14 @@ async def _collect_segments(
     fence, fence_modified = await read_fence(storage, fence_key)
     if fence is None or fence_modified is None:
         return
-    freeable = fence.freeable_below(fence_modified, await clock.now(), grace_s)
+    freeable = fence.freeable_below(fence_modified, now, grace_s)
     bound = freeable if min_floor is None else min(freeable, max(min_floor, hard_floor))
     async for info in storage.list(keys.segments_prefix(topic, partition)):
-        if parse_seq(info.key) >= bound:
+        seq = seq_of(info.key, "jsonl")
+        if seq is None:
+            deleter.report.foreign(info.key, where)
+            continue
+        if seq >= bound:
             break
         await deleter.add(info.key)
         deleter.report.segments += 1
@@ -330,44 +416,90 @@ async def _collect_log(
     topic: str,
     consumer: str,
     partition: int,
-    clock: _StoreClock,
+    now: float,
     grace_s: float,
     deleter: _Deleter,
+    incarnation: str = "",
 ) -> None:
     """Raise the log's trim fence above the second-newest checkpoint (phase 1) and drop the older
     checkpoints; free the deltas below an old enough fence (phase 2). The checkpoint a reload
     starts from is always at or above the fence's floor minus one (the fence only rises to just
-    above the second-newest checkpoint, which is kept)."""
+    above the second-newest checkpoint, which is kept).
+
+    Only checkpoints a reload would use count: readable, and of this incarnation of the topic
+    (I6). A checkpoint a member that missed the topic's deletion wrote into the purged prefix
+    (another incarnation's state, at a number this log may not have reached) must not raise the
+    fence: loads pass it over, and deltas freed below it would leave the log without a
+    checkpoint that covers them."""
     fence_key = keys.log_trim(topic, consumer, partition)
-    ckpts = sorted(
-        [parse_seq(i.key) async for i in storage.list(keys.checkpoints_prefix(topic, consumer, partition))]
-    )
-    if len(ckpts) >= 2 and await raise_fence(storage, fence_key, FenceValue(ckpts[-2] + 1, 0, time.time())):
+    where = f"{topic}/{consumer}/p{partition}: collecting the cursor log"
+    ckpts = []
+    async for info in storage.list(keys.checkpoints_prefix(topic, consumer, partition)):
+        n = seq_of(info.key, "json")
+        if n is None:
+            deleter.report.foreign(info.key, where)
+        else:
+            ckpts.append(n)
+    ckpts.sort()
+    usable: list[int] = []  # the newest two a reload would use, newest first
+    for n in reversed(ckpts):
+        if await _usable_checkpoint(storage, keys.checkpoint(topic, consumer, partition, n), incarnation):
+            usable.append(n)
+            if len(usable) == 2:
+                break
+    if len(usable) == 2 and await raise_fence(storage, fence_key, FenceValue(usable[1] + 1, 0, time.time())):
         deleter.report.fences_raised += 1
-    # checkpoints older than the second-newest are never loaded again: they go at once
-    for n in ckpts[:-2]:
-        await deleter.add(keys.checkpoint(topic, consumer, partition, n))
-        deleter.report.checkpoints += 1
+    # checkpoints older than the second-newest usable one are never loaded again: they go at once
+    for n in ckpts:
+        if len(usable) == 2 and n < usable[1]:
+            await deleter.add(keys.checkpoint(topic, consumer, partition, n))
+            deleter.report.checkpoints += 1
     fence, fence_modified = await read_fence(storage, fence_key)
     if fence is None or fence_modified is None:
         return
-    freeable = fence.freeable_below(fence_modified, await clock.now(), grace_s)
+    freeable = fence.freeable_below(fence_modified, now, grace_s)
     async for info in storage.list(keys.deltas_prefix(topic, consumer, partition)):
-        if parse_seq(info.key) >= freeable:
+        n = seq_of(info.key, "json")
+        if n is None:
+            deleter.report.foreign(info.key, where)
+            continue
+        if n >= freeable:
             break
         await deleter.add(info.key)
         deleter.report.deltas += 1
+
+
+async def _usable_checkpoint(storage: Storage, key: str, incarnation: str) -> bool:
+    """Whether a reload would use the checkpoint at ``key``: it decodes, and it is of this
+    incarnation (unstamped ones match any, as in ``CursorLog``)."""
+    blob = await storage.get(key)
+    if blob is None:
+        return False
+    try:
+        obj = json.loads(blob.data)
+        CursorState.from_json(obj)
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return False
+    inc = obj.get("inc")
+    return not (isinstance(inc, str) and inc and incarnation and inc != incarnation)
 
 
 async def _collect_deleted_topics(
     storage: Storage, keys: Keys, catalog: TopicCatalog, now: float, deleter: _Deleter
 ) -> None:
     """Objects a fenced writer left under a topic that no longer has a marker (floor fences stay:
-    they keep the topic's numbers unique if it is created again)."""
+    they keep the topic's numbers unique if it is created again). Only what bucketq writes for a
+    topic is collected: a folder at the root that is no topic's, and any object under a topic's
+    prefix that is not spelled as bucketq spells its objects, belong to someone else (I8)."""
     root = keys.topics_prefix()
     for prefix in await storage.list_prefixes(root):
         name = prefix[len(root) :].rstrip("/")
         if name.startswith("_"):
+            continue
+        try:
+            validate_name(name)
+        except InvalidName:
+            deleter.report.foreign(prefix, "collecting deleted topics")
             continue
         try:
             if await storage.head(keys.topic_marker(name)) is not None:
@@ -376,6 +508,9 @@ async def _collect_deleted_topics(
             continue
         async for info in storage.list(prefix):
             if info.key.endswith("/floor.json") or now - info.last_modified <= ORPHAN_AGE_S:
+                continue
+            if not is_topic_object(info.key.removesuffix(CLAIM_SUFFIX), prefix):
+                deleter.report.foreign(info.key, "collecting a deleted topic's leftovers")
                 continue
             await deleter.add(info.key)
             deleter.report.orphans += 1
@@ -414,6 +549,10 @@ async def _collect_claims(
     prefixes = [keys.topic_prefix(t) for t in topics] if topics is not None else [keys.prefix]
     for prefix in prefixes:
         async for info in storage.list(prefix):
-            if info.key.endswith(CLAIM_SUFFIX) and now - info.last_modified > 10 * claim_timeout_s:
+            if not info.key.endswith(CLAIM_SUFFIX):
+                continue
+            if key_kind(info.key.removesuffix(CLAIM_SUFFIX)) == "other":  # not the claim of our key
+                deleter.report.foreign(info.key, "collecting csprng claims")
+            elif now - info.last_modified > 10 * claim_timeout_s:
                 await deleter.add(info.key)
                 deleter.report.claims += 1

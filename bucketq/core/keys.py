@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 from dataclasses import dataclass
+from typing import Literal
 
 from bucketq.errors import InvalidName
 
@@ -33,9 +34,61 @@ def seq_str(seq: int) -> str:
 
 
 def parse_seq(key: str) -> int:
-    """The sequence number at the end of a segment, delta or checkpoint key."""
+    """The sequence number at the end of a segment, delta or checkpoint key bucketq wrote.
+
+    Strict: raises ``ValueError`` on any other name. Code walking a LIST of a data prefix uses
+    :func:`seq_of` instead, which tells a foreign name apart (a listing may meet one, I8)."""
     stem = key.rsplit("/", 1)[-1].split(".", 1)[0]
     return int(stem)
+
+
+_SEQ_NAME = re.compile(rf"(\d{{{SEQ_WIDTH}}})\.(jsonl|json)")
+_HEARTBEAT_NAME = re.compile(r"[^/]+\.json")
+_DEDUP_NAME = re.compile(r"[0-9a-f]{64}")
+
+
+def seq_of(key: str, ext: Literal["jsonl", "json"]) -> int | None:
+    """The number of a segment (``ext="jsonl"``), delta or checkpoint (``"json"``) key exactly as
+    :class:`Keys` spells it; ``None`` for any other name under the prefix (a ``.keep``, a
+    ``README.txt``, a folder marker, a sync tool's lock file: a foreign object, invariant I8).
+
+    Every listing of ``seg/``, ``log/`` and ``ckpt/`` parses names with this, never with
+    ``int()``: LIST order puts ``.keep`` before the numbers and ``README.txt`` after them, so a
+    listing must skip such a name wherever it sorts, not stop or fail on it."""
+    found = _SEQ_NAME.fullmatch(key.rsplit("/", 1)[-1])
+    if found is None or found[2] != ext:
+        return None
+    return int(found[1])
+
+
+def heartbeat_member(key: str, prefix: str) -> str | None:
+    """The member a heartbeat key under ``prefix`` (``Keys.members_prefix``) belongs to, or
+    ``None`` when the name is not ``{member}.json`` directly under it (a foreign object)."""
+    rest = key[len(prefix) :] if key.startswith(prefix) else ""
+    if _HEARTBEAT_NAME.fullmatch(rest) is None or rest == ".json":
+        return None
+    return rest[: -len(".json")]
+
+
+# What bucketq writes under a topic's prefix R/{topic}/ (the rest of the key), for listings that
+# must not touch anything else: GC's collection of a deleted topic's leftovers.
+_TOPIC_OBJECT = re.compile(
+    rf"p\d{{{PARTITION_WIDTH}}}/(seg/\d{{{SEQ_WIDTH}}}\.jsonl|head\.json|floor\.json)"
+    rf"|subs/[a-z0-9][a-z0-9.-]*/p\d{{{PARTITION_WIDTH}}}/((log|ckpt)/\d{{{SEQ_WIDTH}}}\.json|trim\.json)"
+    r"|dedup/[0-9a-f]{64}|txn/[^/]+\.json|\.topic|\.wake"
+)
+
+
+def is_topic_object(key: str, topic_prefix: str) -> bool:
+    """Whether ``key`` (under ``topic_prefix``, ``Keys.topic_prefix``) is an object bucketq writes
+    for a topic, spelled exactly as :class:`Keys` spells it; anything else is foreign."""
+    return key.startswith(topic_prefix) and _TOPIC_OBJECT.fullmatch(key[len(topic_prefix) :]) is not None
+
+
+def is_dedup_key(key: str, prefix: str) -> bool:
+    """Whether ``key`` is a dedup marker under ``prefix`` (``Keys.dedup_prefix``): a SHA-256 hex
+    digest, as :meth:`Keys.dedup` spells it."""
+    return key.startswith(prefix) and _DEDUP_NAME.fullmatch(key[len(prefix) :]) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +203,7 @@ class Keys:
     def txn(self, topic: str, txn_id: str) -> str:
         return self._k(f"{topic}/txn/{txn_id}.json")
 
-    # columnar chunks of write jobs (format 4, core/chunks.py): written once at their final key,
+    # columnar chunks of write jobs (format 5, core/chunks.py): written once at their final key,
     # ``{job}/{run}/{attempt}/p{PPPP}-{n}.arrow``, made part of a partition by a reference segment
     def chunks_prefix(self, topic: str) -> str:
         return self._k(f"{topic}/chunk/")

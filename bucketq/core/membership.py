@@ -9,7 +9,8 @@ import os
 import socket
 import time
 
-from bucketq.core.keys import Keys
+from bucketq.core.foreign import skip_foreign
+from bucketq.core.keys import Keys, heartbeat_member
 from bucketq.errors import StorageError
 from bucketq.storage import Storage
 
@@ -95,13 +96,31 @@ async def live_heartbeats(
     ``ttl_s``."""
     live = []
     async for info in storage.list(prefix):
+        member = heartbeat_member(info.key, prefix)
+        if member is None:
+            skip_foreign(info.key, "counting live members")
+            continue
         age = now - info.last_modified
         if age > max_age_s:
             continue
         if age > ttl_s and age > await announced_ttl(storage, info.key):
             continue
-        live.append(info.key[len(prefix) :].removesuffix(".json"))
+        live.append(member)
     return sorted(live)
+
+
+def _heartbeat_body(data: bytes) -> tuple[list[int], float | None, str | None] | None:
+    """(help, announced ttl, assign) of a heartbeat body, or None when it is not one."""
+    try:
+        body = json.loads(data)
+        if not isinstance(body, dict):
+            return None
+        help_wanted = [int(p) for p in body.get("help", [])]
+        ttl = float(body["ttl"]) if "ttl" in body else None
+    except (ValueError, TypeError):
+        return None
+    assign = body.get("assign")
+    return help_wanted, ttl, assign if isinstance(assign, str) else None
 
 
 class Membership:
@@ -162,50 +181,67 @@ class Membership:
 
     async def refresh(self) -> list[str]:
         """Re-read the live members (heartbeat younger than the TTL) and the partitions they ask help
-        for (a body is only fetched when its ETag changed); keeps the old view on errors."""
+        for (a body is only fetched when its ETag changed); keeps the old view on store errors.
+
+        An object under the prefix that is not a heartbeat (a foreign name), or whose body cannot
+        be read (a killed writer's empty object), is skipped on its own: it never costs the view
+        of the other members (before, one such object made every refresh fail)."""
         prefix = self.keys.members_prefix(self.topic, self.consumer)
         now = time.time()
         try:
-            # a heartbeat older than MAX_TTL_S is dead whatever it said (its body is not fetched)
-            infos = [i async for i in self.storage.list(prefix) if now - i.last_modified <= MAX_TTL_S]
+            listed = [i async for i in self.storage.list(prefix)]
             help_by_member: dict[str, list[int]] = {}
             ttl_by_member: dict[str, float] = {}
             assign_by_member: dict[str, str | None] = {}
-            for info in infos:
-                member = info.key[len(prefix) : -len(".json")]
+            ages: dict[str, float] = {}
+            for info in listed:
+                member = heartbeat_member(info.key, prefix)
+                if member is None:
+                    skip_foreign(info.key, f"{self.topic}/{self.consumer}: reading the member list")
+                    continue
+                age = now - info.last_modified
+                # a heartbeat older than MAX_TTL_S is dead whatever it said (its body is not fetched)
+                if age > MAX_TTL_S:
+                    continue
                 if member == self.member:
+                    ages[member] = age
                     continue
                 if self._etags.get(member) == info.etag:
                     help_by_member[member] = self._help_by_member.get(member, [])
                     ttl_by_member[member] = self._ttl_by_member.get(member, self.ttl_s)
                     assign_by_member[member] = self._assign_by_member.get(member)
+                    ages[member] = age
                     continue
                 blob = await self.storage.get(info.key)
-                if blob is not None:
-                    body = json.loads(blob.data)
-                    help_by_member[member] = [int(p) for p in body.get("help", [])]
-                    ttl_by_member[member] = min(MAX_TTL_S, float(body.get("ttl", self.ttl_s)))
-                    assign = body.get("assign")
-                    assign_by_member[member] = assign if isinstance(assign, str) else None
-                    self._etags[member] = info.etag
-                else:  # gone between LIST and GET: counted as not (yet) known to balance
+                if blob is None:  # gone between LIST and GET: counted as not (yet) known to balance
                     assign_by_member[member] = None
-            infos = [
-                i
-                for i in infos
-                if now - i.last_modified
-                <= max(self.ttl_s, ttl_by_member.get(i.key[len(prefix) : -len(".json")], self.ttl_s))
-            ]
-        except (StorageError, ValueError, TypeError):
+                    ages[member] = age
+                    continue
+                body = _heartbeat_body(blob.data)
+                if body is None:
+                    skip_foreign(info.key, f"{self.topic}/{self.consumer}: unreadable heartbeat")
+                    continue
+                help_by_member[member] = body[0]
+                ttl_by_member[member] = min(MAX_TTL_S, body[1] if body[1] is not None else self.ttl_s)
+                assign_by_member[member] = body[2]
+                self._etags[member] = info.etag
+                ages[member] = age
+        except StorageError:
             return self.members
+        # What each heartbeat said is kept for every heartbeat listed, live or not: it is cached by
+        # ETag, and a member whose heartbeat aged out for a moment (a pause, an outage) comes back
+        # with the same body, so the same ETag. Keeping only the live ones forgot its "assign", and
+        # this member then counted it as an older release for good: it fell back to plain
+        # rendezvous while the others stayed balanced, and a partition could end up with no owner
+        # (found by the simulation: a quiesced group never claimed a partition's last messages).
         self._ttl_by_member = ttl_by_member
-        live = {info.key[len(prefix) : -len(".json")] for info in infos}
-        self._assign_by_member = {m: a for m, a in assign_by_member.items() if m in live}
-        self.balanced = all(a == BALANCED for a in self._assign_by_member.values())
-        help_by_member = {m: h for m, h in help_by_member.items() if m in live}
+        self._assign_by_member = assign_by_member
         self._help_by_member = help_by_member
-        self.help_wanted = {p for parts in help_by_member.values() for p in parts}
-        self.members = sorted({info.key[len(prefix) : -len(".json")] for info in infos} | {self.member})
+        live = {m for m, age in ages.items() if age <= max(self.ttl_s, ttl_by_member.get(m, self.ttl_s))}
+        peers = live - {self.member}
+        self.balanced = all(assign_by_member.get(m) == BALANCED for m in peers)
+        self.help_wanted = {p for m in peers for p in help_by_member.get(m, [])}
+        self.members = sorted(live | {self.member})
         return self.members
 
     async def leave(self) -> None:

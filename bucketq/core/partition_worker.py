@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -19,6 +20,7 @@ from bucketq.core.message import Message, Receipt
 from bucketq.core.refsegment import header_or_stand_in, load_or_stand_in
 from bucketq.core.segment import Record, Segment
 from bucketq.core.subscriptions import start_cursor
+from bucketq.core.topics import TopicFence
 from bucketq.core.txn import txn_visibility
 from bucketq.storage import Storage
 
@@ -36,6 +38,9 @@ MAX_WINDOW_SEGMENTS = 64
 # the log's tip) per owned partition and period, only while the partition writes nothing; while
 # the topic is idle, only at the fallback poll (a ``seek`` touches the wake object, core/wake.py).
 LOG_REFRESH_S = 30.0
+# A lease comes due this long after it may first be claimed (claims need ``until + margin < now``;
+# a look at the very instant would find it not yet claimable, then count it as looked at).
+LEASE_DUE_AFTER_S = 0.001
 
 DeadLetterFn = Callable[[str, int, Pos, Record, int, str], Awaitable[None]]
 
@@ -121,6 +126,7 @@ class PartitionWorker:
         subscription_started: Callable[[], bool] = lambda: False,
         incarnation: Callable[[], str] = lambda: "",
         topic_idle: Callable[[], bool] = lambda: False,
+        topic_fence: TopicFence | None = None,
     ) -> None:
         self.storage = storage
         self.keys = keys
@@ -146,6 +152,7 @@ class PartitionWorker:
             checkpoint_every=settings.checkpoint_every,
             max_attempts=settings.max_commit_attempts,
             clock_skew_s=settings.clock_skew_s,
+            topic_fence=topic_fence,  # I6: its writes are fenced by the topic's incarnation
         )
         self.floor_fence = FenceView(storage, keys.segment_floor(topic, partition), SEGMENT_TRUST_S)
         self._expire_to: tuple[int, int] | None = None
@@ -172,6 +179,15 @@ class PartitionWorker:
         self.find_gap = float("inf")
         self.tail_reached = False
         self.log_read = time.monotonic()  # when the log was last read to its tip
+        # Lease liveness (I16): leases of this partition that this member looks after although it
+        # does not own the partition: those its replica held when it joined (their holder may have
+        # died before this member's join: nobody else may know them), pos -> token
+        self.watch_foreign: dict[Pos, str] = {}
+        # wall time of the last cycle that looked for claimable messages (expired leases
+        # included): a lease that came due before it was looked at, so it is not due again until
+        # something changes (a lease claimed again, or a new one)
+        self.leases_looked = float("-inf")
+        self._deadlines: tuple[tuple[int, int, bool], list[float]] | None = None
         self._lock = asyncio.Lock()
 
     @property
@@ -187,6 +203,56 @@ class PartitionWorker:
             self.log, self.settings.start_position, subscription_started=self.subscription_started()
         )
         self.loaded = True
+        # I16: this member read the log just now; a lease in it may belong to a member that died
+        # before this one joined, whose partition's owner (itself, perhaps) may never learn of it
+        self.watch_foreign = {pos: lease.token for pos, lease in self.state.leases.items()}
+        self._deadlines = None
+
+    # -- lease liveness (I16) --------------------------------------------------------------------
+
+    def lease_due(self, *, owned: bool) -> float:
+        """When (wall clock) this member should next claim an expired lease here; inf: none.
+
+        An owner looks after every lease of its partition, at ``until + clock_skew_s`` (the margin
+        I4 claims with). A non-owner looks after the leases it holds itself and those it watches
+        (``watch_foreign``), ``steal_after_s`` later still: a live owner takes its own partition's
+        leases back first, so a non-owner's claim meets an owner that is dead or silent. A lease
+        that came due before the last cycle that looked for claimable messages is not due again.
+        Deadlines are cached per state version: this runs at every tick.
+        """
+        state = self.log.state
+        key = (id(state), state.n, owned)
+        if self._deadlines is None or self._deadlines[0] != key:
+            # strictly after the margin: a claim needs ``until + clock_skew_s < now`` (I4)
+            margin = (
+                self.settings.clock_skew_s
+                + (0.0 if owned else self.settings.steal_after_s)
+                + LEASE_DUE_AFTER_S
+            )
+            self._deadlines = (
+                key,
+                sorted(
+                    lease.until + margin
+                    for pos, lease in state.leases.items()
+                    if owned or lease.member == self.member or self.watch_foreign.get(pos) == lease.token
+                ),
+            )
+        deadlines = self._deadlines[1]
+        i = bisect.bisect_right(deadlines, self.leases_looked)
+        return deadlines[i] if i < len(deadlines) else float("inf")
+
+    def _forget_watched(self, now: float, *, keep_expired: bool) -> None:
+        """After a look at this partition's leases: stop watching those that are settled or taken
+        again, and the expired ones this look could claim; keep those still running."""
+        skew = self.settings.clock_skew_s
+        self.watch_foreign = {
+            pos: tok
+            for pos, tok in self.watch_foreign.items()
+            if (lease := self.state.leases.get(pos)) is not None
+            and lease.token == tok
+            and (keep_expired or lease.until + skew >= now)
+        }
+        self._deadlines = None
 
     # -- discovery -------------------------------------------------------------------------------
 
@@ -298,18 +364,25 @@ class PartitionWorker:
         return self.find_gap <= within and time.monotonic() - self.last_found <= within
 
     async def cycle(
-        self, demand: int, *, foreign: bool = False, settle: bool = True, eager: bool = False
+        self,
+        demand: int,
+        *,
+        foreign: bool = False,
+        settle: bool = True,
+        eager: bool = False,
+        expired_only: bool = False,
     ) -> CycleResult:
         """One group commit: pending intents, dead letters, new segments and up to ``demand`` claims.
 
         On a partition another member owns (``foreign``), the member first catches up with the
         log, claims only messages that waited longer than ``steal_after_s`` (any message when
-        ``eager``: the sweep of a topic that just woke), and writes nothing when it has nothing
-        to claim or settle. Without ``settle`` the waiting settlements only ride along with a
-        delta the cycle writes anyway (new segments, claims, dead letters).
+        ``eager``: the sweep of a topic that just woke; only messages whose lease expired when
+        ``expired_only``: a look at leases that came due, I16), and writes nothing when it has
+        nothing to claim or settle. Without ``settle`` the waiting settlements only ride along
+        with a delta the cycle writes anyway (new segments, claims, dead letters).
         """
         async with self._lock:
-            return await self._cycle(demand, foreign, settle, eager)
+            return await self._cycle(demand, foreign, settle, eager, expired_only)
 
     def _log_refresh_s(self) -> float:
         if self.topic_idle():
@@ -317,9 +390,10 @@ class PartitionWorker:
         return LOG_REFRESH_S
 
     async def _cycle(
-        self, demand: int, foreign: bool, settle: bool = True, eager: bool = False
+        self, demand: int, foreign: bool, settle: bool = True, eager: bool = False, expired_only: bool = False
     ) -> CycleResult:
         result = CycleResult()
+        looked = time.time()  # I16: every lease due by now is looked at by this cycle's claims
         if demand > 0:
             self.recheck = False
         await self.ensure_loaded()
@@ -330,7 +404,7 @@ class PartitionWorker:
             await self.log.catch_up()
             self.log_read = now
             self._absorb_discovered()
-        if demand > 0 and (foreign or self.discovery_due(now)):
+        if demand > 0 and not expired_only and (foreign or self.discovery_due(now)):
             result.discovered = await self.discover()
             if result.discovered:  # track the arrival interval: quarter on a find, double on a miss
                 self.discovery_backoff = max(self.settings.poll_min_ms / 1000, self.discovery_backoff / 4)
@@ -364,7 +438,7 @@ class PartitionWorker:
             settles = [i.op() for i in intents if not i.future.done()]
             settles.extend(Op("dead", p[0], p[1], reason=r, ref="dead") for p, r in self._dead_ready.items())
             seen = self._seen_ops(state)
-            claims, more = self._choose_claims(state, demand, seen, min_age)
+            claims, more = self._choose_claims(state, demand, seen, min_age, expired_only=expired_only)
             leftover[0] = more
             if foreign and not claims and not settles:
                 return []
@@ -391,6 +465,13 @@ class PartitionWorker:
                 self.recheck = bool(self.state.segments)
             self.intents = [i for i in self.intents if not i.future.done()]
         self._absorb_discovered()
+        if demand > 0:
+            # a look that had to leave claimable messages behind (its share of the demand ran
+            # out) is not a look at them: their leases stay due, and stay watched
+            if not self.window_has_more:
+                self.leases_looked = looked
+            if foreign:
+                self._forget_watched(looked, keep_expired=self.window_has_more)
         return result
 
     def _expire_op(self, state: CursorState) -> Op | None:
@@ -439,11 +520,18 @@ class PartitionWorker:
         return seg.records[pos[1]]
 
     def _choose_claims(
-        self, state: CursorState, demand: int, ops: list[Op], min_age: float | None = None
+        self,
+        state: CursorState,
+        demand: int,
+        ops: list[Op],
+        min_age: float | None = None,
+        *,
+        expired_only: bool = False,
     ) -> tuple[list[Op], bool]:
         """Claims for up to ``demand`` visible positions, lowest priority first; and whether more remain.
 
-        ``min_age`` restricts claims to messages created at least that many seconds ago.
+        ``min_age`` restricts claims to messages created at least that many seconds ago;
+        ``expired_only`` to messages whose lease expired (I16).
         """
         want = max(demand, 0)
         now = time.time()
@@ -478,17 +566,22 @@ class PartitionWorker:
             if record is None:
                 if ordered:
                     # not loaded (beyond the window): a later record of its key must not pass it
+                    # (I9: per-key order holds for any number of open segments)
                     complete = False
                     break
                 continue
             available = state.claimable(pos, now) and pos not in self._dead_ready
             lease = state.leases.get(pos)
+            if expired_only and lease is None:
+                available = False
             if available and lease is not None and lease.until + skew >= now:
                 available = False  # expired, but within the clock-skew margin
             if available and limit is not None and state.prior_deliveries(pos) >= limit:
                 available = False  # the janitor dead-letters it instead
             consider(pos, record, available)
-        for seq, count, skip, delayed in new_segments if complete or not ordered else ():
+        for seq, count, skip, delayed in (
+            new_segments if (complete or not ordered) and not expired_only else ()
+        ):
             for idx in range(count):
                 if len(candidates) >= scan_limit:
                     break

@@ -27,7 +27,7 @@ from bucketq.core.refsegment import load_segment
 from bucketq.core.segment import Record, Segment, decode_header
 from bucketq.core.topics import TopicCatalog, find_tail, first_segment
 from bucketq.core.txn import TxnResolver
-from bucketq.errors import BucketqError
+from bucketq.errors import InvalidArgument
 from bucketq.storage import Storage
 
 PeekState = Literal["pending", "delayed", "in_flight", "done"]
@@ -95,25 +95,28 @@ async def peek(
     partitions by creation time. Raises TopicNotFound, BucketqError for a bad position and
     StorageError when the store fails."""
     if limit < 1:
-        raise BucketqError(f"limit must be at least 1, got {limit}")
+        raise InvalidArgument(f"limit must be at least 1, got {limit}")
     if offset is not None and offset < 0:
-        raise BucketqError(f"offset must be 0 or more, got {offset}")
+        raise InvalidArgument(f"offset must be 0 or more, got {offset}")
     if offset is not None and since is not None:
-        raise BucketqError("give a start offset or a start time, not both")
+        raise InvalidArgument("give a start offset or a start time, not both")
     marker = await catalog.marker(topic, fresh=True)
     count = marker.config.partitions
     chosen = sorted(set(partitions)) if partitions else list(range(count))
     for p in chosen:
         if not 0 <= p < count:
-            raise BucketqError(f"topic {topic!r} has partitions 0..{count - 1}, not {p}")
+            raise InvalidArgument(f"topic {topic!r} has partitions 0..{count - 1}, not {p}")
     resolver = TxnResolver(storage, keys, topic, abort_expired=False)
     per_partition: list[list[PeekedMessage]] = []
     for p in chosen:
         state = None
         if consumer is not None:
-            state = await CursorLog(storage, keys, topic, consumer, p, member=_MEMBER).load()
+            fence = catalog.fence(topic, marker.incarnation)  # another incarnation's objects: not its
+            state = await CursorLog(
+                storage, keys, topic, consumer, p, member=_MEMBER, topic_fence=fence
+            ).load()
             if not state.started:
-                raise BucketqError(
+                raise InvalidArgument(
                     f"subscription {consumer!r} has not started on {topic!r} partition {p}: "
                     "nothing has consumed it yet (peek without --consumer to see the topic)"
                 )

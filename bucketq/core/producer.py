@@ -10,7 +10,7 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Unpack
 
 from bucketq.config import ProducerSettings
 from bucketq.core.batching import TIMER_RESOLUTION_S, Batcher
@@ -26,6 +26,7 @@ from bucketq.core.segment import (
     encode_record,
 )
 from bucketq.core.segment_writer import SegmentWriter
+from bucketq.core.store_clock import READING_REUSE_S, StoreClock
 from bucketq.core.topics import TopicCatalog, find_tail
 from bucketq.core.waiting import wait_event
 from bucketq.core.wake import WAKE_REFRESH_S, touch_wake
@@ -38,6 +39,7 @@ from bucketq.errors import (
     PublishTimeout,
     StorageError,
 )
+from bucketq.publish_options import DEFAULT_OPTIONS, PublishFields, PublishOptions, resolve_options
 from bucketq.storage import Storage
 
 log = logging.getLogger("bucketq.producer")
@@ -89,15 +91,36 @@ def _pending_marker(
     return json.dumps(body).encode()
 
 
+_COMMITTED_FIELDS = ("id", "partition", "seq", "index", "offset")
+
+
+def _decode_marker(data: bytes) -> dict[str, Any]:
+    """A dedup marker's body; an unreadable one (a killed writer's empty object, a stray write)
+    reads as ``{"state": "unreadable"}``: taken over like an abandoned pending marker once it is
+    older than the publish timeout, never a reason for a publish to fail (I8)."""
+    try:
+        marker = json.loads(data)
+    except ValueError:
+        return {"state": "unreadable"}
+    if not isinstance(marker, dict):
+        return {"state": "unreadable"}
+    if marker.get("state") == "committed" and not all(f in marker for f in _COMMITTED_FIELDS):
+        return {"state": "unreadable"}
+    return marker
+
+
 def _scan_ranges(marker: dict[str, Any]) -> dict[int, int]:
     """partition -> earliest seq where the attempts a pending dedup marker records may have landed
     (format 2 markers name one partition and seq; takeovers add ``scan`` with every attempt's)."""
     out: dict[int, int] = {}
-    for p, seq in marker.get("scan") or ():
-        out[int(p)] = min(out.get(int(p), int(seq)), int(seq))
-    partition = int(marker.get("partition", -1))
-    if partition >= 0 and "from_seq" in marker:
-        out[partition] = min(out.get(partition, int(marker["from_seq"])), int(marker["from_seq"]))
+    try:
+        for p, seq in marker.get("scan") or ():
+            out[int(p)] = min(out.get(int(p), int(seq)), int(seq))
+        partition = int(marker.get("partition", -1))
+        if partition >= 0 and "from_seq" in marker:
+            out[partition] = min(out.get(partition, int(marker["from_seq"])), int(marker["from_seq"]))
+    except (ValueError, TypeError):
+        pass  # a malformed record of where attempts landed: scan what could be read of it
     return out
 
 
@@ -123,6 +146,21 @@ def partition_for_key(key: str, partitions: int) -> int:
     """``hash(key) % partitions`` with a stable hash: the first 8 bytes of SHA-256, big-endian."""
     digest = hashlib.sha256(key.encode()).digest()
     return int.from_bytes(digest[:8], "big") % partitions
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedRecord:
+    """One message built, validated and encoded for ``topic`` (:meth:`Producer.prepare`), not yet
+    published: ``line`` is the exact bytes its segment will hold."""
+
+    topic: str
+    record: Record
+    line: bytes
+
+    @property
+    def size(self) -> int:
+        """The encoded size in bytes (what the topic's ``max_message_bytes`` limits)."""
+        return len(self.line)
 
 
 @dataclass(slots=True)
@@ -334,11 +372,14 @@ class Producer:
         name: str,
         peers: ProducerPeers | None = None,
         pings: Pings | None = None,
+        clock: StoreClock | None = None,
     ) -> None:
         self.storage = storage
         self.keys = keys
         self.catalog = catalog
         self.settings = settings
+        # the store's clock: a dedup marker's age is measured on it (I15), never on this host's
+        self.clock = clock or StoreClock(storage, keys=keys, who=f"producer {name}")
         self.id = producer_id
         self.name = name
         self._appenders: dict[tuple[str, int], PartitionAppender] = {}
@@ -429,39 +470,70 @@ class Producer:
         payload: Any = None,
         *,
         data: bytes | None = None,
-        content_type: str | None = None,
-        key: str | None = None,
-        headers: Mapping[str, str] | None = None,
-        dedup_id: str | None = None,
-        priority: int = 0,
-        not_before: float | None = None,
-        delay: float | None = None,
+        options: PublishOptions | None = None,
         message_id: str | None = None,
         created_at: float | None = None,
+        **fields: Unpack[PublishFields],
     ) -> PublishResult:
-        """Publish one message; returns once it is durable in the bucket."""
+        """Publish one message; returns once it is durable in the bucket.
+
+        The body is a JSON-serialisable ``payload`` or raw ``data`` bytes (not both). The options
+        (``key``, ``headers``, ``dedup_id``, ``priority``, ``delay`` or ``not_before``,
+        ``content_type``; see :class:`~bucketq.PublishOptions`) are keyword arguments, or one
+        ``options`` value, not both. ``message_id`` and ``created_at`` replace the generated id and
+        the publish time (replays, benchmarks).
+
+        Raises :class:`~bucketq.TopicNotFound`, :class:`~bucketq.InvalidMessage` or
+        :class:`~bucketq.MessageTooLarge` (nothing was published), :class:`~bucketq.PublishTimeout`
+        or :class:`~bucketq.StorageError` (not acknowledged; it may still have landed, so retry
+        with a ``dedup_id``), :class:`~bucketq.TopicDeleted`, :class:`~bucketq.Closed`.
+        """
+        opts = resolve_options(options, **fields)
+        prepared = await self.prepare(
+            topic, payload, data=data, options=opts, message_id=message_id, created_at=created_at
+        )
+        return await self.publish_prepared(prepared)
+
+    async def prepare(
+        self,
+        topic: str,
+        payload: Any = None,
+        *,
+        data: bytes | None = None,
+        options: PublishOptions = DEFAULT_OPTIONS,
+        message_id: str | None = None,
+        created_at: float | None = None,
+    ) -> PreparedRecord:
+        """Build, validate and encode one message for ``topic`` without publishing it.
+
+        The record is built once: :meth:`publish_prepared` publishes exactly these bytes. A caller
+        that must check a whole batch before publishing any of it (the sidecar, the CLI) prepares
+        every message first. Raises what :meth:`publish` raises before anything is written.
+        """
         if self._closed:
             raise Closed("producer is closed")
         config = await self.catalog.config(topic)
         record = build_record(
             payload,
             data=data,
-            content_type=content_type,
-            key=key,
-            headers=headers,
+            content_type=options.content_type,
+            key=options.key,
+            headers=options.headers,
             producer_id=self.id,
-            priority=priority,
-            not_before=not_before,
-            delay=delay,
-            dedup_id=dedup_id,
+            priority=options.priority,
+            not_before=options.not_before,
+            delay=options.delay,
+            dedup_id=options.dedup_id,
             id=message_id,
             created_at=created_at,
         )
-        line = encode_record(record, config.max_message_bytes)
-        partition = await self._choose_partition(topic, key, config.partitions)
-        if dedup_id is not None:
-            return await self._publish_dedup(topic, partition, record, line, dedup_id)
-        return await self._enqueue(topic, partition, record, line)
+        return PreparedRecord(topic, record, encode_record(record, config.max_message_bytes))
+
+    async def publish_prepared(self, prepared: PreparedRecord) -> PublishResult:
+        """Publish a message :meth:`prepare` built; returns once it is durable in the bucket."""
+        return await self._publish_line(
+            prepared.topic, prepared.record, prepared.line, prepared.record.dedup_id
+        )
 
     async def publish_record(
         self,
@@ -482,6 +554,14 @@ class Producer:
         if headers is not None:
             record = replace(record, headers=dict(headers))
         line = encode_record(record, config.max_message_bytes)
+        return await self._publish_line(topic, record, line, dedup_id)
+
+    async def _publish_line(
+        self, topic: str, record: Record, line: bytes, dedup_id: str | None
+    ) -> PublishResult:
+        if self._closed:
+            raise Closed("producer is closed")
+        config = await self.catalog.config(topic)
         partition = await self._choose_partition(topic, record.key, config.partitions)
         if dedup_id is not None:
             return await self._publish_dedup(topic, partition, record, line, dedup_id)
@@ -524,8 +604,10 @@ class Producer:
             blob = await self.storage.get(marker_key)
             if blob is None:
                 continue
-            marker = json.loads(blob.data)
-            age = time.time() - float(marker.get("at", 0))
+            marker = _decode_marker(blob.data)
+            # I15: the marker's age on the store's clock (its "at" is its writer's host clock: a
+            # producer whose clock ran ahead took over another's live marker and stored twice)
+            age = await self.clock.now(max_age_s=READING_REUSE_S) - blob.last_modified
             if marker.get("state") == "committed" and age <= window:
                 return _duplicate(topic, marker)
             stale = (

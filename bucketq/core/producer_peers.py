@@ -7,7 +7,7 @@ import contextlib
 import logging
 import time
 
-from bucketq.core.keys import Keys
+from bucketq.core.keys import Keys, heartbeat_member
 from bucketq.core.registry import Registration, Registry
 from bucketq.errors import StorageError
 from bucketq.storage import Storage
@@ -60,9 +60,10 @@ class ProducerPeers:
             prefix = self.keys.producers_prefix()
             now = time.time()
             live = [
-                info.key[len(prefix) : -len(".json")]
+                member
                 async for info in self.storage.list(prefix)
-                if now - info.last_modified <= TTL_S
+                if (member := heartbeat_member(info.key, prefix)) is not None
+                and now - info.last_modified <= TTL_S
             ]
         except StorageError as exc:
             log.debug("producer list not refreshed: %s", exc)

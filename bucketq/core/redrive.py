@@ -35,7 +35,7 @@ from bucketq.core.peek import PeekedMessage, state_of, visible_segments
 from bucketq.core.refsegment import header_or_stand_in, load_or_stand_in
 from bucketq.core.subscriptions import start_cursor
 from bucketq.core.txn import TxnResolver
-from bucketq.errors import BucketqError
+from bucketq.errors import InvalidArgument
 from bucketq.storage import Storage
 
 if TYPE_CHECKING:
@@ -236,9 +236,9 @@ async def redrive(
     target topic and BucketqError for a message without a source topic when ``to`` is not given.
     """
     if batch < 1:
-        raise BucketqError(f"batch must be at least 1, got {batch}")
+        raise InvalidArgument(f"batch must be at least 1, got {batch}")
     if rate is not None and rate <= 0:
-        raise BucketqError(f"rate must be positive, got {rate}")
+        raise InvalidArgument(f"rate must be positive, got {rate}")
     storage, keys, catalog = bq.storage, bq.keys, bq.catalog
     marker = await catalog.marker(dlq, fresh=True)
     if to is not None:
@@ -251,7 +251,15 @@ async def redrive(
     checked: set[str] = set()
     try:
         for p in range(marker.config.partitions):
-            cursor = CursorLog(storage, keys, dlq, REDRIVE_CONSUMER, p, member=member)
+            cursor = CursorLog(
+                storage,
+                keys,
+                dlq,
+                REDRIVE_CONSUMER,
+                p,
+                member=member,
+                topic_fence=catalog.fence(dlq, marker.incarnation),
+            )
             await start_cursor(cursor, "earliest")
             resolver = TxnResolver(storage, keys, dlq, abort_expired=False)
             chosen: list[PeekedMessage] = []
@@ -269,7 +277,7 @@ async def redrive(
                         continue
                     target = to or record.headers.get(SOURCE_TOPIC_HEADER)
                     if target is None:
-                        raise BucketqError(
+                        raise InvalidArgument(
                             f"dead letter {dlq} p{p} offset {message.offset} names no source topic: "
                             "give the target topic (--to)"
                         )

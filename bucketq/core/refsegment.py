@@ -1,4 +1,4 @@
-"""Reference segments (format 4): a segment whose lines name the columnar chunks holding its messages.
+"""Reference segments (format 5): a segment whose lines name the columnar chunks holding its messages.
 
 A job commit appends, per partition, a small segment at the tail like any other (put-if-absent,
 contiguous seqs and offsets), whose header says ``"codec": "ref"`` (and ``"v": 2``) and whose lines
@@ -72,7 +72,8 @@ def _where(header: SegmentHeader) -> str:
 
 
 async def fetch_chunk(storage: Storage, keys: Keys, topic: str, ref: ChunkRef) -> bytes:
-    """A chunk's bytes, checked against its reference (missing or changed: :class:`CorruptChunk`)."""
+    """A chunk's bytes, checked against its reference (missing or changed: :class:`CorruptChunk`;
+    a chunk is written once and never changes, I18)."""
     key = keys.chunk(topic, ref.name)
     blob = await storage.get(key)
     if blob is None:

@@ -15,7 +15,7 @@ from bucketq.core.ids import message_id
 from bucketq.errors import BucketqError, InvalidMessage, MessageTooLarge, StorageError
 
 FORMAT_VERSION = 1
-# Header "v" of a reference segment (format 4): its lines name columnar chunks instead of holding
+# Header "v" of a reference segment (format 5): its lines name columnar chunks instead of holding
 # messages (core/refsegment.py). A reader refuses a segment whose "v" it does not know.
 REF_VERSION = 2
 JSON_CONTENT_TYPE = "application/json"
@@ -28,7 +28,7 @@ class UnsupportedSegment(BucketqError):
     not know, or pyarrow missing for columnar chunks).
 
     Never a :class:`StorageError`: readers that enter an undecodable (corrupt) segment as empty
-    must not do so with this one. It is refused, loudly, until a version that reads it runs.
+    must not do so with this one. It is refused, loudly, until a version that reads it runs (I19).
     """
 
 
@@ -182,7 +182,7 @@ class SegmentHeader:
     chunk: int | None = None
     # How the message lines after the header are encoded: absent = plain JSON Lines; "zlib" = one
     # zlib stream of the same lines (the header line itself always stays plain JSON); "ref" = the
-    # lines name columnar chunks that hold the messages (a reference segment, format 4).
+    # lines name columnar chunks that hold the messages (a reference segment, format 5).
     codec: str | None = None
 
     @property

@@ -40,7 +40,8 @@ class SegmentWriter:
 
     PUT ``seg/{next}`` with If-None-Match: on 412 the writer reads the segment there: its own batch id
     means a retried write had landed (done); another writer's means move past it. Contended claims
-    (csprng_verify), 412s and storage errors are all bounded by ``max_attempts`` and ``timeout_s``.
+    (csprng_verify), 412s and storage errors are all bounded by ``max_attempts`` and ``timeout_s``
+    (I8: no 412 storm or outage ends in an endless loop; the publish fails instead).
 
     A successful put is acknowledged only after two checks (docs/protocol.md):
     * I1, the floor fence: the number is at or above the partition's GC floor (a stale view of

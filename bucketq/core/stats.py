@@ -18,7 +18,7 @@ from bucketq.core.cursor_log import CursorLog
 from bucketq.core.keys import Keys
 from bucketq.core.membership import live_heartbeats
 from bucketq.core.refsegment import load_segment
-from bucketq.core.topics import TopicCatalog, find_tail
+from bucketq.core.topics import TopicCatalog, TopicFence, find_tail
 from bucketq.storage import Storage
 
 # a member is live while its heartbeat is younger than the group's default member TTL
@@ -84,9 +84,11 @@ class SubscriptionStats:
 
 
 async def partition_stats(
-    storage: Storage, keys: Keys, topic: str, consumer: str, partition: int
+    storage: Storage, keys: Keys, topic: str, consumer: str, partition: int, fence: TopicFence | None = None
 ) -> PartitionStats:
-    cursor = CursorLog(storage, keys, topic, consumer, partition, member="stats")
+    """One partition's figures; with the topic's ``fence``, cursor objects another incarnation of
+    the topic left are passed over, as consumers do (I6)."""
+    cursor = CursorLog(storage, keys, topic, consumer, partition, member="stats", topic_fence=fence)
     state = await cursor.load()
     _, next_offset = await find_tail(storage, keys, topic, partition)
     now = time.time()
@@ -141,8 +143,12 @@ async def live_members(
 async def subscription_stats(
     storage: Storage, keys: Keys, catalog: TopicCatalog, topic: str, consumer: str
 ) -> SubscriptionStats:
-    config = await catalog.config(topic)
-    parts = [await partition_stats(storage, keys, topic, consumer, p) for p in range(config.partitions)]
+    marker = await catalog.marker(topic)
+    fence = catalog.fence(topic, marker.incarnation)
+    parts = [
+        await partition_stats(storage, keys, topic, consumer, p, fence)
+        for p in range(marker.config.partitions)
+    ]
     ages = [p.oldest_age_s for p in parts if p.oldest_age_s is not None]
     active = [p.last_activity for p in parts if p.last_activity is not None]
     return SubscriptionStats(

@@ -12,7 +12,7 @@ from bucketq.core.segment import taken_header
 from bucketq.core.topics import TopicCatalog, find_tail, first_segment
 from bucketq.core.txn import stable_limits
 from bucketq.core.wake import touch_wake
-from bucketq.errors import BucketqError
+from bucketq.errors import InvalidArgument
 from bucketq.storage import Storage
 
 StartPosition = Literal["earliest", "latest"]
@@ -81,9 +81,14 @@ async def init_subscription(
     Returns each partition's floor (the first segment the consumer will read).
     """
     validate_name(consumer, "consumer")
-    config = await TopicCatalog(storage, keys).config(topic)
+    catalog = TopicCatalog(storage, keys)
+    marker = await catalog.marker(topic)
+    config, fence = marker.config, catalog.fence(topic, marker.incarnation)  # I6: writes are fenced
     floors = []
-    cursors = [CursorLog(storage, keys, topic, consumer, p, member="init") for p in range(config.partitions)]
+    cursors = [
+        CursorLog(storage, keys, topic, consumer, p, member="init", topic_fence=fence)
+        for p in range(config.partitions)
+    ]
     for cursor in cursors:
         await cursor.load()
     started = any(c.state.started for c in cursors)
@@ -131,26 +136,28 @@ async def seek_subscription(
     """
     validate_name(topic)
     validate_name(consumer, "consumer")
-    config = await TopicCatalog(storage, keys).config(topic)
+    catalog = TopicCatalog(storage, keys)
+    marker = await catalog.marker(topic)
+    config, fence = marker.config, catalog.fence(topic, marker.incarnation)  # I6: writes are fenced
     chosen = sorted(set(partitions)) if partitions else list(range(config.partitions))
     moved: dict[int, tuple[int, int]] = {}
     for p in chosen:
         if not 0 <= p < config.partitions:
-            raise BucketqError(f"topic {topic!r} has partitions 0..{config.partitions - 1}, not {p}")
+            raise InvalidArgument(f"topic {topic!r} has partitions 0..{config.partitions - 1}, not {p}")
         if to == "latest":
             target: tuple[int, int] | None = await find_tail(storage, keys, topic, p)
         elif to == "earliest":
             target = await first_segment(storage, keys, topic, p)
         elif isinstance(to, int) and not isinstance(to, bool):
             if to < 0:
-                raise BucketqError(f"offset must be 0 or more, got {to}")
+                raise InvalidArgument(f"offset must be 0 or more, got {to}")
             target = await segment_at(storage, keys, topic, p, offset=to)
         elif isinstance(to, float):
             target = await segment_at(storage, keys, topic, p, since=to)
         else:
-            raise BucketqError(f"seek to 'earliest', 'latest', an offset or a time, not {to!r}")
+            raise InvalidArgument(f"seek to 'earliest', 'latest', an offset or a time, not {to!r}")
         seq, base = target if target is not None else await find_tail(storage, keys, topic, p)
-        cursor = CursorLog(storage, keys, topic, consumer, p, member="seek")
+        cursor = CursorLog(storage, keys, topic, consumer, p, member="seek", topic_fence=fence)
         await cursor.load()
 
         def build(state: CursorState, seq: int = seq, base: int = base) -> list[Op]:

@@ -11,17 +11,30 @@ from dataclasses import dataclass, field
 from pydantic import ValidationError
 
 from bucketq.core.fences import FenceValue, raise_fence, read_fence
+from bucketq.core.foreign import skip_foreign
 from bucketq.core.ids import token
-from bucketq.core.keys import Keys, parse_seq, validate_name
+from bucketq.core.keys import Keys, seq_of, validate_name
 from bucketq.core.models import TopicConfig, TopicMarker
 from bucketq.core.segment import taken_header
-from bucketq.errors import AlreadyExists, BucketqError, Contended, TopicDeleted, TopicNotFound
+from bucketq.errors import (
+    AlreadyExists,
+    BucketqError,
+    Contended,
+    InvalidArgument,
+    InvalidName,
+    TopicDeleted,
+    TopicNotFound,
+)
 from bucketq.storage import Storage
 
+# How long a topic's config is served from the cache (partitions, dead-lettering, limits). Longer
+# than the deletion's wait below, so a cached marker is never the evidence that a topic still
+# exists: every write that a deletion must stop goes through the topic fence instead.
 CONFIG_TTL_S = 10.0
-# Topic fence (invariant I6): a segment write is acknowledged only if the writer read the topic's
-# marker, live and of the same incarnation, less than TOPIC_FENCE_S before the write completed.
-# Deleting a topic marks it "deleting" and waits longer than that before purging, so every
+# Topic fence (invariant I6): a write into a topic (a segment, a cursor delta or checkpoint) is
+# acknowledged only if the writer read the topic's marker, live and of the same incarnation, less
+# than TOPIC_FENCE_S before the write completed; a cursor write is also started only with such a
+# copy. Deleting a topic marks it "deleting" and waits longer than that before purging, so every
 # acknowledged write landed before the purge started, and no write is acknowledged after it.
 TOPIC_FENCE_S = 5.0
 TOPIC_DELETE_WAIT_S = TOPIC_FENCE_S + 2.0
@@ -70,13 +83,17 @@ async def find_tail(storage: Storage, keys: Keys, topic: str, partition: int) ->
             if hinted[0] > seq:
                 seq, offset = hinted
     if hint is None:  # no hint: the last segment key tells where to start probing
-        last: str | None = None
+        last: tuple[str, int] | None = None
         async for info in storage.list(keys.segments_prefix(topic, partition)):
-            last = info.key
-        if last is not None and parse_seq(last) >= seq:
-            blob = await storage.get(last)
+            n = seq_of(info.key, "jsonl")
+            if n is None:  # a foreign name may sort after every segment (README.txt): not the tail
+                skip_foreign(info.key, f"{topic}/p{partition}: finding the tail")
+                continue
+            last = (info.key, n)
+        if last is not None and last[1] >= seq:
+            blob = await storage.get(last[0])
             if blob is not None:
-                header = taken_header(blob.data, topic, partition, parse_seq(last), -1)
+                header = taken_header(blob.data, topic, partition, last[1], -1)
                 if header.base >= 0:  # an undecodable last object says nothing: probe from the hint
                     seq, offset = header.seq + 1, header.base + header.count
     while True:
@@ -96,14 +113,39 @@ async def first_segment(storage: Storage, keys: Keys, topic: str, partition: int
     floor = fence.floor if fence is not None else 0
     start_after = keys.segment(topic, partition, floor - 1) if floor > 0 else None
     async for info in storage.list(keys.segments_prefix(topic, partition), start_after=start_after):
+        n = seq_of(info.key, "jsonl")
+        if n is None:  # a foreign name may sort before every segment (.keep): not the oldest
+            skip_foreign(info.key, f"{topic}/p{partition}: finding the oldest segment")
+            continue
         blob = await storage.get(info.key)
         if blob is not None:
-            header = taken_header(blob.data, topic, partition, parse_seq(info.key), -1)
+            header = taken_header(blob.data, topic, partition, n, -1)
             if header.base >= 0:
                 return header.seq, header.base
     if fence is not None and fence.floor > 0:
         return fence.floor, fence.base
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class TopicFence:
+    """The topic fence (I6) of one incarnation of a topic, for a writer of its objects.
+
+    ``confirm(at)`` returns only if the topic was live, as ``incarnation``, by a marker read less
+    than TOPIC_FENCE_S before ``at`` (monotonic), re-reading the marker when the cached copy is
+    older; otherwise it raises :class:`TopicDeleted`. A writer confirms before a write (so it
+    does not even start one into a topic being deleted, or into a purged prefix a new incarnation
+    now uses) and after it, with the time the write completed (so a write that took too long, a
+    paused writer, is not acknowledged: it may have landed after the purge). Readers use
+    ``incarnation`` to refuse objects another incarnation wrote.
+    """
+
+    catalog: TopicCatalog
+    topic: str
+    incarnation: str
+
+    async def confirm(self, at: float) -> None:
+        await self.catalog.confirm_live(self.topic, self.incarnation, at)
 
 
 class TopicCatalog:
@@ -114,6 +156,11 @@ class TopicCatalog:
         self.keys = keys
         self._cache: dict[str, tuple[float, TopicMarker]] = {}  # monotonic read start, marker
         self._loading: dict[str, asyncio.Future[TopicMarker]] = {}
+        self._loading_since: dict[str, float] = {}  # monotonic start of the GET in _loading
+
+    def fence(self, topic: str, incarnation: str) -> TopicFence:
+        """The topic fence of ``topic`` as ``incarnation`` (see :class:`TopicFence`)."""
+        return TopicFence(self, topic, incarnation)
 
     async def marker(self, topic: str, *, fresh: bool = False) -> TopicMarker:
         """The topic's marker, cached for a few seconds; concurrent misses share one GET."""
@@ -123,11 +170,17 @@ class TopicCatalog:
             if cached[1].state != "live":
                 raise TopicDeleted(topic, "it is being deleted")
             return cached[1]
+        return await self._read(topic, None if not fresh else time.monotonic())
+
+    async def _read(self, topic: str, not_before: float | None) -> TopicMarker:
+        """GET the marker; callers that arrive while a GET is under way share it, if it started
+        after ``not_before`` (monotonic; None: any) — a fresh read needs a fresh start."""
         loading = self._loading.get(topic)
-        if loading is not None and not fresh:
+        if loading is not None and (not_before is None or self._loading_since[topic] > not_before):
             return await asyncio.shield(loading)
         future: asyncio.Future[TopicMarker] = asyncio.get_running_loop().create_future()
         self._loading[topic] = future
+        self._loading_since[topic] = time.monotonic()
         try:
             marker = await self._load(topic)
         except BaseException as exc:
@@ -140,6 +193,7 @@ class TopicCatalog:
         finally:
             if self._loading.get(topic) is future:
                 del self._loading[topic]
+                del self._loading_since[topic]
 
     async def _load(self, topic: str) -> TopicMarker:
         started = time.monotonic()
@@ -161,10 +215,16 @@ class TopicCatalog:
 
     async def confirm_live(self, topic: str, incarnation: str, completed_at: float) -> None:
         """Raise TopicDeleted unless the topic was live, as ``incarnation``, by a marker read less
-        than TOPIC_FENCE_S before ``completed_at`` (monotonic): the topic fence of a write."""
+        than TOPIC_FENCE_S before ``completed_at`` (monotonic): the topic fence of a write.
+
+        Concurrent writers whose copy is too old share one GET (any GET that started after the
+        copy went stale is recent enough for all of them)."""
         cached = self._cache.get(topic)
         if cached is None or completed_at - cached[0] >= TOPIC_FENCE_S:
-            await self.marker(topic, fresh=True)
+            try:
+                await self._read(topic, completed_at - TOPIC_FENCE_S)
+            except TopicNotFound:
+                raise TopicDeleted(topic, "it was deleted") from None
             cached = self._cache[topic]
         marker = cached[1]
         if marker.state != "live":
@@ -197,7 +257,7 @@ class TopicCatalog:
         """Overwrite the topic's config. Partitions may only grow."""
         current = await self.marker(topic, fresh=True)
         if config.partitions < current.config.partitions:
-            raise BucketqError(
+            raise InvalidArgument(
                 f"topic {topic!r} has {current.config.partitions} partitions; partitions may only grow "
                 f"(asked for {config.partitions})"
             )
@@ -219,10 +279,18 @@ class TopicCatalog:
                 names.append(name)
         return sorted(names)
 
-    async def consumers(self, topic: str) -> list[str]:
-        """Consumers that have a subscription on the topic."""
+    async def consumers(self, topic: str, *, foreign: Callable[[str, str], None] = skip_foreign) -> list[str]:
+        """Consumers that have a subscription on the topic. A folder under ``subs/`` whose name no
+        consumer can have is foreign: passed to ``foreign`` (key, what the listing was for)."""
         prefix = self.keys.subs_prefix(topic)
-        return sorted(p[len(prefix) :].rstrip("/") for p in await self.storage.list_prefixes(prefix))
+        out = []
+        for found in await self.storage.list_prefixes(prefix):
+            name = found[len(prefix) :].rstrip("/")
+            try:
+                out.append(validate_name(name, "consumer"))
+            except InvalidName:
+                foreign(found, f"{topic}: listing subscriptions")
+        return sorted(out)
 
     async def describe(self, topic: str) -> TopicInfo:
         marker = await self.marker(topic, fresh=True)

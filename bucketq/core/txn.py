@@ -5,7 +5,7 @@ Protocol (docs/protocol.md, "Job commits (transactions)"):
 1. The committer writes the transaction record ``R/{topic}/txn/{id}.json`` put-if-absent as
    ``pending``, *before* appending anything. Its manifest names, per partition, ``start`` (the
    partition's tail when the record was written: every segment of the transaction lands at or
-   above it) and the segments to append, in order (historically "chunks"). In format 4 each is a
+   above it) and the segments to append, in order (historically "chunks"). In format 5 each is a
    reference segment and names the columnar chunks it references (``refs``), which the job's
    tasks wrote at their final keys before the record existed (core/refsegment.py).
 2. It appends each segment at the partition's tail (put-if-absent), whose header carries ``txn``
@@ -76,13 +76,13 @@ class TxnError(BucketqError):
 class Chunk:
     """One segment to append, in a transaction's manifest (the name predates reference segments).
 
-    Format 4: a reference segment naming ``refs`` (columnar chunks already written); ``bytes``
+    Format 5: a reference segment naming ``refs`` (columnar chunks already written); ``bytes``
     is then the chunks' total. Records of older versions name a staged object in ``src`` instead.
     """
 
     count: int
     bytes: int = 0
-    src: str = ""  # (records before format 4) the staged object the committer copied
+    src: str = ""  # (records before format 5) the staged object the committer copied
     seq: int | None = None  # where it landed: set in the committed record
     refs: list[ChunkRef] = field(default_factory=list)
     base: int | None = None  # the partition offset of its first message (with seq)
@@ -153,7 +153,7 @@ class TxnRecord:
 
     @property
     def references(self) -> bool:
-        """Whether its segments are reference segments (format 4), not staged copies."""
+        """Whether its segments are reference segments (format 5), not staged copies."""
         return any(c.refs for p in self.partitions.values() for c in p.chunks)
 
     def landed(self) -> dict[int, list[int]]:
@@ -332,7 +332,7 @@ async def read_all(
 
 @dataclass(slots=True)
 class TxnSnapshot:
-    """Every transaction record of a topic at one moment, for planning a read against.
+    """Every transaction record of a topic at one moment, for planning a read against (I17).
 
     A reader that lists segments *after* taking the snapshot shows a transactional segment only
     if its record was committed in the snapshot and names that seq (:meth:`shown`): a record
@@ -412,7 +412,7 @@ async def stable_limits(
 
 def stream_ends(snapshot: TxnSnapshot, tails: dict[int, int]) -> dict[int, int]:
     """Per partition, how far (exclusive seq) a stream may read: the tail, lowered so that no
-    unresolved transaction's segment lies below it and no committed transaction is cut in two.
+    unresolved transaction's segment lies below it and no committed transaction is cut in two (I17).
 
     ``snapshot`` must be taken *after* the tails were found: a transaction begun later starts at
     or above every tail seen before it. An unresolved transaction's segments all land at or above
@@ -593,7 +593,7 @@ async def collect_transactions(
       a committed one would let a rerun of the same ``jobId`` commit the job a second time, and a
       deleted id could be taken again by a later run while long-lived readers still cache the old
       record's state for that id (found by the simulation). They are small, one per job run;
-    * columnar chunks (format 4, :func:`_collect_chunks`): those of a committed reference segment
+    * columnar chunks (format 5, :func:`_collect_chunks`): those of a committed reference segment
       once the segment itself is collected, and those no pending or committed record names once
       they are ``staging_ttl_s`` old (tasks that failed, runs that died or were aborted);
     * Spark leftovers of older versions: staging areas, abort markers and intents whose newest
@@ -632,7 +632,8 @@ async def _collect_chunks(
     ttl_s: float,
     delete: Callable[[str], Awaitable[None]],
 ) -> int:
-    """Columnar chunks of ``topic`` nobody reads any more.
+    """Columnar chunks of ``topic`` nobody reads any more (I18: a chunk lives as long as the
+    reference segment that names it).
 
     A chunk a pending record names is kept (its commit may still finish). One a committed record
     names is kept while its reference segment is stored: it goes once retention freed the

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import bucketq
-from bucketq.bench.servers import _die_with_parent
+from bucketq.bench.servers import die_with_parent
 
 SOURCE_ROOT = Path(bucketq.__file__).resolve().parents[1]
 EXAMPLE_WORKER = SOURCE_ROOT / "examples" / "worker.py"
@@ -85,7 +85,7 @@ def spawn(name: str, args: list[str], workdir: Path, env: dict[str, str]) -> Chi
             cwd=workdir,
             env=env,
             start_new_session=True,
-            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+            preexec_fn=die_with_parent if sys.platform.startswith("linux") else None,
         )
     return Child(name, process, log_path)
 

@@ -12,6 +12,7 @@ import typer
 from pydantic import ValidationError
 
 from bucketq.errors import ConfigError
+from bucketq.log_levels import LogLevel
 
 
 def command(
@@ -19,13 +20,13 @@ def command(
         list[str] | None,
         typer.Option(
             "--namespace",
-            "-n",
-            help="Namespace to serve (repeatable; default: every namespace).",
+            "-N",
+            help="Namespace to serve (repeatable). \\[default: every namespace]",
             show_default=False,
         ),
     ] = None,
     webhook_port: Annotated[
-        int | None, typer.Option(help="Admission webhook port [9443].", show_default=False)
+        int | None, typer.Option(help="Admission webhook port. \\[default: 9443]", show_default=False)
     ] = None,
     no_webhook: Annotated[
         bool, typer.Option("--no-webhook", help="Do not serve the sidecar injector.")
@@ -38,12 +39,13 @@ def command(
         ),
     ] = False,
     metrics_port: Annotated[
-        int | None, typer.Option(help="Queue metrics port, 0 for none [9090].", show_default=False)
+        int | None, typer.Option(help="Queue metrics port, 0 for none. \\[default: 9090]", show_default=False)
     ] = None,
-    log_level: Annotated[str, typer.Option(help="DEBUG, INFO, WARNING...")] = "INFO",
+    log_level: Annotated[LogLevel, typer.Option(help="Log level.", case_sensitive=False)] = LogLevel.INFO,
 ) -> None:
-    """Run the operator: reconcile Topics, Consumers and DeadLetterPolicies, inject sidecars, export metrics.
+    """Run the operator: reconcile the custom resources, inject sidecars, export metrics.
 
+    The resources are Topics, Consumers and DeadLetterPolicies.
     With --webhook-only it serves the sidecar injector alone (the Helm chart's webhook Deployment).
     The bucket comes from the engine settings (BUCKETQ_S3_*, credentials from a Secret), the
     operator's own settings from BUCKETQ_OPERATOR_*; options win over the environment.
@@ -73,12 +75,19 @@ def command(
         typer.echo(f"bucketq operator: invalid operator configuration: {problems}", err=True)
         raise typer.Exit(2) from None
     logging.basicConfig(
-        level=log_level.upper(),
+        level=log_level.value,
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
-    asyncio.run(run(engine, settings))
+    from bucketq.operator.leader import LeadershipLost
+
+    try:
+        asyncio.run(run(engine, settings))
+    except LeadershipLost as exc:
+        # its work has stopped; the pod restarts as a standby (docs/operator.md, "High availability")
+        typer.echo(f"bucketq operator: {exc}", err=True)
+        raise typer.Exit(1) from None
 
 
 def crds_command(

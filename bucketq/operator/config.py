@@ -48,11 +48,34 @@ class OperatorSettings(BaseSettings):
         ge=0,
         description=f"The same for cursor deltas (writers trust a fence copy {DELTA_TRUST_S:.0f} s).",
     )
+    store_checks: bool = Field(
+        True,
+        description="Run the store checks (bucketq doctor) at start and report them as the StoreChecked "
+        "condition of every Topic and in bucketq_store_check_passed.",
+    )
     retry_min_s: float = Field(2.0, gt=0, description="First retry delay after a failed reconcile.")
     retry_max_s: float = Field(300.0, gt=0, description="Longest retry delay (exponential backoff).")
 
     # kopf
     peering: str | None = Field(None, description="kopf peering name; None runs standalone (one replica).")
+
+    # high availability: replicas elect one active operator over a coordination.k8s.io Lease
+    leader_election: bool = Field(
+        False,
+        description="Run as one of several replicas: the one holding the Lease reconciles and collects "
+        "garbage, the others stand by (watching Consumers for the scaling endpoint) and take over within "
+        "about a lease duration when it stops renewing (docs/operator.md, 'High availability').",
+    )
+    leader_lease_name: str = "bucketq-operator"
+    leader_lease_namespace: str | None = Field(
+        None, description="Namespace of the Lease (default: the pod's own, POD_NAMESPACE)."
+    )
+    leader_identity: str | None = Field(None, description="This replica's name (default: POD_NAME).")
+    leader_lease_duration_s: float = Field(15.0, gt=0, description="A standby takes over after this long.")
+    leader_renew_deadline_s: float = Field(
+        10.0, gt=0, description="A leader that could not renew for this long stops working and exits."
+    )
+    leader_retry_period_s: float = Field(2.0, gt=0, description="How often the Lease is renewed or tried.")
     liveness_port: int = Field(8080, ge=0, le=65535, description="kopf's /healthz port; 0 disables it.")
     metrics_host: str = "0.0.0.0"
     metrics_port: int = Field(9090, ge=0, le=65535, description="/metrics port; 0 disables it.")
@@ -134,7 +157,23 @@ class OperatorSettings(BaseSettings):
             )
         if self.webhook_only:
             self._check_webhook_only()
+        if self.leader_election:
+            self._check_leader_election()
         return self
+
+    def _check_leader_election(self) -> None:
+        if self.webhook or self.webhook_only:
+            raise ValueError(
+                "leader_election needs webhook=false: a standby replica serves no webhook (run the "
+                "injector as its own Deployment, --webhook-only, as the Helm chart does)"
+            )
+        if self.peering is not None:
+            raise ValueError("leader_election replaces kopf peering: leave peering unset")
+        if not 0 < self.leader_retry_period_s < self.leader_renew_deadline_s < self.leader_lease_duration_s:
+            raise ValueError(
+                "leader election needs leader_retry_period_s < leader_renew_deadline_s < "
+                "leader_lease_duration_s"
+            )
 
     def _check_webhook_only(self) -> None:
         """Webhook replicas run side by side: no leader, no configuration of their own, one certificate."""

@@ -10,7 +10,7 @@ from bucketq.core.app import Bucketq
 from bucketq.core.registry import Registration
 from bucketq.core.stats import SubscriptionStats
 from bucketq.errors import TopicNotFound
-from bucketq.operator.models import ConsumerSpec
+from bucketq.operator.models import ConsumerSpec, ScalingStatus, ScalingTopic
 from bucketq.operator.status import STALLED, Cond
 
 
@@ -95,6 +95,22 @@ class ConsumerFigures:
         return Cond(
             STALLED, False, "Progressing", "every subscription with work has a member making progress"
         )
+
+    def scaling(self, refreshed_at: float) -> dict[str, Any]:
+        """``status.scaling``: what the scaling endpoint answers from (ScalingStatus)."""
+        return ScalingStatus(
+            refreshed_at=round(refreshed_at, 3),
+            topics=[
+                ScalingTopic(
+                    topic=s.topic,
+                    pending=s.pending,
+                    backlog=s.backlog,
+                    in_flight=s.in_flight,
+                    lease_holders=list(s.holders),
+                )
+                for s in sorted(self.subscriptions, key=lambda s: s.topic)
+            ],
+        ).to_k8s()
 
     def status(self) -> dict[str, Any]:
         ages = [s.oldest_age_s for s in self.subscriptions if s.oldest_age_s is not None]

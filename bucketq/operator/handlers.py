@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, TypeVar
 
@@ -28,7 +29,7 @@ from bucketq.operator.consumers import (
     delete_consumer,
     unsubscribe,
 )
-from bucketq.operator.metrics import QueueMetrics
+from bucketq.operator.metrics import GC_KINDS, QueueMetrics
 from bucketq.operator.models import (
     GROUP,
     VERSION,
@@ -41,6 +42,7 @@ from bucketq.operator.models import (
 )
 from bucketq.operator.outcome import InvalidSpec, Reconciler, Waiting
 from bucketq.operator.status import DEAD_LETTER_POLICY, Cond, now_iso
+from bucketq.operator.store_checks import StoreCheckRun
 from bucketq.operator.topics import apply_topic, current_config, delete_topic, topic_config, topic_figures
 from bucketq.operator.webhook import SELECTORS, SidecarInjector
 
@@ -127,6 +129,7 @@ class Operator:
             self.buckets, self.metrics, self.settings.retry_min_s, self.settings.retry_max_s
         )
         self.injector = SidecarInjector(engine, self.settings)
+        self.store_checks = StoreCheckRun(engine, self.buckets.redact)
         self._metrics_runner: web.AppRunner | None = None
 
     # -- registration ----------------------------------------------------------------------------
@@ -169,6 +172,21 @@ class Operator:
         kopf.timer(GROUP, VERSION, "topics", id="gc", interval=s.gc_interval_s, registry=reg)(
             _fn(self.collect_garbage)
         )
+        self.register_scaling_watch(reg)
+
+    def register_scaling_watch(self, reg: kopf.OperatorRegistry) -> None:
+        """Follow every Consumer's ``status.scaling`` (a watch only: no writes, no finalizer), so
+        that the scaling endpoint answers from the last persisted figures until this operator's
+        own refresh has them (after a start; all along on a standby replica)."""
+        kopf.on.event(GROUP, VERSION, "consumers", id="scaling_watch", registry=reg)(_fn(self.follow_scaling))
+
+    def follow_scaling(
+        self, type: str | None, namespace: str, name: str, body: Mapping[str, Any], **_: Any
+    ) -> None:
+        if type == "DELETED":
+            self.metrics.forget_scaling(namespace, name)
+            return
+        self.metrics.remember_scaling(namespace, name, (body.get("status") or {}).get("scaling"))
 
     def _register_webhook(self, reg: kopf.OperatorRegistry) -> None:
         """The injector, once per objectSelector (webhook.SELECTORS), with one failure policy.
@@ -191,7 +209,13 @@ class Operator:
             )(_fn(self.injector.mutate))
 
     async def startup(self, **_: Any) -> None:
-        if self.settings.metrics_port:
+        if self.settings.store_checks:
+            self.store_checks.start(self.metrics.set_store_checks)
+        await self.serve_metrics()
+
+    async def serve_metrics(self) -> None:
+        """Serve /metrics and /scaling on the metrics port (once; a standby serves them too)."""
+        if self.settings.metrics_port and self._metrics_runner is None:
             self._metrics_runner = await self.metrics.serve(
                 self.settings.metrics_host, self.settings.metrics_port
             )
@@ -201,10 +225,14 @@ class Operator:
                 self.settings.metrics_port,
             )
 
-    async def cleanup(self, **_: Any) -> None:
+    async def stop_metrics(self) -> None:
         if self._metrics_runner is not None:
             await self._metrics_runner.cleanup()
             self._metrics_runner = None
+
+    async def cleanup(self, **_: Any) -> None:
+        await self.store_checks.stop()
+        await self.stop_metrics()
         await self.buckets.close()
 
     def index_spec(self, namespace: str, name: str, spec: Mapping[str, Any], **_: Any) -> dict[Any, Any]:
@@ -257,8 +285,10 @@ class Operator:
         dlp_index: Index,
         **_: Any,
     ) -> None:
+        self.metrics.revive(namespace, name)
         async with self.reconciler.reconciling("Topic", namespace, body, patch, retry=retry) as out:
             out.set(**await self._topic(name, namespace, spec, dlp_index, with_figures=False))
+            self._store_condition(out.conditions)
 
     async def finalize_topic(
         self,
@@ -271,7 +301,7 @@ class Operator:
         logger: Any,
         **_: Any,
     ) -> None:
-        self.metrics.forget_topic(namespace, name)
+        self.metrics.forget_topic(namespace, name, f"{name}.dlq")
         policy = spec.get("deletionPolicy", DeletionPolicy.RETAIN)
         if policy != DeletionPolicy.DELETE:
             logger.info(f"deletionPolicy {policy}: topic {name!r} is left in the bucket")
@@ -316,7 +346,7 @@ class Operator:
             self.metrics.storage_reachable.labels(namespace).set(0)
             logger.warning(f"garbage collection of {name!r} failed: {self.buckets.redact(str(exc))}")
             return
-        for kind in ("segments", "deltas", "checkpoints", "members", "dedup_markers", "probes", "claims"):
+        for kind in GC_KINDS:
             count = getattr(report, kind)
             if count:
                 self.metrics.gc_deleted.labels(namespace, name, kind).inc(count)
@@ -331,6 +361,11 @@ class Operator:
         patch.status["garbageCollectedObjects"] = report.total
         if report.total:
             logger.info(f"garbage collection of {name!r}: deleted {report.total} objects")
+
+    def _store_condition(self, conditions: list[Cond]) -> None:
+        """``StoreChecked`` on a Topic: what the store checks at operator start found."""
+        if self.settings.store_checks:
+            conditions.append(self.store_checks.condition())
 
     # -- consumers -------------------------------------------------------------------------------
 
@@ -355,6 +390,7 @@ class Operator:
         if with_figures:
             figures = await consumer_figures(bq, name, list(consumer.topics))
             fields.update(figures.status())
+            fields["scaling"] = figures.scaling(time.time())
             out_conditions.append(figures.stalled())
         return fields
 
@@ -426,6 +462,7 @@ class Operator:
         logger: Any,
         **_: Any,
     ) -> None:
+        self.metrics.forget_consumer(namespace, name)
         if spec.get("deletionPolicy", DeletionPolicy.RETAIN) != DeletionPolicy.DELETE:
             logger.info(f"deletionPolicy Retain: the cursors of consumer {name!r} are kept")
             return
@@ -528,6 +565,7 @@ class Operator:
         async with self.reconciler.reconciling(kind, namespace, body, patch, raise_errors=False) as out:
             if kind == "Topic":
                 out.set(**await self._topic(name, namespace, spec, dlp_index, with_figures=True))
+                self._store_condition(out.conditions)
             elif kind == "Consumer":
                 indexes = {"dlp_index": dlp_index, "topic_index": topic_index}
                 out.set(

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import platform
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
@@ -20,10 +21,19 @@ from bucketq import __version__
 from bucketq.core.app import FORMAT
 from bucketq.core.gc import TopicStorage
 from bucketq.core.stats import SubscriptionStats
-from bucketq.operator.scaling import ROUTE, scaling_handler
+from bucketq.operator.scaling import (
+    ROUTE,
+    PersistedLoad,
+    SubscriptionLoad,
+    persisted_loads,
+    scaling_handler,
+)
 from bucketq.operator.topics import TopicFigures
+from bucketq.storage.checks import StoreReport
 
 _TOPIC = ["namespace", "topic"]
+# the kinds of objects garbage collection counts (bucketq_gc_deleted_objects{kind})
+GC_KINDS = ("segments", "deltas", "checkpoints", "members", "dedup_markers", "probes", "claims")
 _SUB = ["namespace", "topic", "consumer"]
 
 
@@ -32,6 +42,9 @@ class QueueMetrics(Collector):
 
     def __init__(self) -> None:
         self._topics: dict[tuple[str, str], TopicFigures] = {}
+        self._retired: set[tuple[str, str]] = set()  # deleted topics (forget_topic), until revived
+        # each Consumer's status.scaling as last seen through the watch: (loads, refreshed at)
+        self._persisted: dict[tuple[str, str], tuple[list[PersistedLoad], float]] = {}
         self._refreshed: dict[tuple[str, str], float] = {}  # Unix time of each topic's snapshot
         r = self.registry = CollectorRegistry(auto_describe=True)
         self.build_info = Gauge(
@@ -83,10 +96,25 @@ class QueueMetrics(Collector):
             _TOPIC,
             registry=r,
         )
+        self.store_check_passed = Gauge(
+            "bucketq_store_check_passed",
+            "1 when the store passed the check at operator start, 0 when it failed (bucketq doctor).",
+            ["check"],
+            registry=r,
+        )
         r.register(self)
 
+    def set_store_checks(self, report: StoreReport) -> None:
+        """The verdicts of the store checks (a skipped check has no series)."""
+        for check in report.checks:
+            if check.verdict != "skip":
+                self.store_check_passed.labels(check.name).set(0 if check.failed else 1)
+
     def set_storage(self, namespace: str, topic: str, stored: TopicStorage) -> None:
-        """What a topic stores, as its last garbage collection counted it."""
+        """What a topic stores, as its last garbage collection counted it (ignored for a topic
+        forgotten since: a collection that was running when its Topic was deleted)."""
+        if (namespace, topic) in self._retired:
+            return
         self.stored_bytes.labels(namespace, topic).set(stored.bytes)
         self.stored_segments.labels(namespace, topic).set(stored.segments)
         self.held_for_lagging.labels(namespace, topic).set(stored.held_for_lagging)
@@ -98,22 +126,78 @@ class QueueMetrics(Collector):
     ) -> None:
         """Keep a topic's figures for scrapes and scaling answers; ``at``: when they were computed
         (Unix time, default now), so that an answer can say how old its figures are."""
+        if (namespace, topic) in self._retired:
+            return
         self._topics[(namespace, topic)] = figures
         self._refreshed[(namespace, topic)] = time.time() if at is None else at
 
-    def forget_topic(self, namespace: str, topic: str) -> None:
-        self._topics.pop((namespace, topic), None)
-        self._refreshed.pop((namespace, topic), None)
+    def forget_topic(self, namespace: str, topic: str, *also: str) -> None:
+        """Drop every series of ``topic`` (and of the topics in ``also``: its default dead-letter
+        topic, which its garbage collection counts) when its Topic is deleted.
 
-    def consumer_figures(self, namespace: str, consumer: str) -> list[tuple[SubscriptionStats, float]]:
-        """Every subscription of ``consumer`` in ``namespace`` with the Unix time of its snapshot."""
-        return [
+        Invariant: no series of a deleted topic is exported after its deletion began (else they
+        would stay until the operator restarts, and grow with every topic ever created). The
+        topics stay retired, their late snapshots ignored, until :meth:`revive`: a refresh or
+        collection that was running when the deletion began cannot bring them back.
+        """
+        for name in (topic, *also):
+            key = (namespace, name)
+            self._retired.add(key)
+            self._topics.pop(key, None)
+            self._refreshed.pop(key, None)
+            for gauge in (self.stored_bytes, self.stored_segments, self.held_for_lagging):
+                gauge.remove(namespace, name)
+            for kind in GC_KINDS:
+                self.gc_deleted.remove(namespace, name, kind)
+
+    def revive(self, namespace: str, topic: str) -> None:
+        """A Topic of that name is reconciled (again): its series may be exported."""
+        self._retired.discard((namespace, topic))
+
+    def forget_consumer(self, namespace: str, consumer: str) -> None:
+        """Drop the consumer's series from every topic's snapshot when its Consumer is deleted.
+
+        A subscription left in the bucket (deletionPolicy Retain) still holds its topic's data
+        and reappears with the topic's next refresh; one deleted with the Consumer does not.
+        """
+        self.forget_scaling(namespace, consumer)
+        for (ns, topic), figures in list(self._topics.items()):
+            if ns == namespace and any(s.consumer == consumer for s in figures.subscriptions):
+                kept = [s for s in figures.subscriptions if s.consumer != consumer]
+                self._topics[(ns, topic)] = TopicFigures(figures.info, kept)
+
+    def consumer_figures(
+        self, namespace: str, consumer: str
+    ) -> tuple[list[tuple[SubscriptionLoad, float]], str]:
+        """Every subscription of ``consumer`` in ``namespace`` with the Unix time of its snapshot,
+        from this operator's refreshes (``refresh``), else as last persisted in the Consumer's
+        status (``status``: right after a start, or on a standby replica)."""
+        live: list[tuple[SubscriptionLoad, float]] = [
             (sub, self._refreshed[key])
             for key, figures in sorted(self._topics.items())
             if key[0] == namespace
             for sub in figures.subscriptions
             if sub.consumer == consumer
         ]
+        if live:
+            return live, "refresh"
+        persisted = self._persisted.get((namespace, consumer))
+        if persisted is None:
+            return [], "status"
+        loads, at = persisted
+        return [(load, at) for load in loads], "status"
+
+    def remember_scaling(self, namespace: str, consumer: str, scaling: Mapping[str, Any] | None) -> None:
+        """Keep a Consumer's persisted ``status.scaling`` (what every watch event of it carries)."""
+        found = persisted_loads(scaling)
+        if found is None:
+            self._persisted.pop((namespace, consumer), None)
+        else:
+            self._persisted[(namespace, consumer)] = found
+
+    def forget_scaling(self, namespace: str, consumer: str) -> None:
+        """The Consumer is gone: no figures of it are answered any more."""
+        self._persisted.pop((namespace, consumer), None)
 
     def subscription(self, namespace: str, topic: str, consumer: str) -> SubscriptionStats | None:
         figures = self._topics.get((namespace, topic))

@@ -295,12 +295,31 @@ class TopicStatus(StatusBase):
     )
 
 
+class ScalingTopic(CrdModel):
+    topic: str = Field(description="One of the consumer's topics.")
+    pending: int = Field(ge=0, description="Messages not yet done: backlog plus in flight.")
+    backlog: int = Field(ge=0, description="Messages visible or delayed, not leased.")
+    in_flight: int = Field(ge=0, description="Messages leased right now.")
+    lease_holders: list[str] = Field(default_factory=list, description="Members holding a live lease.")
+
+
+class ScalingStatus(CrdModel):
+    """The figures the scaling endpoint answers from, kept so that it can answer them right after an
+    operator restart (before its first refresh) and from a standby replica."""
+
+    refreshed_at: float = Field(ge=0, description="When the figures were computed (Unix seconds).")
+    topics: list[ScalingTopic] = Field(default_factory=list, description="Per topic of the consumer.")
+
+
 class ConsumerStatus(StatusBase):
     consumer_id: str | None = Field(None, description="Stable id of the consumer in the bucket's registry.")
     backlog: int | None = Field(None, ge=0, description="Messages waiting, summed over topics.")
     in_flight: int | None = Field(None, ge=0, description="Leased messages, summed over topics.")
     dead_lettered: int | None = Field(None, ge=0, description="Messages dead-lettered, summed over topics.")
     oldest_age_seconds: float | None = Field(None, ge=0, description="Age of the oldest unfinished message.")
+    scaling: ScalingStatus | None = Field(
+        None, description="The last figures of the scaling endpoint (docs/operator.md, 'Scaling')."
+    )
 
 
 class DeadLetterPolicyStatus(StatusBase):

@@ -16,8 +16,14 @@ to the ``replicas`` value (docs/operator.md, "Scaling").
 Query parameters: ``messagesPerReplica`` (integer >= 1, default 100), ``activation`` (integer >= 0,
 default 0), ``topic`` (only this one of the consumer's topics). Errors answer
 ``{"error": code, "message": ...}``: 400 for a bad parameter, 404 for a consumer with no figures
-(unknown in that namespace, or not refreshed yet since the operator started) and for a topic the
-consumer has no figures for. KEDA reports such an answer as a failing trigger.
+(no Consumer resource in that namespace, or one never refreshed by any operator) and for a topic
+the consumer has no figures for. KEDA reports such an answer as a failing trigger.
+
+Right after an operator starts (a restart, a standby taking over, or a standby replica answering),
+it has not refreshed anything yet: it answers from the last figures an operator wrote into the
+Consumer's ``status.scaling`` (``"source": "status"``, ``ageSeconds`` from when they were computed),
+until its own refresh replaces them (``"source": "refresh"``). So a restart never turns a scaler's
+answer into an error or a zero.
 """
 
 from __future__ import annotations
@@ -30,17 +36,67 @@ from typing import Any, Protocol
 
 from aiohttp import web
 
-from bucketq.core.stats import SubscriptionStats
-
 DEFAULT_MESSAGES_PER_REPLICA = 100
 ROUTE = "/scaling/{namespace}/{consumer}"
+
+
+class SubscriptionLoad(Protocol):
+    """What scaling reads of one subscription (a :class:`SubscriptionStats`, or the persisted
+    :class:`PersistedLoad`)."""
+
+    @property
+    def topic(self) -> str: ...
+    @property
+    def pending(self) -> int: ...
+    @property
+    def backlog(self) -> int: ...
+    @property
+    def in_flight(self) -> int: ...
+    @property
+    def holders(self) -> list[str]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class PersistedLoad:
+    """One topic's figures as an operator wrote them into a Consumer's ``status.scaling``."""
+
+    topic: str
+    pending: int
+    backlog: int
+    in_flight: int
+    holders: list[str]
+
+
+def persisted_loads(scaling: Mapping[str, Any] | None) -> tuple[list[PersistedLoad], float] | None:
+    """The loads and their refresh time from a Consumer's ``status.scaling`` (None if absent or
+    not readable: a status written by another version, or by hand)."""
+    if not isinstance(scaling, Mapping):
+        return None
+    try:
+        at = float(scaling["refreshedAt"])
+        loads = [
+            PersistedLoad(
+                topic=str(t["topic"]),
+                pending=int(t["pending"]),
+                backlog=int(t["backlog"]),
+                in_flight=int(t["inFlight"]),
+                holders=[str(h) for h in t.get("leaseHolders") or ()],
+            )
+            for t in scaling.get("topics") or ()
+        ]
+    except (KeyError, TypeError, ValueError):
+        return None
+    return loads, at
 
 
 class Snapshots(Protocol):
     """Where the figures come from (:class:`bucketq.operator.metrics.QueueMetrics`)."""
 
-    def consumer_figures(self, namespace: str, consumer: str) -> list[tuple[SubscriptionStats, float]]:
-        """Every subscription of ``consumer`` in ``namespace`` with the Unix time of its refresh."""
+    def consumer_figures(
+        self, namespace: str, consumer: str
+    ) -> tuple[list[tuple[SubscriptionLoad, float]], str]:
+        """Every subscription of ``consumer`` in ``namespace`` with the Unix time of its figures,
+        and where they come from: ``refresh`` (this operator's) or ``status`` (persisted)."""
         ...
 
 
@@ -69,10 +125,11 @@ class ScalingFigures:
 
     namespace: str
     consumer: str
-    subscriptions: list[SubscriptionStats]
+    subscriptions: list[SubscriptionLoad]
     refreshed_at: float  # of the oldest figures used
     messages_per_replica: int
     activation: int
+    source: str = "refresh"
 
     @property
     def pending(self) -> int:
@@ -109,6 +166,7 @@ class ScalingFigures:
                 for s in sorted(self.subscriptions, key=lambda s: s.topic)
             },
             "refreshedAt": self.refreshed_at,
+            "source": self.source,
             "ageSeconds": round(max(0.0, now - self.refreshed_at), 3),
         }
 
@@ -132,13 +190,13 @@ def scaling_figures(
     """The figures for one request; :class:`BadRequest` for bad parameters or an unknown consumer."""
     per_replica = _int_param(query, "messagesPerReplica", DEFAULT_MESSAGES_PER_REPLICA, 1)
     activation = _int_param(query, "activation", 0, 0)
-    found = source.consumer_figures(namespace, consumer)
+    found, origin = source.consumer_figures(namespace, consumer)
     if not found:
         raise BadRequest(
             404,
             "consumer_not_found",
             f"no figures for consumer {consumer!r} in namespace {namespace!r}: it has no Consumer "
-            "resource with a subscribed Topic there, or the operator has not refreshed it yet",
+            "resource with a subscribed Topic there, or no operator has refreshed it yet",
         )
     topic = query.get("topic")
     if topic is not None:
@@ -156,6 +214,7 @@ def scaling_figures(
         refreshed_at=min(at for _, at in found),
         messages_per_replica=per_replica,
         activation=activation,
+        source=origin,
     )
 
 

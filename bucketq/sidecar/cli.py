@@ -7,44 +7,64 @@ import contextlib
 import logging
 import os
 import sys
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, NoReturn
 
 import typer
 
 from bucketq.errors import ConfigError
+from bucketq.log_levels import LogLevel
+
+
+class DeliveryChoice(StrEnum):
+    pull = "pull"
+    push = "push"
 
 
 def command(
     config: Annotated[
         Path | None,
-        typer.Option(
-            "--config", "-c", help="YAML file (default: $BUCKETQ_SIDECAR_CONFIG).", show_default=False
-        ),
+        typer.Option("--config", help="YAML file. \\[default: $BUCKETQ_SIDECAR_CONFIG]", show_default=False),
     ] = None,
-    consumer: Annotated[str | None, typer.Option(help="Consumer (group) name.", show_default=False)] = None,
+    consumer: Annotated[
+        str | None, typer.Option("--consumer", "-c", help="Consumer (group) name.", show_default=False)
+    ] = None,
     topics: Annotated[
         str | None, typer.Option(help="Comma-separated topics to consume.", show_default=False)
     ] = None,
-    delivery: Annotated[str | None, typer.Option(help="pull or push.", show_default=False)] = None,
+    delivery: Annotated[
+        DeliveryChoice | None,
+        typer.Option(
+            help="pull: the app asks; push: the sidecar POSTs to the app. \\[default: pull]",
+            show_default=False,
+        ),
+    ] = None,
     app_port: Annotated[
         int | None, typer.Option(help="The app's port (push mode).", show_default=False)
     ] = None,
-    app_path: Annotated[str | None, typer.Option(help="The app's push path.", show_default=False)] = None,
+    app_path: Annotated[
+        str | None, typer.Option(help="The app's push path. \\[default: /bucketq]", show_default=False)
+    ] = None,
     listen_host: Annotated[
-        str | None, typer.Option(help="API address [127.0.0.1].", show_default=False)
+        str | None, typer.Option(help="API address. \\[default: 127.0.0.1]", show_default=False)
     ] = None,
-    listen_port: Annotated[int | None, typer.Option(help="API port [3580].", show_default=False)] = None,
+    listen_port: Annotated[
+        int | None, typer.Option(help="API port. \\[default: 3580]", show_default=False)
+    ] = None,
     metrics_port: Annotated[
-        int | None, typer.Option(help="Metrics/probes port, 0 for none [9580].", show_default=False)
+        int | None,
+        typer.Option(help="Metrics/probes port, 0 for none. \\[default: 9580]", show_default=False),
     ] = None,
-    log_level: Annotated[str | None, typer.Option(help="DEBUG, INFO, WARNING...", show_default=False)] = None,
+    log_level: Annotated[
+        LogLevel | None,
+        typer.Option(help="Log level. \\[default: INFO]", show_default=False, case_sensitive=False),
+    ] = None,
 ) -> None:
     """Run the sidecar: the localhost HTTP API in front of the bucket (publish, pull/push, ack).
 
-    Options also come from BUCKETQ_SIDECAR_* (engine: BUCKETQ_*) or the YAML file.
-
-    Options win over the environment, which wins over the file.
+    Options also come from BUCKETQ_SIDECAR_* (engine: BUCKETQ_*) or the YAML file. Options win
+    over the environment, which wins over the file.
     """
     from bucketq.sidecar.config import load_config
     from bucketq.sidecar.process import run
@@ -52,13 +72,13 @@ def command(
     overrides = {
         "consumer": consumer,
         "topics": topics,
-        "delivery": delivery,
+        "delivery": delivery.value if delivery is not None else None,
         "app_port": app_port,
         "app_path": app_path,
         "listen_host": listen_host,
         "listen_port": listen_port,
         "metrics_port": metrics_port,
-        "log_level": log_level,
+        "log_level": log_level.value if log_level is not None else None,
     }
     try:
         cfg = load_config(config, overrides=overrides)

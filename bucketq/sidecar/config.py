@@ -38,8 +38,19 @@ DEFAULT_API_PORT = 3580
 DEFAULT_METRICS_PORT = 9580
 MAX_RETRY_DELAY_S = 366 * 86_400.0  # the longest nack delay the API accepts
 
+# Set by the kubelet in every container of a pod (whatever enableServiceLinks says).
+POD_ENV = "KUBERNETES_SERVICE_HOST"
+
 Delivery = Literal["pull", "push"]
+PushFormat = Literal["json", "cloudevents-structured", "cloudevents-binary"]
 LogLevel = Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]
+
+
+def default_metrics_host(env: Mapping[str, str] | None = None) -> str:
+    """Where metrics and probes listen unless configured: every interface in a pod (the kubelet's
+    probes and Prometheus come from outside the pod's network namespace), else loopback only (a
+    sidecar on a laptop or a VM shows nothing to its network)."""
+    return "0.0.0.0" if (os.environ if env is None else env).get(POD_ENV) else "127.0.0.1"
 
 
 class SidecarSettings(BaseSettings):
@@ -63,6 +74,8 @@ class SidecarSettings(BaseSettings):
     push_concurrency: int = Field(16, ge=1, le=10_000)
     push_batch_size: int = Field(1, ge=1, le=1000)
     push_timeout_s: float = Field(600.0, gt=0)
+    # the pushed request's form: the API's JSON, or a CloudEvent (bucketq.sidecar.push_request)
+    push_format: PushFormat = "json"
     # The delay before the n-th redelivery of a pushed message that failed (n = its deliveries so
     # far) is min(max, initial * multiplier**(n-1)), halved and topped up by a uniform share of the
     # other half (equal jitter): see bucketq.sidecar.backoff. The message is nacked with that delay,
@@ -95,8 +108,9 @@ class SidecarSettings(BaseSettings):
     idle_timeout_s: float = Field(30.0, gt=0)
     body_timeout_s: float = Field(30.0, gt=0)
 
-    # metrics and probes for Prometheus and the kubelet (0: only on the API port)
-    metrics_host: str = "0.0.0.0"
+    # metrics and probes for Prometheus and the kubelet (0: only on the API port); the address
+    # defaults to every interface in a pod only (default_metrics_host)
+    metrics_host: str = Field(default_factory=default_metrics_host)
     metrics_port: int = Field(DEFAULT_METRICS_PORT, ge=0, le=65535)
 
     # publishing
@@ -154,6 +168,10 @@ class SidecarSettings(BaseSettings):
             raise ValueError("push delivery needs a consumer and topics")
         if self.delivery == "push" and self.app_port is None:
             raise ValueError("push delivery needs the app's port (BUCKETQ_SIDECAR_APP_PORT)")
+        if self.push_format == "cloudevents-binary" and self.push_batch_size > 1:
+            raise ValueError(
+                "push_format cloudevents-binary carries one message per request: push_batch_size must be 1"
+            )
         if self.publish_buffer_bytes < self.max_body_bytes:
             # else one request within the body limit could never fit the buffer
             raise ValueError("publish_buffer_bytes must be at least max_body_bytes")

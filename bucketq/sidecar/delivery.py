@@ -92,6 +92,12 @@ class Deliveries:
     async def pull(
         self, max_messages: int, wait: float, gone: Callable[[], bool] = lambda: False
     ) -> list[DeliveredMessage]:
+        """:meth:`lease` in the API's JSON form."""
+        return [to_wire(m, with_receipt=True) for m in await self.lease(max_messages, wait, gone)]
+
+    async def lease(
+        self, max_messages: int, wait: float, gone: Callable[[], bool] = lambda: False
+    ) -> list[Message]:
         """Up to ``max_messages`` leased messages, waiting up to ``wait`` seconds for the first.
 
         ``gone()`` tells whether the asking request was abandoned (the client hung up during the
@@ -118,7 +124,7 @@ class Deliveries:
         self.delivered(messages)
         for m in messages:
             self.ledger.add(m)
-        return [to_wire(m, with_receipt=True) for m in messages]
+        return messages
 
     async def _release_uncounted(self, consumer: Consumer, messages: Sequence[Message]) -> None:
         """Give back messages the app never saw; one that cannot be released now expires instead."""

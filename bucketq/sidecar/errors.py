@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from bucketq.errors import (
     BucketqError,
     Closed,
+    InvalidArgument,
     InvalidMessage,
     InvalidName,
     InvalidReceipt,
@@ -94,6 +95,8 @@ def from_exception(exc: BaseException) -> ApiError:
         return ApiError(400, "invalid_name", str(exc))
     if isinstance(exc, InvalidMessage):
         return ApiError(400, "invalid_message", str(exc))
+    if isinstance(exc, InvalidArgument):
+        return ApiError(400, "invalid_argument", str(exc))
     if isinstance(exc, PublishTimeout):
         return unavailable("publish_timeout", str(exc))
     if isinstance(exc, Closed):

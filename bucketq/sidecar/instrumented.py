@@ -7,13 +7,17 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
+from bucketq.core.keys import key_kind
 from bucketq.errors import PreconditionFailed, StorageError, StorageTimeout
 from bucketq.storage import Blob, ObjectInfo, ObjectStore, RequestStats
 
 T = TypeVar("T")
 
-# observe(op, status, seconds): status is "200", "404", "412", "timeout" or "error"
-Observer = Callable[[str, str, float], None]
+# observe(op, status, seconds, kind): status is "200", "404", "412", "timeout" or "error"; kind is the
+# protocol object the request was about (bucketq.core.keys.key_kind: segment, delta, head...), so that
+# requests can be counted per message by kind, as `bucketq bench` counts them
+Observer = Callable[[str, str, float, str], None]
+BUCKET = "bucket"  # the kind of the bucket-level check (no key)
 
 UNHEALTHY_AFTER = 3  # consecutive failed requests
 
@@ -73,9 +77,11 @@ class InstrumentedStore:
         self._outstanding[self._counter] = started
         return self._counter, started
 
-    def _end(self, n: int, op: str, started: float, status: str, error: BaseException | None = None) -> None:
+    def _end(
+        self, n: int, op: str, kind: str, started: float, status: str, error: BaseException | None = None
+    ) -> None:
         self._outstanding.pop(n, None)
-        self.observe(op, status, time.perf_counter() - started)
+        self.observe(op, status, time.perf_counter() - started, kind)
         if status in ("timeout", "error"):
             self.failures += 1
             self.last_error = str(error)
@@ -83,24 +89,27 @@ class InstrumentedStore:
             self.failures = 0
             self.last_error = None
 
-    def _failed(self, n: int, op: str, started: float, exc: BaseException) -> None:
+    def _failed(self, n: int, op: str, kind: str, started: float, exc: BaseException) -> None:
         if isinstance(exc, PreconditionFailed):
-            self._end(n, op, started, "412")
+            self._end(n, op, kind, started, "412")
         elif isinstance(exc, StorageTimeout | TimeoutError):
-            self._end(n, op, started, "timeout", exc)
+            self._end(n, op, kind, started, "timeout", exc)
         elif isinstance(exc, StorageError):
-            self._end(n, op, started, "error", exc)
+            self._end(n, op, kind, started, "error", exc)
         else:  # cancelled or a bug: not an answer from the store
             self._outstanding.pop(n, None)
 
-    async def _call(self, op: str, fn: Callable[[], Awaitable[T]], status: Callable[[T], str] = _ok) -> T:
+    async def _call(
+        self, op: str, key: str, fn: Callable[[], Awaitable[T]], status: Callable[[T], str] = _ok
+    ) -> T:
+        kind = key_kind(key) if key else BUCKET
         n, started = self._begin()
         try:
             result = await fn()
         except BaseException as exc:
-            self._failed(n, op, started, exc)
+            self._failed(n, op, kind, started, exc)
             raise
-        self._end(n, op, started, status(result))
+        self._end(n, op, kind, started, status(result))
         return result
 
     # -- the ObjectStore port --------------------------------------------------------------------
@@ -108,36 +117,41 @@ class InstrumentedStore:
     async def check(self) -> None:
         check: Any = getattr(self.inner, "check", None)
         if check is not None:
-            await self._call("HEAD", check)
+            await self._call("HEAD", "", check)
 
     async def get(self, key: str) -> Blob | None:
-        return await self._call("GET", lambda: self.inner.get(key), _found)
+        return await self._call("GET", key, lambda: self.inner.get(key), _found)
 
     async def head(self, key: str) -> ObjectInfo | None:
-        return await self._call("HEAD", lambda: self.inner.head(key), _found)
+        return await self._call("HEAD", key, lambda: self.inner.head(key), _found)
 
     async def put(
         self, key: str, data: bytes, *, if_none_match: bool = False, if_match: str | None = None
     ) -> str:
         return await self._call(
-            "PUT", lambda: self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
+            "PUT", key, lambda: self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
         )
 
     async def delete(self, keys: builtins.list[str]) -> None:
-        await self._call("DELETE", lambda: self.inner.delete(keys))
+        await self._call("DELETE", keys[0] if keys else "", lambda: self.inner.delete(keys))
 
     async def list(self, prefix: str, *, start_after: str | None = None) -> AsyncIterator[ObjectInfo]:
+        kind = key_kind(prefix)
         n, started = self._begin()
         try:
             async for info in self.inner.list(prefix, start_after=start_after):
                 yield info
         except BaseException as exc:
-            self._failed(n, "LIST", started, exc)
+            self._failed(n, "LIST", kind, started, exc)
             raise
-        self._end(n, "LIST", started, "200")
+        self._end(n, "LIST", kind, started, "200")
 
     async def list_prefixes(self, prefix: str, delimiter: str = "/") -> builtins.list[str]:
-        return await self._call("LIST", lambda: self.inner.list_prefixes(prefix, delimiter))
+        return await self._call("LIST", prefix, lambda: self.inner.list_prefixes(prefix, delimiter))
+
+    async def now(self) -> float:
+        """The store's clock (the port's ``now``): one HEAD, counted like the others."""
+        return await self._call("HEAD", "", self.inner.now)
 
     async def close(self) -> None:
         await self.inner.close()

@@ -9,7 +9,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from bucketq import __version__
 from bucketq.core.app import FORMAT
-from bucketq.core.partition_worker import CycleResult
+from bucketq.core.hooks import CommitCounts
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 _MSG = ("topic", "consumer")
@@ -78,8 +78,8 @@ class Metrics:
         )
         self.s3_requests = Counter(
             "bucketq_s3_requests",
-            "Object store requests by operation and status.",
-            ["op", "status"],
+            "Object store requests by operation, status and kind of object (segment, delta, head...).",
+            ["op", "status", "kind"],
             registry=r,
         )
         self.s3_seconds = Histogram(
@@ -154,11 +154,11 @@ class Metrics:
                 for outcome in ("success", "retry", "drop"):
                     self.push_outcomes.labels(topic, outcome)
 
-    def observe_s3(self, op: str, status: str, seconds: float) -> None:
-        self.s3_requests.labels(op, status).inc()
+    def observe_s3(self, op: str, status: str, seconds: float, kind: str = "other") -> None:
+        self.s3_requests.labels(op, status, kind).inc()
         self.s3_seconds.labels(op).observe(seconds)
 
-    def observe_commit(self, consumer: str, topic: str, result: CycleResult, seconds: float) -> None:
+    def observe_commit(self, consumer: str, topic: str, result: CommitCounts, seconds: float) -> None:
         self.commit_ops.labels(topic, consumer).observe(result.ops)
         self.commit_seconds.labels(topic, consumer).observe(seconds)
         if result.conflicts:

@@ -38,8 +38,9 @@ SCHEMAS: list[type[BaseModel]] = [
 ]
 
 ERRORS = {
-    "400": "Malformed JSON (also NaN, Infinity, integers over 4300 digits, nesting deeper than 64), a "
-    "missing or wrong field (types are strict: no string-to-number coercion), an invalid receipt or "
+    "400": "Malformed JSON in an envelope or a JSON-typed raw body (also NaN, Infinity, integers over "
+    "4300 digits, nesting deeper than 64), a missing or wrong field (types are strict: no "
+    "string-to-number coercion), an invalid CloudEvent (`invalid_cloudevent`), an invalid receipt or "
     "name; nothing was applied.",
     "401": "Missing or wrong bearer token (only when a token file is configured).",
     "404": "Unknown topic.",
@@ -48,10 +49,68 @@ ERRORS = {
     "refused without a bucket request.",
     "413": "A message, a batch, the body, its count of JSON values or the publish buffer's bytes is "
     "over its limit; nothing was published.",
-    "415": "The body is not `application/json`.",
+    "405": "The path exists, not for this method (e.g. GET /v1/pull); the `Allow` header names the "
+    "methods it takes. Answered on every path of this document for any method it does not list.",
+    "415": "The body's type is not one the path takes (a publish takes any type; a batch JSON or a "
+    "CloudEvents batch; `unsupported_media_type`), or it was sent with a `Content-Encoding` other "
+    "than `identity` (`unsupported_content_encoding`: compressed bodies are refused unread, never "
+    "inflated); nothing was applied.",
     "429": "The publish buffer is full; retry after `Retry-After` seconds.",
     "503": "Starting, draining, or the bucket did not answer in time; retry after `Retry-After`.",
 }
+
+
+BATCH = "application/cloudevents-batch+json"
+# A CloudEvent in the JSON format (structured mode): the required attributes; data or data_base64.
+CLOUD_EVENT: dict[str, Any] = {
+    "type": "object",
+    "description": "A CloudEvents 1.0 event (JSON format). Extensions are lower-case alphanumeric "
+    "attributes; a pulled event also has bucketqreceipt, bucketqleaseuntil and bucketqdeliveries.",
+    "required": ["specversion", "id", "source", "type"],
+    "properties": {
+        "specversion": {"const": "1.0"},
+        "id": {"type": "string", "minLength": 1},
+        "source": {"type": "string", "minLength": 1},
+        "type": {"type": "string", "minLength": 1},
+        "datacontenttype": {"type": "string"},
+        "subject": {"type": "string"},
+        "time": {"type": "string"},
+        "data": {},
+        "data_base64": {"type": "string"},
+    },
+}
+RAW_OPTIONS: list[dict[str, Any]] = [
+    {
+        "name": "raw",
+        "in": "query",
+        "schema": {"type": "boolean"},
+        "description": "With `application/json`: the body is the message's JSON payload, not the envelope.",
+    },
+    *(
+        {
+            "name": name,
+            "in": "query",
+            "schema": schema,
+            "description": f"For a raw body or CloudEvents: the envelope's `{name}` (an envelope refuses it).",
+        }
+        for name, schema in (
+            ("key", {"type": "string"}),
+            ("dedup_id", {"type": "string", "minLength": 1}),
+            ("priority", {"type": "integer", "minimum": -1000, "maximum": 1000}),
+            ("delay_seconds", {"type": "number", "minimum": 0, "maximum": 366 * 86400}),
+            ("not_before", {"type": "number", "minimum": 0}),
+        )
+    ),
+]
+TRACE_HEADERS: list[dict[str, Any]] = [
+    {
+        "name": name,
+        "in": "header",
+        "schema": {"type": "string"},
+        "description": f"W3C Trace Context `{name}`: stored on the message, sent with its deliveries.",
+    }
+    for name in ("traceparent", "tracestate")
+]
 
 
 def _ref(name: str) -> dict[str, Any]:
@@ -97,7 +156,18 @@ def build() -> dict[str, Any]:
         ["400", "401", "404", "413", "415", "429", "503"],
         "Answers once the message is durable in the bucket, with its id and position.",
     )
-    publish["post"]["parameters"] = [dict(topic)]
+    publish["post"]["requestBody"]["content"].update(
+        {
+            "application/cloudevents+json": {"schema": CLOUD_EVENT},
+            "*/*": {
+                "schema": {"type": "string", "format": "binary"},
+                "description": "Any other type: the body is the message, stored with its Content-Type "
+                "(a JSON payload for a JSON type, else bytes). With `ce-specversion`, `ce-id`, "
+                "`ce-source` and `ce-type` headers it is a CloudEvent in binary mode.",
+            },
+        }
+    )
+    publish["post"]["parameters"] = [dict(topic), *RAW_OPTIONS, *TRACE_HEADERS]
     batch = _op(
         "Publish a batch",
         "PublishBatchRequest",
@@ -107,7 +177,8 @@ def build() -> dict[str, Any]:
         "Each entry then reports its own status; when every entry failed alike the response has "
         "that status (e.g. 503).",
     )
-    batch["post"]["parameters"] = [dict(topic)]
+    batch["post"]["requestBody"]["content"][BATCH] = {"schema": {"type": "array", "items": CLOUD_EVENT}}
+    batch["post"]["parameters"] = [dict(topic), *RAW_OPTIONS[1:], *TRACE_HEADERS]
     settle_errors = ["400", "401", "409", "415", "503"]
     batch_errors = ["400", "401", "413", "415"]
     paths: dict[str, Any] = {
@@ -119,7 +190,9 @@ def build() -> dict[str, Any]:
             "PullResponse",
             ["400", "401", "415", "503"],
             "Up to `max_messages`, waiting up to `wait_seconds` for the first. Each message "
-            "carries an opaque `receipt`; settle it before `lease_until`. The body may be empty.",
+            "carries an opaque `receipt`; settle it before `lease_until`. The body may be empty. "
+            f"With `Accept: {BATCH}` the answer is an array of CloudEvents (the receipt is "
+            "`bucketqreceipt`).",
         ),
         "/v1/ack": _op("Acknowledge a message", "AckRequest", "SettleResponse", settle_errors),
         "/v1/ack/batch": _op(
@@ -173,6 +246,9 @@ def build() -> dict[str, Any]:
             }
         },
     }
+    paths["/v1/pull"]["post"]["responses"]["200"]["content"][BATCH] = {
+        "schema": {"type": "array", "items": CLOUD_EVENT}
+    }
     responses = {
         f"E{code}": {"description": text, "content": _json("ErrorBody")} for code, text in ERRORS.items()
     }
@@ -180,6 +256,9 @@ def build() -> dict[str, Any]:
         responses[f"E{code}"]["headers"] = {
             "Retry-After": {"schema": {"type": "integer"}, "description": "Seconds to wait before retrying."}
         }
+    responses["E405"]["headers"] = {
+        "Allow": {"schema": {"type": "string"}, "description": "The methods the path takes, e.g. `POST`."}
+    }
     return {
         "openapi": "3.1.0",
         "info": {
@@ -188,7 +267,8 @@ def build() -> dict[str, Any]:
             "description": "The HTTP/1.1 + JSON API a bucketq sidecar serves to the app next to it "
             "(default http://127.0.0.1:3580). See docs/sidecar-api.md. In push mode the "
             "sidecar POSTs `DeliveredMessage` (or `PushBatch`) to the app, which answers "
-            "`PushReply`.",
+            "`PushReply`. A method a path does not list is answered 405 `method_not_allowed` "
+            "(`#/components/responses/E405`) with an `Allow` header.",
         },
         "servers": [{"url": "http://127.0.0.1:3580"}],
         "security": [{}, {"bearer": []}],

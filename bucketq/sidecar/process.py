@@ -76,12 +76,16 @@ class Sidecar:
         # aiohttp's keep-alive timer runs from the connection's start and from each response, and
         # trickled bytes do not reset it: so it bounds both an idle connection and one sending its
         # request head slowly (its default is an hour). Bodies are bounded in read_model.
+        # auto_decompress=False: aiohttp would inflate a gzip/deflate body as it arrives, before
+        # any limit sees it (a 1 MiB body of zeros is 1 GiB inflated). Bodies stay as sent, and
+        # read_model refuses a non-identity Content-Encoding with 415 (docs/sidecar-api.md).
         runner = web.AppRunner(
             app,
             access_log=None,
             handle_signals=False,
             shutdown_timeout=SHUTDOWN_TIMEOUT_S,
             keepalive_timeout=self.cfg.idle_timeout_s,
+            auto_decompress=False,
         )
         await runner.setup()
         self._runners.append(runner)

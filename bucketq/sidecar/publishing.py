@@ -6,9 +6,8 @@ import asyncio
 import contextlib
 
 from bucketq.api_models import OutgoingMessage, PublishEntryResult, PublishResponse
-from bucketq.core.producer import PublishResult
-from bucketq.core.segment import build_record, encode_record
-from bucketq.errors import BucketqError, MessageTooLarge
+from bucketq.core.producer import PreparedRecord, PublishResult
+from bucketq.errors import BucketqError, InvalidArgument, MessageTooLarge
 from bucketq.sidecar.errors import RETRY_AFTER_S, ApiError, from_exception, unavailable
 from bucketq.sidecar.metrics import Metrics
 from bucketq.sidecar.runtime import Runtime
@@ -53,14 +52,14 @@ class Publisher:
             )
         try:
             async with asyncio.timeout_at(deadline):
-                sizes = await self._validate(topic, messages)
+                prepared = await self._prepare(topic, messages)
         except TimeoutError:
             self.metrics.publish_errors.labels(topic, "publish_timeout").inc(len(messages))
             raise unavailable(
                 "publish_timeout",
                 f"the bucket did not answer within {self.timeout:g}s; nothing was published",
             ) from None
-        size = sum(sizes)
+        size = sum(p.size for p in prepared)
         if size > self.capacity_bytes:
             raise ApiError(
                 413,
@@ -77,7 +76,7 @@ class Publisher:
                 f"retry after {RETRY_AFTER_S}s",
                 headers={"Retry-After": str(RETRY_AFTER_S)},
             )
-        tasks = [self._start(topic, m, n) for m, n in zip(messages, sizes, strict=True)]
+        tasks = [self._start(p) for p in prepared]
         outcomes = await asyncio.gather(*(self._bounded(t, deadline) for t in tasks), return_exceptions=True)
         results: list[PublishEntryResult] = []
         for outcome in outcomes:
@@ -90,36 +89,27 @@ class Publisher:
                 results.append(PublishEntryResult(status=err.status, error=err.code, message=err.message))
         return results
 
-    async def _validate(self, topic: str, messages: list[OutgoingMessage]) -> list[int]:
-        """The encoded size of each message; ApiError when the topic or a message is bad."""
-        bq = self.runtime.bq
-        assert bq is not None
+    async def _prepare(self, topic: str, messages: list[OutgoingMessage]) -> list[PreparedRecord]:
+        """Every message built and encoded, once (what is published is exactly this); ApiError
+        when the topic or a message is bad."""
+        producer = self.runtime.producer()
         try:
-            config = await bq.catalog.config(topic)
+            await producer.catalog.config(topic)  # the whole request's error first: unknown topic
         except BucketqError as exc:
             raise from_exception(exc) from None
         problems: list[dict[str, object]] = []
-        sizes: list[int] = []
+        prepared: list[PreparedRecord] = []
         too_large = False
         for i, m in enumerate(messages):
             try:
-                record = build_record(
-                    m.payload,
-                    data=m.data(),
-                    content_type=m.content_type,
-                    key=m.key,
-                    headers=m.headers,
-                    priority=m.priority,
-                    not_before=m.not_before,
-                    delay=m.delay_seconds,
-                    dedup_id=m.dedup_id,
-                )
-                sizes.append(len(encode_record(record, config.max_message_bytes)))
-            except BucketqError as exc:
+                prepared.append(await producer.prepare(topic, m.payload, data=m.data(), options=m.options()))
+            except InvalidArgument as exc:
                 too_large = too_large or isinstance(exc, MessageTooLarge)
                 problems.append({"index": i, "problem": str(exc)})
+            except BucketqError as exc:
+                raise from_exception(exc) from None
         if not problems:
-            return sizes
+            return prepared
         what = "message" if len(messages) == 1 else f"{len(problems)} of {len(messages)} messages"
         summary = (
             problems[0]["problem"]
@@ -133,25 +123,12 @@ class Publisher:
             details=problems,
         )
 
-    def _start(self, topic: str, m: OutgoingMessage, size: int) -> asyncio.Task[PublishResult]:
+    def _start(self, prepared: PreparedRecord) -> asyncio.Task[PublishResult]:
         producer = self.runtime.producer()
-        task = asyncio.get_running_loop().create_task(
-            producer.publish(
-                topic,
-                m.payload,
-                data=m.data(),
-                content_type=m.content_type,
-                key=m.key,
-                headers=m.headers,
-                dedup_id=m.dedup_id,
-                priority=m.priority,
-                not_before=m.not_before,
-                delay=m.delay_seconds,
-            )
-        )
+        task = asyncio.get_running_loop().create_task(producer.publish_prepared(prepared))
         self.pending += 1
-        self.pending_bytes += size
-        self._sizes[task] = size
+        self.pending_bytes += prepared.size
+        self._sizes[task] = prepared.size
         self._idle.clear()
         self._tasks.add(task)
         task.add_done_callback(self._finished)

@@ -24,14 +24,15 @@ from typing import Any
 
 import aiohttp
 
-from bucketq.api_models import PushBatch, PushStatus
+from bucketq.api_models import PushStatus
 from bucketq.core.consumer import Consumer
 from bucketq.core.message import Message
 from bucketq.errors import BucketqError, Closed, LeaseLost
 from bucketq.sidecar.backoff import RetryBackoff
-from bucketq.sidecar.delivery import Deliveries, to_wire
+from bucketq.sidecar.delivery import Deliveries
 from bucketq.sidecar.errors import ApiError
 from bucketq.sidecar.metrics import Metrics
+from bucketq.sidecar.push_request import push_request
 from bucketq.sidecar.runtime import Runtime
 
 log = logging.getLogger("bucketq.sidecar.push")
@@ -102,6 +103,73 @@ def _status(text: str) -> PushStatus:
     if upper != "RETRY":
         log.warning("app answered unknown status %r: retrying the message", text)
     return "RETRY"
+
+
+# The lease keeper's first retry after a failed extend, and the cap of its backoff (below which a
+# visibility timeout divided by KEEPER_TRIES_PER_LEASE brings it): during an S3 brownout each open
+# push retries a few times per lease period, not every 50 ms.
+KEEPER_RETRY_INITIAL_S = 0.25
+KEEPER_RETRY_MAX_S = 5.0
+KEEPER_TRIES_PER_LEASE = 4
+KEEPER_MIN_SLEEP_S = 0.05
+KEEPER_LAST_CHANCE_S = 0.5  # before a lease runs out, a failing keeper tries once more
+
+
+def keeper_backoff(visibility_timeout_s: float) -> RetryBackoff:
+    """The retry schedule of a lease keeper whose extends fail: exponential from 0.25 s, capped
+    at ``min(5 s, visibility timeout / 4)`` (at least the initial step), equal jitter."""
+    cap = max(KEEPER_RETRY_INITIAL_S, min(KEEPER_RETRY_MAX_S, visibility_timeout_s / KEEPER_TRIES_PER_LEASE))
+    return RetryBackoff(KEEPER_RETRY_INITIAL_S, cap, 2.0)
+
+
+async def keep_leases(consumer: Consumer, messages: list[Message], backoff: RetryBackoff) -> None:
+    """Extend the leases of ``messages`` a third of the visibility timeout before each runs out,
+    until every one is lost (or the task is cancelled, when the app answered).
+
+    An extend the bucket did not confirm (a storage error or timeout) is retried after
+    ``backoff.delay(n)`` for the ``n``-th failure in a row (bounded, jittered), or when the lease
+    is due if that comes later, but once more half a second before the nearest lease runs out
+    (a brownout that ends then keeps the lease); the first success resets the count. Without it, a lease already
+    inside its last third made the keeper retry every 50 ms for as long as S3 failed, per open
+    push. A lost lease (:class:`LeaseLost`) ends the keeping of that message.
+    """
+    vt = consumer.settings.visibility_timeout_s
+    live = list(messages)
+    failures = 0
+    while live:
+        due = min(m.lease_until for m in live) - time.time() - vt / 3
+        wait = max(KEEPER_MIN_SLEEP_S, due)
+        if failures:
+            wait = max(wait, backoff.delay(failures))
+            # one last try before the nearest lease runs out, however long the backoff
+            last_chance = min(m.lease_until for m in live) - time.time() - KEEPER_LAST_CHANCE_S
+            if last_chance > KEEPER_MIN_SLEEP_S:
+                wait = min(wait, last_chance)
+        await asyncio.sleep(wait)
+        results = await asyncio.gather(
+            *(consumer.extend(m.receipt, vt) for m in live), return_exceptions=True
+        )
+        kept = []
+        unconfirmed = False
+        for m, res in zip(live, results, strict=True):
+            if isinstance(res, float):
+                m.lease_until = res
+                kept.append(m)
+            elif isinstance(res, LeaseLost):
+                log.warning("lease on %s lost while the app handles it", m.id)
+            else:
+                unconfirmed = True
+                kept.append(m)  # the bucket did not answer: try again, after a backoff
+        if unconfirmed:
+            failures += 1
+            log.debug(
+                "lease extend failed %d time(s) in a row: retrying in up to %.2fs",
+                failures,
+                backoff.base(failures),
+            )
+        else:
+            failures = 0
+        live = kept
 
 
 class Pusher:
@@ -208,22 +276,18 @@ class Pusher:
     async def _post(self, messages: list[Message]) -> dict[str, PushStatus]:
         assert self._session is not None
         ids = [m.id for m in messages]
-        body: Any
-        if self.cfg.push_batch_size > 1:
-            body = PushBatch(messages=[to_wire(m, with_receipt=False) for m in messages]).model_dump(
-                mode="json", exclude_none=True
-            )
-        else:
-            body = to_wire(messages[0], with_receipt=False).model_dump(mode="json", exclude_none=True)
-        headers = {"bucketq-topic": messages[0].topic, "bucketq-consumer": self.runtime.consumer_name}
-        if self._token is not None:
-            headers["Authorization"] = f"Bearer {self._token}"
-        if len(messages) == 1:
-            headers.update({"bucketq-id": messages[0].id, "bucketq-deliveries": str(messages[0].deliveries)})
+        with self.runtime.tracing.deliver(messages[0].topic, [m.headers for m in messages]) as trace:
+            headers, body = push_request(messages, self.cfg.push_format, self.runtime.consumer_name, trace)
+            if self._token is not None:
+                headers["Authorization"] = f"Bearer {self._token}"
+            return await self._send(ids, headers, body)
+
+    async def _send(self, ids: list[str], headers: dict[str, str], body: bytes) -> dict[str, PushStatus]:
+        assert self._session is not None
         backoff = 0.1
         while True:
             try:
-                async with self._session.post(self.cfg.app_url, json=body, headers=headers) as resp:
+                async with self._session.post(self.cfg.app_url, data=body, headers=headers) as resp:
                     return interpret(resp.status, await resp.read(), ids)
             except aiohttp.ClientConnectorError as exc:  # never reached the app: same delivery again
                 if self._stopping:
@@ -259,24 +323,7 @@ class Pusher:
 
     async def _keep_alive(self, consumer: Consumer, messages: list[Message]) -> None:
         """Extend the leases while the app's request is open."""
-        vt = consumer.settings.visibility_timeout_s
-        live = list(messages)
-        while live:
-            nearest = min(m.lease_until for m in live)
-            await asyncio.sleep(max(0.05, nearest - time.time() - vt / 3))
-            results = await asyncio.gather(
-                *(consumer.extend(m.receipt, vt) for m in live), return_exceptions=True
-            )
-            kept = []
-            for m, res in zip(live, results, strict=True):
-                if isinstance(res, float):
-                    m.lease_until = res
-                    kept.append(m)
-                elif isinstance(res, LeaseLost):
-                    log.warning("lease on %s lost while the app handles it", m.id)
-                else:
-                    kept.append(m)  # the bucket did not answer: try again
-            live = kept
+        await keep_leases(consumer, messages, keeper_backoff(consumer.settings.visibility_timeout_s))
 
     # -- shutdown --------------------------------------------------------------------------------
 

@@ -10,13 +10,14 @@ from typing import Any, Literal
 
 from bucketq.core.app import Bucketq
 from bucketq.core.consumer import Consumer
-from bucketq.core.partition_worker import CycleResult
+from bucketq.core.hooks import CommitCounts
 from bucketq.core.producer import Producer
 from bucketq.errors import BucketqError, ConfigError, InvalidName, StorageError, TopicNotFound
 from bucketq.sidecar.config import SidecarConfig
 from bucketq.sidecar.errors import ApiError, unavailable
 from bucketq.sidecar.instrumented import InstrumentedStore
 from bucketq.sidecar.metrics import Metrics
+from bucketq.sidecar.tracecontext import Tracing
 from bucketq.storage.strategies import build_store
 
 log = logging.getLogger("bucketq.sidecar")
@@ -33,13 +34,18 @@ class Runtime:
         self.metrics = metrics
         self.state: State = "starting"
         self.reason = "connecting to the bucket"
-        self.bq: Bucketq | None = None
+        self.bq: Bucketq | None = None  # set once ready
         self.store: InstrumentedStore | None = None
+        # opened (bucket probed, strategy chosen, format checked) but not ready yet: while a topic is
+        # missing only the registrations are retried, so the probe's PUT and DELETE run once
+        self._opened: Bucketq | None = None
+        self._opened_producer: Producer | None = None
         self._producer: Producer | None = None
         self._consumer: Consumer | None = None
         self.strategy: str | None = None
         self.connected = asyncio.Event()
         self.started_at = time.time()
+        self.tracing = Tracing()  # spans when opentelemetry is installed (the otel extra)
         metrics.buffer_capacity.set(self.cfg.publish_buffer_size)
 
     # -- state -----------------------------------------------------------------------------------
@@ -116,6 +122,7 @@ class Runtime:
                 await self._connect_once()
                 return
             except (ConfigError, InvalidName):
+                await self._close_opened()
                 raise
             except (StorageError, TopicNotFound, OSError) as exc:
                 self.reason = str(exc)
@@ -127,30 +134,46 @@ class Runtime:
 
     async def _connect_once(self) -> None:
         settings = self.config.engine
-        store = InstrumentedStore(build_store(settings), self.metrics.observe_s3, stall_s=self.cfg.s3_stall_s)
-        bq = Bucketq(settings, store=store)
+        bq = self._opened or await self._open()
+        if self._opened_producer is None:
+            self._opened_producer = await bq.register_producer(
+                self.cfg.producer_name, publish_timeout_s=self.cfg.publish_timeout_s
+            )
+        consumer = await self._register_consumer(bq) if self.cfg.consumer else None
+        if self.state != "starting":  # a shutdown began while we were connecting
+            await self._close_opened()
+            return
+        self.bq, self._producer, self._consumer = bq, self._opened_producer, consumer
+        self._opened, self._opened_producer = None, None
+        self.strategy = bq.strategy
+        self.state = "ready"
+        self.reason = "ready"
+        self.connected.set()
+        log.info("connected to bucket %s (strategy %s)", settings.s3_bucket or settings.backend, bq.strategy)
+
+    async def _open(self) -> Bucketq:
+        """A new store and engine, opened; closed again when opening fails (the next try starts over)."""
+        store = InstrumentedStore(
+            build_store(self.config.engine), self.metrics.observe_s3, stall_s=self.cfg.s3_stall_s
+        )
+        bq = Bucketq(self.config.engine, store=store)
         self.store = store
         try:
             await bq.open()
-            producer = await bq.register_producer(
-                self.cfg.producer_name, publish_timeout_s=self.cfg.publish_timeout_s
-            )
-            consumer = await self._register_consumer(bq) if self.cfg.consumer else None
         except BaseException:
             with contextlib.suppress(Exception):
                 await bq.close()
             with contextlib.suppress(Exception):
                 await store.close()
             raise
-        if self.state != "starting":  # a shutdown began while we were connecting
-            await bq.close()
-            return
-        self.bq, self._producer, self._consumer = bq, producer, consumer
-        self.strategy = bq.strategy
-        self.state = "ready"
-        self.reason = "ready"
-        self.connected.set()
-        log.info("connected to bucket %s (strategy %s)", settings.s3_bucket or settings.backend, bq.strategy)
+        self._opened = bq
+        return bq
+
+    async def _close_opened(self) -> None:
+        bq, self._opened, self._opened_producer = self._opened, None, None
+        if bq is not None:
+            with contextlib.suppress(Exception):
+                await bq.close()
 
     async def _register_consumer(self, bq: Bucketq) -> Consumer:
         assert self.cfg.consumer is not None
@@ -164,7 +187,7 @@ class Runtime:
         )
         name = self.cfg.consumer
 
-        def on_commit(topic: str, partition: int, result: CycleResult, seconds: float) -> None:
+        def on_commit(topic: str, partition: int, result: CommitCounts, seconds: float) -> None:
             self.metrics.observe_commit(name, topic, result, seconds)
 
         consumer.on_commit = on_commit
@@ -191,6 +214,7 @@ class Runtime:
         bq = self.bq
         self.state = "stopped"
         if bq is None:
+            await self._close_opened()  # stopped while waiting for a topic: nothing to flush
             return True
         try:
             await asyncio.wait_for(bq.close(), max(0.0, timeout))

@@ -15,13 +15,13 @@ from bucketq.api_models import (
     ExtendRequest,
     NackBatchRequest,
     NackRequest,
-    OutgoingMessage,
-    PublishBatchRequest,
     PublishBatchResponse,
     PullRequest,
     PullResponse,
     SettleBatchResponse,
 )
+from bucketq.sidecar import cloud_events
+from bucketq.sidecar.bodies import read_publish, read_publish_batch
 from bucketq.sidecar.delivery import Deliveries
 from bucketq.sidecar.errors import ApiError, unavailable
 from bucketq.sidecar.httputil import (
@@ -54,22 +54,26 @@ class Api:
     # -- publish ---------------------------------------------------------------------------------
 
     async def publish(self, request: web.Request) -> web.Response:
-        message = await read_model(request, OutgoingMessage)
-        (entry,) = await self.publisher.publish(request.match_info["topic"], [message])
+        topic = request.match_info["topic"]
+        with self.runtime.tracing.publish(topic, request.headers) as trace:
+            message = await read_publish(request, trace)
+            (entry,) = await self.publisher.publish(topic, [message])
         if entry.result is None:
             err = ApiError(entry.status, entry.error or "publish_failed", entry.message or "publish failed")
             raise unavailable(err.code, err.message) if entry.status == 503 else err
         return json_response(entry.result)
 
     async def publish_batch(self, request: web.Request) -> web.Response:
-        body = await read_model(request, PublishBatchRequest, items="messages")
-        if len(body.messages) > self.cfg.max_batch:
-            raise ApiError(
-                413,
-                "batch_too_large",
-                f"{len(body.messages)} messages in one batch; the limit is {self.cfg.max_batch}",
-            )
-        results = await self.publisher.publish(request.match_info["topic"], body.messages)
+        topic = request.match_info["topic"]
+        with self.runtime.tracing.publish(topic, request.headers) as trace:
+            messages = await read_publish_batch(request, trace)
+            if len(messages) > self.cfg.max_batch:
+                raise ApiError(
+                    413,
+                    "batch_too_large",
+                    f"{len(messages)} messages in one batch; the limit is {self.cfg.max_batch}",
+                )
+            results = await self.publisher.publish(topic, messages)
         failed = [r for r in results if r.status != 200]
         status = 200
         if failed and len(failed) == len(results) and len({r.status for r in failed}) == 1:
@@ -88,6 +92,10 @@ class Api:
             transport = request.transport
             return transport is None or transport.is_closing()
 
+        if cloud_events.BATCH in request.headers.get("Accept", ""):
+            leased = await self.deliveries.lease(body.max_messages, body.wait_seconds, gone)
+            headers, data = cloud_events.batch([cloud_events.to_event(m, receipt=True) for m in leased])
+            return web.Response(body=data, headers=headers)
         messages = await self.deliveries.pull(body.max_messages, body.wait_seconds, gone)
         return json_response(PullResponse(messages=messages))
 

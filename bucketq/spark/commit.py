@@ -341,7 +341,7 @@ async def prepare_job(storage: Storage, keys: Keys, cfg: WriteConfig) -> dict[st
     Returns the job's report when it is already committed (by an earlier run, or now, by
     finishing the commit of a run that died): this run then writes nothing. A pending commit of
     a dead run is finished from its chunks when they are all there, else aborted. The bucket's
-    format marker is brought to this version's first (reference segments need format 4).
+    format marker is brought to this version's first (reference segments need format 5).
     """
     started = time.monotonic()
     await ensure_format(storage, keys)

@@ -1,6 +1,6 @@
 """Planning a read: a snapshot of the topic's transactions, then the listing, grouped into splits.
 
-Visibility (docs/protocol.md, "Job commits"): the planner reads every transaction record of the
+Visibility (docs/protocol.md, I17 and "Job commits"): the planner reads every transaction record of the
 topic *before* it lists segments (:func:`~bucketq.core.txn.take_snapshot`). A segment that a
 record committed in the snapshot names is shown; any other segment whose header names a
 transaction is hidden (its record was pending, aborted or absent when the snapshot was taken,
@@ -9,7 +9,7 @@ read is planned is therefore shown whole or hidden whole, and a pending one hide
 segments (finding: a pending transaction's ``start`` used to cut the partition, hiding part of
 a committed one).
 
-A committed reference segment (format 4) is planned as its chunks, straight from the record's
+A committed reference segment (format 5) is planned as its chunks, straight from the record's
 manifest (names, ETags, counts, time ranges): the executors GET only the chunks, a time-filtered
 read skips chunks whose time range misses the window, and a big segment's chunks spread over
 several splits.

@@ -51,7 +51,7 @@ class BucketqStreamReader(DataSourceStreamReader, _AvailableNow):
         self.cfg = cfg
         self.schema = schema
         self._target: dict[int, int] | None = None  # availableNow: never read past this
-        self._snapshot = TxnSnapshot()  # the records read with the last tails
+        self._snapshot = TxnSnapshot()  # the records read with the last tails (I17)
 
     # -- offsets ---------------------------------------------------------------------------------
 

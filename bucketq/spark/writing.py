@@ -2,7 +2,7 @@
 
 A task attempt writes its chunks under ``R/{topic}/chunk/{job}/{run}/t{task}-a{attempt}/``: the run
 id is new for every run of the job, the attempt folder is Spark's task attempt, so attempts and
-runs never mix. A chunk holds one partition's messages (at most ``batchMessages`` of them, about
+runs never mix, and a chunk is written once and never changes (I18). A chunk holds one partition's messages (at most ``batchMessages`` of them, about
 ``batchBytes`` before compression). Nothing here is visible to any reader: a chunk is part of a
 partition only once the job commit appended a reference segment naming it
 (:mod:`bucketq.spark.commit`).

@@ -169,5 +169,10 @@ class FaultyStore:
         await self._before("LIST", [prefix])
         return await self.inner.list_prefixes(prefix, delimiter)
 
+    async def now(self) -> float:
+        """The store's clock: a HEAD without a key (faults programmed for ``HEAD`` apply)."""
+        await self._before("HEAD", [""])
+        return await self.inner.now()
+
     async def close(self) -> None:
         await self.inner.close()

@@ -6,7 +6,7 @@ import asyncio
 import builtins
 import hashlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from bucketq.errors import AlreadyExists, PreconditionFailed
@@ -28,9 +28,12 @@ def etag_of(data: bytes) -> str:
 class MemoryStore:
     """A dict behind the :class:`~bucketq.storage.port.ObjectStore` port."""
 
-    def __init__(self, *, honour_conditions: bool = True) -> None:
+    def __init__(self, *, honour_conditions: bool = True, clock: Callable[[], float] | None = None) -> None:
         self._objects: dict[str, _Entry] = {}
         self._honour_conditions = honour_conditions
+        # the store's clock: it stamps Last-Modified and answers now() (resolved per call, so a
+        # patched time.time is seen)
+        self._clock: Callable[[], float] = clock or (lambda: time.time())
         self.stats = RequestStats()
 
     async def get(self, key: str) -> Blob | None:
@@ -66,7 +69,7 @@ class MemoryStore:
             if if_match is not None and (current is None or current.etag != if_match):
                 raise PreconditionFailed(f"{key} changed (If-Match {if_match} failed)")
         etag = etag_of(data)
-        self._objects[key] = _Entry(bytes(data), etag, time.time())
+        self._objects[key] = _Entry(bytes(data), etag, self._clock())
         return etag
 
     async def delete(self, keys: list[str]) -> None:
@@ -91,6 +94,12 @@ class MemoryStore:
     async def list_prefixes(self, prefix: str, delimiter: str = "/") -> builtins.list[str]:
         """The common prefixes one level below ``prefix``, derived from :meth:`list`."""
         return await prefixes_from_list(self, prefix, delimiter)
+
+    async def now(self) -> float:
+        """The clock that stamps this store's objects (see the port)."""
+        await asyncio.sleep(0)
+        self.stats.count("HEAD")
+        return self._clock()
 
     async def close(self) -> None:
         return None

@@ -161,6 +161,25 @@ class ObjectStore(Protocol):
         """
         ...
 
+    async def now(self) -> float:
+        """The store's clock now, in unix seconds: the Last-Modified an object written at this
+        moment would get (to the store's resolution, whole seconds on S3), never later than that.
+
+        The reference for every age that decides a deletion, an abandonment or a takeover
+        (docs/protocol.md, the clock rule, I15): such an age is ``now() - last_modified``, both read
+        from the store, never a host's ``time.time()`` minus a store time. Adapters answer from
+        the clock that stamps their objects: the memory store's own, the file store's
+        filesystem (the mtime of a file written now), S3's ``Date`` header. A wrapper forwards
+        it (as a request, where it counts requests).
+
+        Raises:
+            NotSupported: the store gave no time (an S3 answer without a ``Date`` header); the
+                engine then writes an object and reads its Last-Modified instead.
+            StorageTimeout: the store did not answer in time.
+            StorageError: the store failed or cannot be reached (after retries).
+        """
+        ...
+
     async def close(self) -> None:
         """Release connections. The store is not used again afterwards; raises nothing the
         engine handles (a failure here is a bug or an already-closed loop)."""

@@ -21,6 +21,7 @@ import random
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
+from email.utils import parsedate_to_datetime
 from functools import partial
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -89,6 +90,10 @@ class _Trace:
 
 
 _TRACE: contextvars.ContextVar[_Trace | None] = contextvars.ContextVar("bucketq_s3_trace", default=None)
+
+
+def _no_date(endpoint: str, date: object = None) -> float:
+    raise NotSupported(f"{endpoint} answered without a usable Date header ({date!r}): no store clock")
 
 
 class _Retry(Exception):
@@ -393,6 +398,22 @@ class S3Store:
                 raise
 
         await self._call("HEAD", "", head_bucket)
+
+    async def now(self) -> float:
+        """The store's clock: the ``Date`` header of a HEAD of the bucket (one request, whole
+        seconds, the server's clock as in Last-Modified). :class:`NotSupported` when the answer
+        carries no usable ``Date``."""
+
+        async def head_bucket(client: Any) -> str | None:
+            resp = await client.head_bucket(Bucket=self.bucket)
+            headers = resp.get("ResponseMetadata", {}).get("HTTPHeaders", {})
+            return headers.get("date") if isinstance(headers, dict) else None
+
+        date = await self._call("HEAD", "", head_bucket)
+        try:
+            return parsedate_to_datetime(date).timestamp() if date else _no_date(self.endpoint)
+        except (TypeError, ValueError):
+            return _no_date(self.endpoint, date)
 
     async def get(self, key: str) -> Blob | None:
         async def fetch(client: Any) -> Blob | None:

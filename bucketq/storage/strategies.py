@@ -102,7 +102,12 @@ class Storage:
         claim_key = key + CLAIM_SUFFIX
         claim = await store.head(claim_key)
         if claim is not None:
-            age = time.time() - claim.last_modified
+            # the claim's age on the store's clock (I15: it decides deleting another writer's claim)
+            try:
+                store_now = await store.now()
+            except NotSupported:
+                store_now = time.time()  # a store that tells no time: this host's clock
+            age = store_now - claim.last_modified
             if age < self.csprng.claim_timeout_s:
                 raise Contended(f"{key} is being created by another writer (claim is {age:.1f}s old)")
             await store.delete([claim_key])
@@ -156,6 +161,11 @@ class Storage:
     async def delete(self, keys: builtins.list[str]) -> None:
         if keys:
             await self.store.delete(list(keys))
+
+    async def now(self) -> float:
+        """The store's clock (:meth:`ObjectStore.now`); the engine reads it through
+        ``core/store_clock.py``, which also compares it with this host's."""
+        return await self.store.now()
 
     async def close(self) -> None:
         await self.store.close()

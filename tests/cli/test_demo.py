@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 from bucketq.cli import app
 from bucketq.demo.sidecar import SidecarMetrics
 from bucketq.sidecar.metrics import Metrics
+from tests.support.processes import alive as _alive
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,14 +26,6 @@ def _rows(text: str) -> dict[str, str]:
         for line in text.splitlines()
         if line.count("│") == 3
     }
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
 
 
 @pytest.mark.s3

@@ -115,7 +115,7 @@ def test_the_operations_walkthrough(cli: Cli) -> None:
     assert sorted(m["id"] for m in redriven) == sorted(m["id"] for m in dead)  # same messages, once
     assert all(m["headers"] == {"bucketq-redrive-for": "group-b"} for m in redriven)
 
-    # seek group A back to the start: every member agrees, the first messages come again
+    # seek group A back to the start: every member agrees, the first messages come again (I11)
     moved = cli.json("consumer", "seek", "orders", "group-a", "--to", "earliest", "--yes")
     assert {v["offset"] for v in moved.values()} == {0}
     again = cli.lines("consume", "orders", "-c", "group-a", "-n", "8")
@@ -162,7 +162,7 @@ def test_bad_input_is_a_clear_usage_error(cli: Cli) -> None:
     cli.ok("topic", "create", "things")
     for args, fragment in (
         (("peek", "things", "--offset", "1", "--since", "1h"), "not both"),
-        (("peek", "things", "--since", "yesterday"), "an age (90s"),
+        (("peek", "things", "--since", "yesterday"), "an age such as 15m or 1h30m"),
         (("peek", "things", "-p", "7"), "partitions 0..0"),
         (("peek", "things", "-c", "nobody"), "no subscription"),
         (("consumer", "describe", "things", "nobody"), "no subscription"),

@@ -362,7 +362,8 @@ def run_scenario(
     container = operator_container(docs)
     secrets = {"bucketq-s3": read_secret(kube, "bucketq-s3", RELEASE_NS)}
     mounts = mount_volumes(pod_spec, container, docs, tmp_path / "operator-volumes")
-    env = remap(container_env(container, secrets), mounts)
+    pod_fields = {"metadata.name": f"{RELEASE}-bucketq-7c9d6-x2x4q", "metadata.namespace": RELEASE_NS}
+    env = remap(container_env(container, secrets, pod_fields), mounts)
     op_identity = identity(kubectl, pod_spec["serviceAccountName"], tmp_path / "operator.kubeconfig")
     operator = processes.start(
         "operator", [*BUCKETQ, *container["args"]], clean_env(**env, KUBECONFIG=str(op_identity))
@@ -489,6 +490,14 @@ def run_scenario(
         calls = api_calls(emulator, "kopf/", account)
         assert calls, f"no API call of the {who} was seen"
         grants = granted(docs, account, RELEASE_NS)
+        if who == "operator":
+            # its leader election: the Lease in the release namespace, every granted verb used
+            lease_calls = api_calls(emulator, "bucketq-operator/", account)
+            assert (
+                lease_calls
+                == grants.pop(RELEASE_NS)
+                == {("coordination.k8s.io", "leases", verb) for verb in ("get", "create", "update")}
+            )
         assert set(grants) == {None}, f"a cluster-wide {who} has cluster-wide grants only"
         assert calls <= grants[None], (
             f"the {who} called what the chart does not grant: {sorted(calls - grants[None])}"

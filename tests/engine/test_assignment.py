@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import random
 
@@ -76,3 +77,21 @@ async def test_a_group_balances_only_once_every_live_member_announces_it() -> No
     await storage.delete([keys.member("t", "g", "old")])  # the old member left
     await new.refresh()
     assert new.balanced and new.members == ["new", "newer"]
+
+
+async def test_a_peer_whose_heartbeat_aged_out_for_a_moment_still_counts_as_balanced() -> None:
+    """A peer's heartbeat is cached by ETag. One that aged out for a moment (a pause) and came back
+    with the same body, so the same ETag, must still count as announcing the balanced assignment:
+    forgetting it made this member fall back to plain rendezvous while its peers stayed balanced,
+    and a partition ended up owned by nobody (the simulation's quiesced group never claimed it)."""
+    storage, keys = Storage(MemoryStore()), Keys()
+    me = Membership(storage, keys, "t", "g", "me", ttl_s=0.2)
+    peer = Membership(storage, keys, "t", "g", "peer", ttl_s=0.2)
+    await peer.heartbeat()
+    assert await me.refresh() == ["me", "peer"] and me.balanced
+    await asyncio.sleep(0.3)  # the peer is paused past its TTL
+    assert await me.refresh() == ["me"]
+    await peer.heartbeat()  # it resumes: same body, same ETag
+    assert await me.refresh() == ["me", "peer"]
+    assert me.balanced, "the peer's cached announcement was forgotten"
+    assert me.owned(2) == owned_partitions("me", ["me", "peer"], 2, balanced=True)

@@ -1,4 +1,5 @@
-"""Format 4: columnar chunks, reference segments, the planners' transaction snapshot, chunk GC.
+"""Format 5: columnar chunks, reference segments, the planners' transaction snapshot (I17), chunk
+GC (I18), refusals of what a reader cannot read (I19).
 
 Chunks and reference segments are built with the engine's own encoders, committed the way the
 Spark job commit does (record pending, reference segment appended, record committed), and read
@@ -54,8 +55,9 @@ from bucketq.core.txn import (
     take_snapshot,
     whole_transactions,
 )
-from bucketq.storage import MemoryStore, Storage
+from bucketq.storage import FileStore, MemoryStore, Storage
 from tests.engine.test_txn import _receive
+from tests.support.store_time import TimeTravelStore
 
 TS = pa.timestamp("us", tz="UTC")
 FAST = {"consumer": {"poll_min_ms": 5, "poll_max_ms": 40}, "producer": {"linger_ms": 5}}
@@ -119,6 +121,7 @@ def test_ids_that_are_not_canonical_uuids_are_kept_as_text() -> None:
 
 
 def test_newer_and_corrupt_chunks_are_refused_not_misread() -> None:
+    """I19: a newer chunk format is refused (UnsupportedSegment), a corrupt one is CorruptChunk."""
     data = encode_chunk(_table(0, 3))
     assert decode_chunk(data).rows == 3
     table = _table(0, 3)
@@ -174,7 +177,7 @@ async def test_reference_segment_loads_its_chunks_in_order_and_checks_them() -> 
 
 async def test_a_segment_of_a_newer_version_is_refused_by_consumers() -> None:
     """An older reader refuses what it cannot read, loudly, and never takes it for a corrupt
-    segment to skip (that would lose its messages)."""
+    segment to skip (that would lose its messages; I19)."""
     storage, keys = Storage(MemoryStore()), Keys()
     newer = b'{"v":3,"topic":"t","partition":0,"seq":0,"count":2,"base":0,"batch":"b"}\nwhatever\n'
     with pytest.raises(UnsupportedSegment, match="upgrade bucketq"):
@@ -304,10 +307,12 @@ async def test_snapshot_reads_records_once_resolved_and_aborts_expired_ones() ->
 async def test_gc_collects_chunks_with_their_reference_segment_and_leftovers_after_a_day(
     tmp_path: Path,
 ) -> None:
-    async with Bucketq(_settings(tmp_path)) as bq:
+    """I18: a committed job's chunk lives as long as its reference segment; leftovers go after a
+    day. GC's ages are the store's (I15): time passes on the store's clock."""
+    store = TimeTravelStore(FileStore(tmp_path / "bucket"))
+    async with Bucketq(_settings(tmp_path), store=store) as bq:
         await bq.create_topic("gc", partitions=1)
         storage, keys = bq.storage, bq.keys
-        now = time.time()
         committed = await _commit_job(storage, keys, "gc", "job-k", [(0, 0), (0, 5)])
         pending = await _commit_job(storage, keys, "gc", "job-p", [(0, 100)], commit=False, timeout_s=9e6)
         left = await _put_chunk(storage, keys, "gc", "job-d/run/t0-a1/p0000-000000.arrow", 200, 5)
@@ -318,18 +323,22 @@ async def test_gc_collects_chunks_with_their_reference_segment_and_leftovers_aft
             prefix = keys.chunks_prefix("gc")
             return {i.key[len(prefix) :] async for i in storage.list(prefix)}
 
-        await collect_garbage(storage, keys, now=now + 60)
+        store.advance(60)
+        await collect_garbage(storage, keys)
         assert await stored() == {*named, *pending_names, left.name}  # all young or named
-        await collect_garbage(storage, keys, now=now + 2 * 86_400)
+        store.advance(2 * 86_400)
+        await collect_garbage(storage, keys)
         assert await stored() == {*named, *pending_names}  # the dead run's leftover went
         # retention frees the committed reference segment: its chunks go with it, never before
         seq = committed.partitions[0].chunks[0].seq
         assert seq is not None
         from bucketq.core.fences import FenceValue, raise_fence
 
-        await raise_fence(storage, keys.segment_floor("gc", 0), FenceValue(seq + 1, 10, now))
-        await collect_garbage(storage, keys, now=now + 2 * 86_400 + 60)
+        await raise_fence(storage, keys.segment_floor("gc", 0), FenceValue(seq + 1, 10, time.time()))
+        store.advance(60)
+        await collect_garbage(storage, keys)
         assert set(named) <= await stored()  # below the floor, but the segment is still stored
         await storage.delete([keys.segment("gc", 0, seq)])
-        await collect_garbage(storage, keys, now=now + 2 * 86_400 + 120)
+        store.advance(60)
+        await collect_garbage(storage, keys)
         assert await stored() == set(pending_names)

@@ -518,7 +518,7 @@ async def test_a_takeover_that_fails_keeps_where_the_first_attempt_may_have_land
     assert stored == 1
 
 
-# -- ordering, bounded loops, bad segments, clocks ----------------------------------------------------
+# -- I9: per-key order holds for any number of open segments ----------------------------------------
 
 
 @pytest.mark.slow  # waits on wall-clock time: not in make test-fast
@@ -550,6 +550,9 @@ async def test_ordered_delivery_with_more_open_segments_than_the_window(backend:
         assert all(f"K{i}" in got[: got.index("K4")] for i in range(4) if f"K{i}" in got), got
 
 
+# -- I8: no lost response, 412 storm, outage or bad object ends a loop -------------------------------
+
+
 async def test_segment_writer_gives_up_after_max_attempts_of_412() -> None:
     faulty = FaultyStore(MemoryStore())
     storage = Storage(faulty)
@@ -573,6 +576,9 @@ async def test_undecodable_segment_is_skipped_and_counted(backend: Backend) -> N
     assert c._subs["t"].workers[0].state.counters.corrupt == 1
 
 
+# -- I10: a clock off by more than the margin is reported ------------------------------------------
+
+
 async def test_clock_far_ahead_is_reported(caplog: pytest.LogCaptureFixture) -> None:
     storage = Storage(MemoryStore())
     keys = Keys()
@@ -583,6 +589,9 @@ async def test_clock_far_ahead_is_reported(caplog: pytest.LogCaptureFixture) -> 
         await reader.load()
     assert reader.skew_seen > 50
     assert "ahead of ours" in caplog.text
+
+
+# -- I3, I4: a member cut off past its lease is told LeaseLost, and its log never forks -------------
 
 
 @pytest.mark.slow  # waits on wall-clock time: not in make test-fast
@@ -625,7 +634,7 @@ def test_segment_header_round_trips_incarnation() -> None:
     assert decode_header(encode_segment(header, [b"{}"])).incarnation == "abc"
 
 
-@pytest.mark.parametrize("older", [1, 2, 3])
+@pytest.mark.parametrize("older", [1, 2, 3, 4])
 async def test_older_buckets_are_upgraded_and_newer_formats_are_refused(older: int) -> None:
     from bucketq.errors import BucketqError
 
@@ -634,8 +643,8 @@ async def test_older_buckets_are_upgraded_and_newer_formats_are_refused(older: i
     await store.put(keys.format_marker(), b'{"format": %d}' % older)
     bq = Bucketq.builder().memory().build(store=store)
     await bq.open()
-    assert json.loads((await store.get(keys.format_marker())).data) == {"format": 4}  # type: ignore[union-attr]
+    assert json.loads((await store.get(keys.format_marker())).data) == {"format": 5}  # type: ignore[union-attr]
     await bq.close()
-    await store.put(keys.format_marker(), b'{"format": 5}')
-    with pytest.raises(BucketqError, match="format 5; this version speaks 4: upgrade bucketq"):
+    await store.put(keys.format_marker(), b'{"format": 6}')
+    with pytest.raises(BucketqError, match="format 6; this version speaks 5: upgrade bucketq"):
         await Bucketq.builder().memory().build(store=store).open()

@@ -1,9 +1,10 @@
-"""Retention that cannot be held hostage (docs/operations.md, "Retention"): a subscription inactive
+"""I12: retention that cannot be held hostage (docs/operations.md, "Retention"): a subscription inactive
 past the topic's ``subscription_timeout_seconds`` and segments past ``max_retention_seconds`` no
 longer keep the topic's data; the subscriptions GC passed skip what was collected, counted.
 
 GC frees in two phases (invariant I1): a "later collection" is a second call with a zero grace,
-made more than a store-clock second after the first (whole-second Last-Modified).
+made more than a store-clock second after the first (whole-second Last-Modified). Ages are on the
+store's clock (I15): "an hour later" moves the store's clock (``TimeTravelStore``).
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ async def _six_segments(bq, **config: float) -> None:  # type: ignore[no-untyped
     await p.close()
 
 
-async def _collect_twice(bq, now: float):  # type: ignore[no-untyped-def]
-    first = await bq.collect_garbage(now=now, member_ttl_s=10 * HOUR)
+async def _collect_twice(bq):  # type: ignore[no-untyped-def]
+    first = await bq.collect_garbage(member_ttl_s=10 * HOUR)
     await asyncio.sleep(2.1)
-    second = await bq.collect_garbage(now=now, member_ttl_s=10 * HOUR, segment_grace_s=0)
+    second = await bq.collect_garbage(member_ttl_s=10 * HOUR, segment_grace_s=0)
     return first, second
 
 
@@ -40,6 +41,7 @@ async def _collect_twice(bq, now: float):  # type: ignore[no-untyped-def]
 async def test_an_abandoned_subscription_stops_holding_data_and_skips_what_was_collected(
     gc_backend: Backend,
 ) -> None:
+    store = gc_backend.time_travel()
     bq = await gc_backend.connect(consumer={"checkpoint_every": 1000})
     await _six_segments(bq, subscription_timeout_seconds=600)
     lost = await bq.register_consumer("lost", "t", max_in_flight=1)
@@ -50,10 +52,12 @@ async def test_an_abandoned_subscription_stops_holding_data_and_skips_what_was_c
     await done.close()
     await asyncio.sleep(0.3)
 
-    held = await bq.collect_garbage(now=time.time() + 30, member_ttl_s=10 * HOUR)
+    store.advance(30)
+    held = await bq.collect_garbage(member_ttl_s=10 * HOUR)
     assert held.abandoned_subscriptions == [] and held.fences_raised == 0  # not inactive yet
 
-    fenced, freed = await _collect_twice(bq, time.time() + HOUR)
+    store.advance(HOUR)
+    fenced, freed = await _collect_twice(bq)
     assert sorted(fenced.abandoned_subscriptions) == ["t/done", "t/lost"]  # both inactive an hour
     assert fenced.fences_raised == 1 and fenced.expired_unconsumed == 4  # what "lost" had not read
     assert freed.segments == 6
@@ -76,37 +80,46 @@ async def test_a_live_idle_subscription_is_never_passed(gc_backend: Backend) -> 
     idle = await bq.register_consumer("idle", "t", max_in_flight=1)
     await drain(idle, 1)
     await asyncio.sleep(2.5)  # no cursor write for longer than the timeout, but it heartbeats
-    report = await bq.collect_garbage(now=time.time(), member_ttl_s=10 * HOUR)
+    report = await bq.collect_garbage(member_ttl_s=10 * HOUR)
     assert report.abandoned_subscriptions == []
+    ahead = await bq.collect_garbage(now=time.time() + HOUR, member_ttl_s=10 * HOUR)
+    assert ahead.abandoned_subscriptions == [] and ahead.clock_warning, "r10: GC's host clock decides nothing"
     await idle.close()
 
 
 async def test_a_quiet_member_is_live_for_the_ttl_it_announced(gc_backend: Backend) -> None:
     """An idle member heartbeats every ``heartbeat_idle_s`` (30 s) and announces a TTL of three
     times that: a topic whose subscription timeout is shorter must not pass its live group."""
+    store = gc_backend.time_travel()
     bq = await gc_backend.connect()
     await _six_segments(bq, subscription_timeout_seconds=20)
     quiet = Membership(bq.storage, bq.keys, "t", "quiet", "quiet-member", ttl_s=20)
     await init_subscription(bq.storage, bq.keys, "t", "quiet")
     await quiet.heartbeat(ttl_s=90)  # what an idle member writes
-    within = await bq.collect_garbage(now=time.time() + 60, member_ttl_s=10 * HOUR)
+    store.advance(60)
+    within = await bq.collect_garbage(member_ttl_s=10 * HOUR)
     assert within.abandoned_subscriptions == [], "a heartbeat 60 s old, announcing 90 s, is live"
-    past = await bq.collect_garbage(now=time.time() + 120, member_ttl_s=10 * HOUR)
+    store.advance(60)
+    past = await bq.collect_garbage(member_ttl_s=10 * HOUR)
     assert past.abandoned_subscriptions == ["t/quiet"], "past its announced TTL the member is gone"
 
 
 @pytest.mark.slow  # waits on wall-clock time: not in make test-fast
 async def test_max_retention_frees_what_nobody_consumed(gc_backend: Backend) -> None:
+    store = gc_backend.time_travel()
     bq = await gc_backend.connect(consumer={"checkpoint_every": 1000})
     await _six_segments(bq, max_retention_seconds=120)
     slow = await bq.register_consumer("slow", "t", max_in_flight=1)
     await drain(slow, 1)
     await slow.close()
     await asyncio.sleep(0.3)
-    kept = await bq.collect_garbage(now=time.time() + 90, member_ttl_s=10 * HOUR)
+    store.advance(90)
+    kept = await bq.collect_garbage(member_ttl_s=10 * HOUR)
     assert kept.expired_unconsumed == 0 and kept.stored["t"].held_for_lagging == 5  # only the read one goes
-    fenced, freed = await _collect_twice(bq, time.time() + HOUR)
-    assert fenced.expired_unconsumed == 5 and freed.segments == 6
+    store.advance(HOUR)
+    fenced, freed = await _collect_twice(bq)
+    # the read segment's fence went up an hour earlier (the store's clock): it is freed at once
+    assert fenced.expired_unconsumed == 5 and (fenced.segments, freed.segments) == (1, 5)
     assert freed.stored["t"].segments == 0
     again = await bq.register_consumer("slow", "t")
     assert await again.poll(max_messages=10, wait=1.0) == []

@@ -29,7 +29,8 @@ from bucketq.core.txn import (
     stable_limits,
 )
 from bucketq.errors import AlreadyExists
-from bucketq.storage import Storage
+from bucketq.storage import FileStore, Storage
+from tests.support.store_time import TimeTravelStore
 
 FAST = {"consumer": {"poll_min_ms": 5, "poll_max_ms": 40}, "producer": {"linger_ms": 5}}
 
@@ -188,11 +189,12 @@ async def test_latest_subscription_made_while_a_job_commits_gets_all_of_it(tmp_p
 
 async def test_gc_aborts_expired_keeps_resolved_records_and_collects_staging(tmp_path: Path) -> None:
     """Resolved records are a job's memory: kept even when their segments are gone (a rerun of the
-    jobId must find the commit, and no id is ever taken twice); only leftovers of runs go."""
-    async with Bucketq(_settings(tmp_path)) as bq:
+    jobId must find the commit, and no id is ever taken twice); only leftovers of runs go. GC's
+    ages are the store's (docs/protocol.md, I15): time passes on the store's clock."""
+    store = TimeTravelStore(FileStore(tmp_path / "bucket"))
+    async with Bucketq(_settings(tmp_path), store=store) as bq:
         await bq.create_topic("gc", partitions=1)
         storage, keys = bq.storage, Keys(bq.settings.root)
-        now = time.time()
         expired, _ = await _begin(storage, keys, "gc", "job-e.000001", chunks=1, timeout_s=1.0)
         live, _ = await _begin(storage, keys, "gc", "job-l.000001", chunks=1, timeout_s=10 * 86_400)
         live_src = keys.spark_staging("job-l", "run-1", "t00000-a0") + "/p0000/00000000.seg"
@@ -208,14 +210,16 @@ async def test_gc_aborts_expired_keeps_resolved_records_and_collects_staging(tmp
         await storage.overwrite(dead_src, b"x")
         await storage.overwrite(live_src, b"x")
 
-        report = await collect_garbage(storage, keys, now=now + 5)
+        store.advance(5)
+        report = await collect_garbage(storage, keys)
         assert (await read_txn(storage, keys, "gc", expired.id))[0].state == "aborted"  # type: ignore[index]
         # staging is young: kept
         assert await storage.head(dead_src) is not None
 
         # the committed transaction's segment is collected (as retention would)
         await storage.delete([keys.segment("gc", 0, committed.partitions[0].chunks[0].seq or 0)])
-        report = await collect_garbage(storage, keys, now=now + 2 * 86_400)
+        store.advance(2 * 86_400)
+        report = await collect_garbage(storage, keys)
         still_aborted = await read_txn(storage, keys, "gc", expired.id)
         assert still_aborted is not None and still_aborted[0].state == "aborted"  # aborted long ago: kept
         still_committed = await read_txn(storage, keys, "gc", committed.id)

@@ -35,6 +35,7 @@ RESOURCES: dict[str, tuple[str, bool]] = {
     "events": ("v1", True),
     "mutatingwebhookconfigurations": ("admissionregistration.k8s.io/v1", False),
     "customresourcedefinitions": ("apiextensions.k8s.io/v1", False),
+    "leases": ("coordination.k8s.io/v1", True),
 }
 PLURALS = {
     "Topic": "topics",
@@ -174,6 +175,9 @@ def fast_settings(namespaces: list[str], **overrides: Any) -> OperatorSettings:
         "liveness_port": 0,
         "metrics_port": 0,
         "webhook": False,
+        # the store checks write under the root: tests that compare the bucket's objects before
+        # and after turn them off (tests/operator/test_store_checks.py runs them)
+        "store_checks": False,
     }
     values.update(overrides)
     return OperatorSettings(**values)

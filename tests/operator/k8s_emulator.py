@@ -39,6 +39,7 @@ import celpy
 import jsonpatch
 import jsonschema
 
+from bucketq.operator.manifests import typed  # the CEL typing `make check-manifests` uses
 from tests.operator.kmock_adapter import (
     EmulatorBase,
     Request,
@@ -68,6 +69,8 @@ BUILTINS: dict[str, dict[str, Any]] = {
         "shortnames": {"crd", "crds"},
         "subresources": {"status"},
     },
+    # the operators' leader election (bucketq/operator/leader.py)
+    "coordination.k8s.io/v1/leases": {"kind": "Lease", "singular": "lease", "namespaced": True},
     "admissionregistration.k8s.io/v1/mutatingwebhookconfigurations": {
         "kind": "MutatingWebhookConfiguration",
         "singular": "mutatingwebhookconfiguration",
@@ -188,18 +191,6 @@ class CelRules:
         elif isinstance(new, list) and "items" in schema:
             for i, item in enumerate(new):
                 yield from self.errors(schema["items"], item, None, f"{path}[{i}]")
-
-
-def typed(schema: dict[str, Any], value: Any) -> Any:
-    """``value`` with the CEL types Kubernetes gives it: ``type: number`` is a double even when written 1."""
-    if schema.get("type") == "number" and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, dict):
-        properties = schema.get("properties", {})
-        return {k: typed(properties[k], v) if k in properties else v for k, v in value.items()}
-    if isinstance(value, list) and "items" in schema:
-        return [typed(schema["items"], v) for v in value]
-    return value
 
 
 def age(timestamp: str | None) -> str:

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -78,6 +79,13 @@ def venv(wheel: Path, tmp_path_factory: pytest.TempPathFactory) -> Callable[[str
     return make
 
 
+def test_wheel_ships_the_typing_marker(wheel: Path) -> None:
+    """PEP 561: without ``py.typed`` in the installed package, users' type checkers ignore
+    bucketq's hints (every call would be ``Any``)."""
+    with zipfile.ZipFile(wheel) as built:
+        assert "bucketq/py.typed" in built.namelist()
+
+
 def _heavy(bin_dir: Path, *modules: str) -> list[str]:
     loaded: list[str] = json.loads(_ok(bin_dir / "python", "-c", PROBE, *modules))
     return loaded
@@ -94,7 +102,13 @@ def test_base_import_is_light(venv: Callable[[str], Path]) -> None:
 
 @pytest.mark.parametrize(
     ("command", "extra"),
-    [("sidecar", "sidecar"), ("operator", "operator"), ("crds", "operator"), ("spark", "spark")],
+    [
+        ("sidecar", "sidecar"),
+        ("run", "sidecar"),
+        ("operator", "operator"),
+        ("crds", "operator"),
+        ("spark", "spark"),
+    ],
 )
 def test_base_install_names_the_missing_extra(venv: Callable[[str], Path], command: str, extra: str) -> None:
     result = _run(venv("") / "bucketq", command, "--help")

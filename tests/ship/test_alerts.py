@@ -205,6 +205,7 @@ async def _operator_render() -> str:
     from bucketq.core.gc import TopicStorage
     from bucketq.operator.metrics import QueueMetrics
     from bucketq.operator.topics import topic_figures
+    from bucketq.storage.checks import check_store
 
     metrics = QueueMetrics()
     async with Bucketq(Settings.from_dict({"backend": "memory", "strategy": "conditional_write"})) as bq:
@@ -217,6 +218,7 @@ async def _operator_render() -> str:
                 break
         metrics.set_topic("shop", "orders", await topic_figures(bq, "orders"))
         await member.close()
+        metrics.set_store_checks(await check_store(bq.storage, "doctor", rounds=1, writers=2))
     metrics.set_storage("shop", "orders", TopicStorage(bytes=10, segments=1, held_for_lagging=0))
     metrics.storage_reachable.labels("shop").set(1)
     metrics.reconciles.labels("Topic", "ok").inc()
@@ -242,7 +244,7 @@ def referenced_queries() -> dict[str, str]:
     out: dict[str, str] = {}
     dashboard = json.loads((REPO / "helm" / "bucketq" / "files" / "dashboard-queues.json").read_text())
     for panel in dashboard["panels"]:
-        for target in panel["targets"]:
+        for target in panel.get("targets", ()):
             out[f"dashboard panel {panel['title']!r} {target['refId']}"] = target["expr"]
     for variable in dashboard["templating"]["list"]:
         if variable["type"] == "query":
@@ -343,7 +345,7 @@ def test_example_scaled_object_asks_the_scaling_endpoint() -> None:
 
 def test_dashboard_shows_scaling_health_alerts_and_versions() -> None:
     dashboard = json.loads((REPO / "helm" / "bucketq" / "files" / "dashboard-queues.json").read_text())
-    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p.get("targets", ()))
     for wanted in (
         "bucketq_subscription_pending",
         "bucketq_consumer_lease_holders",

@@ -49,6 +49,8 @@ from tests.ship.chart_tools import (
 from tests.support import tools
 
 FULLNAME = f"{RELEASE}-bucketq"
+# what the downward API gives an operator replica (its Lease identity and namespace)
+POD_FIELDS = {"metadata.name": f"{FULLNAME}-6d9f8-abcde", "metadata.namespace": NAMESPACE}
 MONITORING_APIS = [
     "monitoring.coreos.com/v1",
     "monitoring.coreos.com/v1/ServiceMonitor",
@@ -233,6 +235,74 @@ def test_chart_packages_with_crds_schema_and_notes(tmp_path: Path) -> None:
         assert wanted in names, f"{wanted} is not in the packaged chart"
 
 
+def test_chart_lints_without_a_single_notice() -> None:
+    """`helm lint --strict` passes on warnings only; the icon notice is an [INFO]: none is left."""
+    result = helm("lint", "--strict", str(CHART))
+    notices = [line for line in result.stdout.splitlines() if line.startswith("[")]
+    assert not notices, f"helm lint has something to say:\n{result.stdout}"
+
+
+def test_packaged_chart_carries_icon_and_registry_metadata(tmp_path: Path) -> None:
+    """What `make chart` packages: what `helm push` turns into the OCI manifest's annotations
+    (org.opencontainers.image.title/version/description/url/source/authors) and what Artifact Hub
+    shows (icon, license, images, CRDs), each consistent with the rest of the repository."""
+    helm("package", str(CHART), "--destination", str(tmp_path))
+    (archive,) = tmp_path.glob("bucketq-*.tgz")
+    meta = yaml.safe_load(helm("show", "chart", str(archive)).stdout)
+    assert archive.name == f"bucketq-{meta['version']}.tgz"
+    assert re.fullmatch(r"\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?", meta["version"]), "OCI tags need SemVer"
+    assert meta["name"] == "bucketq" and meta["description"]
+    assert meta["home"] == "https://github.com/bucketq/bucketq" and meta["sources"][0] == meta["home"]
+    assert meta["maintainers"] and all(
+        m.get("name") and (m.get("url") or m.get("email")) for m in meta["maintainers"]
+    )
+    # the icon is this repository's file, at the URL registries fetch it from
+    prefix = "https://raw.githubusercontent.com/bucketq/bucketq/main/"
+    assert meta["icon"].startswith(prefix), meta["icon"]
+    icon = REPO / meta["icon"].removeprefix(prefix)
+    import xml.etree.ElementTree as ET
+
+    svg = ET.parse(icon).getroot()
+    assert svg.tag == "{http://www.w3.org/2000/svg}svg"
+    _, _, width, height = map(float, svg.attrib["viewBox"].split())
+    assert width == height, "Artifact Hub shows icons square"
+    annotations = meta["annotations"]
+    assert annotations["artifacthub.io/license"] == "Apache-2.0"
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    images = yaml.safe_load(annotations["artifacthub.io/images"])
+    assert images == [{"name": "bucketq", "image": f"{values['image']['repository']}:{meta['appVersion']}"}]
+    from bucketq.operator.models import KINDS
+
+    listed = yaml.safe_load(annotations["artifacthub.io/crds"])
+    crds = load_crds(CHART / "crds")
+    assert [c["kind"] for c in listed] == [k.kind for k in KINDS]
+    for entry, kind in zip(listed, KINDS, strict=True):
+        crd = crds[("bucketq.io", kind.kind)]
+        assert entry["name"] == crd["metadata"]["name"]
+        assert entry["version"] == crd["spec"]["versions"][0]["name"]
+        assert entry["description"] == (kind.spec.__doc__ or "").strip()
+
+
+def test_make_chart_packages_and_pushes_the_versioned_archive() -> None:
+    plan = subprocess.run(
+        [
+            "make",
+            "-n",
+            "-o",
+            ".venv/.installed",
+            "chart-push",
+            "CHART_REGISTRY=oci://registry.example.com/charts",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["version"]
+    assert "lint --strict helm/bucketq" in plan and "package helm/bucketq --destination dist" in plan
+    assert f"push dist/bucketq-{version}.tgz oci://registry.example.com/charts" in plan, plan
+
+
 def test_notes_explain_the_install(tmp_path: Path) -> None:
     result = helm("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--dry-run=client")
     notes = result.stdout.split("NOTES:", 1)[1]
@@ -271,7 +341,8 @@ def test_notes_explain_the_install(tmp_path: Path) -> None:
         ({"s3": {"bucket": ""}}, "/s3/bucket"),
         ({"s3": {"strategy": "yolo"}}, "/s3/strategy"),
         ({"operator": {"namespaces": ["Not_A_Namespace"]}}, "/operator/namespaces/0"),
-        ({"operator": {"replicas": 2}}, "replicas"),
+        ({"operator": {"replicas": 0}}, "/operator/replicas"),
+        ({"operator": {"leaderElection": {"leaseDurationSeconds": 0}}}, "/operator/leaderElection"),
         ({"sidecar": {"resources": {"requests": {"cpu": "lots"}}}}, "/sidecar/resources/requests/cpu"),
         ({"metrics": {"podMonitor": {"interval": "soon"}}}, "/metrics/podMonitor/interval"),
         ({"keda": {"scaledObjects": [{"name": "w", "scaleTargetRef": {"name": "w"}}]}}, "consumer"),
@@ -284,6 +355,89 @@ def test_values_schema_rejects_bad_values(values: dict[str, Any], complaint: str
     result = template(values, check=False)
     assert result.returncode != 0, f"the chart accepted {values}"
     assert complaint in result.stderr, f"the error does not name {complaint!r}:\n{result.stderr}"
+
+
+# A refused value names the rule it breaks in words: helm prints the failing keyword (a bare `not`
+# prints "'not' failed", a pattern prints the regular expression), so each such rule is written as
+# `if: <breaks the rule>, then: {const: <reason>}` and helm prints "value must be '<reason>'".
+@pytest.mark.parametrize(
+    ("values", "path", "reason"),
+    [
+        (
+            {"image": {"tag": "latest"}},
+            "/image/tag",
+            "latest is refused because it moves under a running release",
+        ),
+        ({"image": {"tag": "1.0 beta"}}, "/image/tag", "a fixed image tag such as 0.1.0"),
+        (
+            {"image": {"digest": "sha256:nothex"}},
+            "/image/digest",
+            "sha256: followed by 64 lowercase hexadecimal",
+        ),
+        ({"s3": {"bucket": "My_Bucket"}}, "/s3/bucket", "an S3 bucket name: 3 to 63 lowercase letters"),
+        ({"s3": {"existingSecret": "Creds"}}, "/s3/existingSecret", "empty, or a DNS-1123 label"),
+        ({"s3": {"endpointUrl": "minio:9000"}}, "/s3/endpointUrl", "an http:// or https:// URL"),
+        ({"sidecar": {"s3Secret": "S3"}}, "/sidecar/s3Secret", "none: no credentials, for pod identity"),
+        ({"operator": {"namespaces": ["Shop"]}}, "/operator/namespaces/0", "a DNS-1123 label"),
+        (
+            {"sidecar": {"resources": {"limits": {"memory": "lots"}}}},
+            "/sidecar/resources/limits/memory",
+            "a Kubernetes quantity",
+        ),
+        (
+            {"metrics": {"podMonitor": {"interval": "soon"}}},
+            "/metrics/podMonitor/interval",
+            "a duration such as 30s, 5m or 1h30m",
+        ),
+        (
+            {"operator": {"extraEnv": [{"name": "1X", "value": "v"}]}},
+            "/operator/extraEnv/0/name",
+            "an environment variable name",
+        ),
+        ({"webhook": {"replicas": 1}}, "/webhook/replicas", "one replica answers while another is drained"),
+        (
+            {"metrics": {"prometheusRule": {"alertLabels": {"severity": "page"}}}},
+            "/metrics/prometheusRule/alertLabels/severity",
+            "each alert sets its own severity",
+        ),
+        (
+            {"keda": {"operatorUrl": "http://op:9090/?x=1"}},
+            "/keda/operatorUrl",
+            "without ?query or #fragment",
+        ),
+    ],
+)
+def test_values_schema_says_why_a_value_is_refused(values: dict[str, Any], path: str, reason: str) -> None:
+    for args in (["template", RELEASE, str(CHART)], ["lint", "--strict", str(CHART)]):
+        result = helm(*args, "--values", "-", stdin=yaml.safe_dump(values), check=False)
+        output = result.stdout + result.stderr
+        assert result.returncode != 0, f"helm {args[0]} accepted {values}"
+        assert f"at '{path}': value must be '" in output and reason in output, (
+            f"helm {args[0]} does not say why {values} is refused ({reason!r}):\n{output}"
+        )
+        assert "'not' failed" not in output and "does not match pattern" not in output, output
+
+
+def test_values_schema_has_no_rule_that_fails_without_a_reason() -> None:
+    """No bare `not`, `pattern` or `anyOf` (helm prints only the keyword or the expression): each rule
+    is an `if` whose `then` is the reason."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    bare: list[str] = []
+
+    def walk(node: Any, path: str) -> None:
+        if isinstance(node, dict):
+            bare.extend(f"{path}: {k}" for k in ("not", "pattern", "anyOf", "oneOf") if k in node)
+            if "if" in node:
+                assert set(node["then"]) == {"const"} and " " in node["then"]["const"], path
+            for key, value in node.items():
+                if key != "if":  # the rule itself, inside the condition
+                    walk(value, f"{path}/{key}")
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{path}/{i}")
+
+    walk(schema, "")
+    assert not bare, f"rules helm would report without a reason: {bare}"
 
 
 def test_integrations_asked_for_without_their_api_fail_clearly() -> None:
@@ -315,10 +469,12 @@ def test_operator_reads_every_setting_the_chart_gives_it(
 
     values, apis = SCENARIOS[scenario]
     container = operator_container(render(values, api_versions=apis))
-    env = container_env(container, _secrets_for(container))
+    env = container_env(container, _secrets_for(container), POD_FIELDS)
     settings = operator_settings_from_env(env)
     engine_fields = {f"BUCKETQ_{name.upper()}" for name in Settings.model_fields}
     for name in env:
+        if name in ("POD_NAME", "POD_NAMESPACE"):  # the replica's name and namespace for the Lease
+            continue
         assert name.startswith("BUCKETQ_OPERATOR_") or name in engine_fields, f"{name} is no bucketq setting"
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -361,11 +517,9 @@ def test_webhook_replicas_read_every_setting_the_chart_gives_them(
     assert engine.s3_access_key_id is None and engine.s3_secret_access_key is None
 
 
-def test_operator_is_a_single_hardened_replica(defaults: list[Doc]) -> None:
+def test_operator_is_a_hardened_replica(defaults: list[Doc]) -> None:
     deployment = component(defaults, "Deployment", "operator")
     spec = deployment["spec"]
-    # the reconcilers run once: an upgrade stops the old pod before the new one starts
-    assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate"
     pod = spec["template"]["spec"]
     assert pod["securityContext"]["runAsNonRoot"] is True
     container = operator_container(defaults)
@@ -378,9 +532,54 @@ def test_operator_is_a_single_hardened_replica(defaults: list[Doc]) -> None:
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"metrics": 9090, "health": 8080}
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
-    assert not find(defaults, "PodDisruptionBudget", deployment["metadata"]["name"]), (
-        "a budget on a single replica would block every node drain"
+
+
+@pytest.mark.parametrize("replicas", [None, 1, 3])
+def test_operator_replicas_elect_one_leader(replicas: int | None) -> None:
+    """Several replicas, one working (leader election over a Lease in the release namespace);
+    upgrades add a standby before they stop a replica; drains take one replica at a time."""
+    docs = render({} if replicas is None else {"operator": {"replicas": replicas}})
+    deployment = component(docs, "Deployment", "operator")
+    spec = deployment["spec"]
+    expected = 2 if replicas is None else replicas
+    assert spec["replicas"] == expected
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    container = operator_container(docs)
+    env = container_env(container, _secrets_for(container), POD_FIELDS)
+    settings = operator_settings_from_env(env)
+    assert settings.leader_election and not settings.webhook and settings.peering is None
+    assert (
+        settings.leader_lease_duration_s,
+        settings.leader_renew_deadline_s,
+        settings.leader_retry_period_s,
+    ) == (
+        15.0,
+        10.0,
+        2.0,
     )
+    assert settings.leader_lease_name == FULLNAME
+    assert (env["POD_NAME"], env["POD_NAMESPACE"]) == (
+        POD_FIELDS["metadata.name"],
+        POD_FIELDS["metadata.namespace"],
+    )
+    pod = spec["template"]
+    (spread,) = pod["spec"]["topologySpreadConstraints"]
+    assert (
+        spread["topologyKey"] == "kubernetes.io/hostname" and spread["whenUnsatisfiable"] == "ScheduleAnyway"
+    )
+    assert selector_matches(spread["labelSelector"], pod["metadata"]["labels"])
+    budgets = find(docs, "PodDisruptionBudget", deployment["metadata"]["name"])
+    if expected == 1:
+        assert not budgets, "a budget on a single replica would block every node drain"
+        return
+    (budget,) = budgets
+    assert budget["spec"]["maxUnavailable"] == 1
+    assert selector_matches(budget["spec"]["selector"], pod["metadata"]["labels"])
+    webhook_pod = component(docs, "Deployment", "webhook")["spec"]["template"]
+    assert not selector_matches(budget["spec"]["selector"], webhook_pod["metadata"]["labels"])
 
 
 @pytest.mark.parametrize("values", [{}, {"webhook": {"replicas": 3}}])
@@ -475,10 +674,12 @@ def test_rbac_grants_exactly_what_the_operator_calls(scenario: str) -> None:
     values, apis = SCENARIOS[scenario]
     docs = render(values, api_versions=apis)
     container = operator_container(docs)
-    settings = operator_settings_from_env(container_env(container, _secrets_for(container)))
+    settings = operator_settings_from_env(container_env(container, _secrets_for(container), POD_FIELDS))
     needed = operator_permissions(settings)
     sa = component(docs, "Deployment", "operator")["spec"]["template"]["spec"]["serviceAccountName"]
-    _check_grants(docs, sa, settings.namespaces, needed)
+    # the Lease of the leader election lives in the release namespace
+    lease = {("coordination.k8s.io", "leases", v) for v in ("get", "create", "update")}
+    _check_grants(docs, sa, settings.namespaces, needed, release=lease if settings.leader_election else set())
     if (values.get("webhook") or {}).get("enabled", True):
         container = webhook_container(docs)
         settings = operator_settings_from_env(container_env(container))
@@ -518,9 +719,23 @@ def webhook_permissions(settings: Any) -> dict[bool, set[Any]]:
     return {True: namespaced, False: cluster}
 
 
-def _check_grants(docs: list[Doc], sa: str, namespaces: list[str], needed: dict[bool, set[Any]]) -> None:
+def _check_grants(
+    docs: list[Doc],
+    sa: str,
+    namespaces: list[str],
+    needed: dict[bool, set[Any]],
+    release: set[Any] | None = None,
+) -> None:
+    """``release``: what the account needs in the release namespace only (the Lease)."""
     assert one(docs, "ServiceAccount", sa)
     grants = granted(docs, sa, NAMESPACE)
+    if release:
+        assert release <= grants.get(NAMESPACE, set()), (
+            f"{sa}: lacks {release - grants.get(NAMESPACE, set())}"
+        )
+        grants[NAMESPACE] = grants[NAMESPACE] - release
+        if not grants[NAMESPACE]:
+            del grants[NAMESPACE]
     if namespaces:
         assert grants[None] == needed[False], f"{sa}: cluster-wide grants differ from its cluster-wide calls"
         for ns in namespaces:
@@ -742,7 +957,7 @@ def test_webhook_is_only_ever_rendered_with_tls(scenario: str) -> None:
             assert client.get("caBundle") or injected, "a webhook without a CA to trust"
             svc = one(docs, "Service", client["service"]["name"])
             assert [p["name"] for p in svc["spec"]["ports"]] == ["https"]
-    env = container_env(operator_container(docs), _secrets_for(operator_container(docs)))
+    env = container_env(operator_container(docs), _secrets_for(operator_container(docs)), POD_FIELDS)
     assert env["BUCKETQ_OPERATOR_WEBHOOK"] == "false", "the operator never serves the webhook"
     assert len(find(docs, "Deployment")) == (2 if enabled else 1)
     if enabled:
@@ -812,7 +1027,7 @@ def exported_metric_names() -> set[str]:
 def queries(full: list[Doc]) -> list[str]:
     """PromQL of the dashboard, the chart's ScaledObjects and the example ScaledObjects."""
     dashboard = json.loads(one(full, "ConfigMap", f"{FULLNAME}-dashboard")["data"]["bucketq-queues.json"])
-    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", ())]
     examples = [d for p in (REPO / "examples").glob("*.yaml") for d in yaml.safe_load_all(p.read_text())]
     for so in find(full, "ScaledObject") + find(examples, "ScaledObject"):
         exprs += [t["metadata"]["query"] for t in so["spec"]["triggers"] if t["type"] == "prometheus"]

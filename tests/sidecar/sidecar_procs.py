@@ -11,7 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from bucketq import Bucketq
 from bucketq.client import AsyncClient, Client
 from bucketq.config import Settings
+from bucketq.sidecar.config import POD_ENV
 from tests.support.servers import free_ports
 
 T = TypeVar("T")
@@ -76,11 +77,13 @@ class SidecarProc:
     def metrics_url(self) -> str:
         return f"http://127.0.0.1:{self.metrics_port}/metrics"
 
+    # The sidecar's tests look at each answer as it comes: their clients do not retry 429/503 by
+    # themselves unless a test asks for it (retry=RetryPolicy(...)); tests/client tests the retries.
     def client(self, **kw: Any) -> Client:
-        return Client(self.url, **kw)
+        return Client(self.url, **{"retry": None, **kw})
 
     def aclient(self, **kw: Any) -> AsyncClient:
-        return AsyncClient(self.url, **kw)
+        return AsyncClient(self.url, **{"retry": None, **kw})
 
     def log(self, lines: int = 60) -> str:
         try:
@@ -111,11 +114,20 @@ class SidecarProc:
 
 
 def start_sidecar(
-    workdir: Path, settings: Settings, name: str = "sidecar", *, wait_ready: bool = True, **sidecar: Any
+    workdir: Path,
+    settings: Settings,
+    name: str = "sidecar",
+    *,
+    wait_ready: bool = True,
+    extra_env: Mapping[str, str] | None = None,
+    **sidecar: Any,
 ) -> SidecarProc:
-    """Start ``python -m bucketq.sidecar`` with ``BUCKETQ_SIDECAR_<KEY>=value`` for each keyword."""
+    """Start ``python -m bucketq.sidecar`` with ``BUCKETQ_SIDECAR_<KEY>=value`` for each keyword (and
+    ``extra_env`` as given). It runs as outside a pod unless ``extra_env`` says otherwise."""
     port, metrics_port = free_ports(2)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "BUCKETQ_"))}
+    env.pop(POD_ENV, None)
+    env.update(extra_env or {})
     env.update(AWS_EC2_METADATA_DISABLED="true", PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
     env.update(engine_env(settings))
     env.update(FAST_ENGINE_ENV)

@@ -80,6 +80,21 @@ def test_default_ports_avoid_other_meshes_and_match_the_client(clean_env: pytest
     assert default_url() == "http://127.0.0.1:4000"
 
 
+def test_metrics_and_probes_listen_on_loopback_outside_a_pod(clean_env: pytest.MonkeyPatch) -> None:
+    """A local sidecar shows its metrics and probes to its own host only; in a pod (the kubelet sets
+    KUBERNETES_SERVICE_HOST) the kubelet and Prometheus reach them on the pod IP; configured wins."""
+    clean_env.setenv("BUCKETQ_S3_BUCKET", "q")
+    clean_env.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert load_config().sidecar.metrics_host == "127.0.0.1"
+    clean_env.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    assert load_config().sidecar.metrics_host == "0.0.0.0"
+    clean_env.setenv("BUCKETQ_SIDECAR_METRICS_HOST", "127.0.0.1")
+    assert load_config().sidecar.metrics_host == "127.0.0.1"
+    clean_env.delenv("KUBERNETES_SERVICE_HOST")
+    clean_env.setenv("BUCKETQ_SIDECAR_METRICS_HOST", "0.0.0.0")
+    assert load_config().sidecar.metrics_host == "0.0.0.0"
+
+
 def test_push_retry_and_shutdown_defaults(clean_env: pytest.MonkeyPatch) -> None:
     clean_env.setenv("BUCKETQ_S3_BUCKET", "q")
     sc = load_config().sidecar

@@ -12,10 +12,12 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from bucketq.client import (
     BadRequest,
     Busy,
+    Client,
     DeliveredMessage,
     LeaseLost,
     PublishBatchResponse,
@@ -81,7 +83,9 @@ async def test_bad_requests_are_4xx_and_change_nothing(
             400,
             "invalid_request",
         ),
-        ("/v1/publish/small", b'{"payload": 1}', "text/plain", 415, "unsupported_media_type"),
+        # a publish takes any type (a raw body); the other endpoints JSON only
+        ("/v1/pull", b'{"max_messages": 1}', "text/plain", 415, "unsupported_media_type"),
+        ("/v1/publish/small/batch", b'{"messages": []}', "text/plain", 415, "unsupported_media_type"),
         ("/v1/publish/Not_A_Topic", b'{"payload": 1}', "application/json", 400, "invalid_name"),
         ("/v1/publish/ghost", b'{"payload": 1}', "application/json", 404, "topic_not_found"),
         (
@@ -102,6 +106,15 @@ async def test_bad_requests_are_4xx_and_change_nothing(
         (
             "/v1/publish/small/batch",
             json.dumps({"messages": [{"payload": 1}, {"payload": "x" * 2000}]}).encode(),
+            "application/json",
+            413,
+            "message_too_large",
+        ),
+        (
+            # within the limit as a record without a producer id, over it as the record stored (the
+            # producer's id adds 34 bytes): checked as stored, so the batch is refused whole
+            "/v1/publish/small/batch",
+            json.dumps({"messages": [{"payload": 1}, {"payload": "x" * 795}]}).encode(),
             "application/json",
             413,
             "message_too_large",
@@ -196,6 +209,53 @@ async def test_full_publish_buffer_answers_429(moto_server: S3Server, sidecars: 
         assert results and results[0].failed == 0, results
         with sc.client() as client:  # the buffer drained: publishing works again
             client.publish("busy", "after")
+
+
+async def test_client_retries_a_full_buffer_until_it_drains(
+    moto_server: S3Server, sidecars: SidecarFactory
+) -> None:
+    """A real sidecar's 429: the client (default retry policy) waits its Retry-After and tries
+    again, and the publish lands once the bucket answers and the buffer drains."""
+    target = urlsplit(moto_server.endpoint_url)
+    with TcpProxy(target.hostname or "127.0.0.1", target.port or 80) as proxy:
+        settings = moto_server.settings(s3_endpoint_url=proxy.url)
+        await create_topics(settings, "retried")
+        sc = sidecars(settings, "retried", publish_buffer_size=1)
+        with sc.client() as client:
+            client.publish("retried", "warm-up")
+        proxy.down()
+        done: list[Any] = []
+
+        def publish(client: Client, payload: str) -> None:
+            with client:
+                done.append(client.publish("retried", payload))
+
+        threads = [threading.Thread(target=publish, args=(sc.client(), "fills the buffer"))]
+        threads[0].start()
+        try:
+            eventually(lambda: sc.status()["publish_pending"] == 1, 10, "the buffer to be full")
+            # Client(...) as an app makes it: the default retry policy
+            threads.append(threading.Thread(target=publish, args=(Client(sc.url), "retried")))
+            threads[1].start()
+
+            def refused() -> bool:
+                with urllib.request.urlopen(sc.metrics_url, timeout=5) as resp:
+                    families = text_string_to_metric_families(resp.read().decode())
+                return any(
+                    s.name == "bucketq_publish_errors_total"
+                    and s.labels["error"] == "buffer_full"
+                    and s.value >= 1
+                    for f in families
+                    for s in f.samples
+                )
+
+            eventually(refused, 10, "the second publish to be refused with 429")
+        finally:
+            proxy.up()
+            for t in threads:
+                t.join(timeout=30)
+        assert len(done) == 2, "a publish did not land"
+        assert {r.topic for r in done} == {"retried"}
 
 
 async def test_bearer_token(moto_settings: Settings, sidecars: SidecarFactory, tmp_path: Path) -> None:

@@ -12,12 +12,14 @@ import threading
 import time
 import urllib.error
 import urllib.request
+import zlib
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 
+from bucketq import Bucketq
 from bucketq.config import Settings
 from tests.sidecar.sidecar_procs import SidecarFactory, SidecarProc, create_topics, eventually
 from tests.support.servers import S3Server
@@ -310,3 +312,112 @@ async def test_abandoned_long_poll_gives_its_message_back_uncounted(
         assert time.monotonic() - started < 30
         assert msg.deliveries == 1, "the abandoned delivery was counted"
         client.ack(msg.receipt or "")
+
+
+# -- compressed bodies (issue 23, finding 5) -------------------------------------------------------
+
+
+def _deflate_bomb(size: int, wbits: int) -> bytes:
+    """A JSON object padded with ``size`` bytes of spaces (still valid JSON once inflated), compressed
+    (``wbits`` 31: gzip, 15: zlib/deflate): about a thousandth of ``size`` on the wire."""
+    compressor = zlib.compressobj(9, zlib.DEFLATED, wbits)
+    chunk = b" " * (16 * MiB)
+    parts = [compressor.compress(b'{"payload": 1}')]
+    parts += [compressor.compress(chunk) for _ in range(size // len(chunk))]
+    parts.append(compressor.flush())
+    return b"".join(parts)
+
+
+def _post_encoded(
+    sc: SidecarProc, body: bytes, encoding: str, content_type: str = "application/json"
+) -> tuple[int, dict[str, Any]]:
+    req = urllib.request.Request(
+        sc.url + "/v1/publish/zip",
+        data=body,
+        method="POST",
+        headers={"Content-Type": content_type, "Content-Encoding": encoding},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        try:
+            return exc.code, json.loads(raw)
+        except ValueError:
+            return exc.code, {"error": None, "message": raw.decode(errors="replace")}
+
+
+async def test_compressed_bodies_are_refused_before_they_are_inflated(
+    tmp_path: Path, sidecars: SidecarFactory
+) -> None:
+    """A gzip body of 512 MiB of spaces is 0.5 MiB on the wire, within the body limit: inflated it
+    cost 112-120 MiB each, six at once 350 MiB (above the chart's 256 Mi limit for the sidecar).
+    Non-identity Content-Encoding is refused with 415 before a byte is inflated; nothing is
+    published, and peak memory stays where it was."""
+    gzip_bomb = _deflate_bomb(512 * MiB, 31)
+    deflate_bomb = _deflate_bomb(64 * MiB, 15)
+    assert len(gzip_bomb) < MiB
+    settings = file_settings(tmp_path)
+    await create_topics(settings, "zip")
+    sc = file_sidecar(sidecars, settings, "zip")
+    pid = sc.process.pid
+    status, answer = _post_encoded(sc, b'{"payload": "plain"}', "identity")
+    assert status == 200, answer  # identity is no encoding: accepted (and warms every code path)
+    exact = _reset_peak(pid)
+    baseline = _status_kib(pid, "VmRSS" if exact else "VmHWM")
+
+    outcomes: list[tuple[int, dict[str, Any]]] = []
+    lock = threading.Lock()
+
+    def send(body: bytes, encoding: str) -> None:
+        result = _post_encoded(sc, body, encoding)
+        with lock:
+            outcomes.append(result)
+
+    senders = [threading.Thread(target=send, args=(gzip_bomb, "gzip")) for _ in range(6)]
+    senders += [threading.Thread(target=send, args=(deflate_bomb, enc)) for enc in ("deflate", "DEFLATE")]
+    senders.append(threading.Thread(target=send, args=(gzip_bomb, "identity, gzip")))
+    senders.append(threading.Thread(target=send, args=(b"\x1b\x00", "br")))
+    for thread in senders:
+        thread.start()
+    for thread in senders:
+        thread.join(timeout=90)
+    assert len(outcomes) == len(senders), "a request got no answer"
+    for status, answer in outcomes:
+        assert (status, answer["error"]) == (415, "unsupported_content_encoding"), answer
+        assert "Content-Encoding" in answer["message"]
+    peak = _status_kib(pid, "VmHWM")
+    assert peak - baseline <= 16 * 1024, (
+        f"compressed bodies raised peak RSS by {(peak - baseline) // 1024} MiB"
+    )
+    assert sc.process.poll() is None
+
+    async with Bucketq(settings) as bq:
+        info = await bq.describe_topic("zip")
+    assert info.messages == 1, "only the plain publish is in the topic"
+
+
+async def test_compressed_raw_and_cloudevents_bodies_are_refused_too(
+    tmp_path: Path, sidecars: SidecarFactory
+) -> None:
+    """Raw bodies (any Content-Type) and CloudEvents are read by another path than the JSON
+    envelope: a compressed one is refused with 415 there too, and nothing is published."""
+    settings = file_settings(tmp_path)
+    await create_topics(settings, "zip")
+    sc = file_sidecar(sidecars, settings, "zip")
+    event = json.dumps(
+        {"specversion": "1.0", "id": "1", "source": "/t", "type": "t", "data": {"n": 1}}
+    ).encode()
+    for content_type, body in [
+        ("text/plain", b"hello"),
+        ("application/octet-stream", b"\x00\x01"),
+        ("application/cloudevents+json", event),
+    ]:
+        status, answer = _post_encoded(sc, zlib.compress(body), "deflate", content_type)
+        assert (status, answer["error"]) == (415, "unsupported_content_encoding"), (content_type, answer)
+    status, answer = _post_encoded(sc, b"hello", "identity", "text/plain")
+    assert status == 200, answer  # the same raw body uncompressed is accepted
+    async with Bucketq(settings) as bq:
+        info = await bq.describe_topic("zip")
+    assert info.messages == 1, "only the uncompressed publish is in the topic"

@@ -13,10 +13,12 @@ from bucketq import __version__
 from bucketq.client import message
 from bucketq.config import Settings
 from bucketq.core.app import FORMAT
+from bucketq.core.keys import _KINDS
 from tests.sidecar.sidecar_procs import SidecarFactory, create_topics, eventually
 from tests.support import tools
 
 pytestmark = [pytest.mark.s3, pytest.mark.e2e]
+KEY_KINDS = [kind for _, kind in _KINDS]
 
 EXPECTED = {
     "bucketq_messages_published",
@@ -71,6 +73,15 @@ async def test_metrics_parse_and_pass_promtool(moto_settings: Settings, sidecars
     assert samples[("bucketq_build_info", build)] == 1
     assert len(families["bucketq_build_info"].samples) == 1  # one series: this process's build
     assert sum(v for (name, _), v in samples.items() if name == "bucketq_s3_requests_total") > 0
+    # requests by kind of object (the dashboard's requests per message by kind): the publishes wrote
+    # segments; every kind is one of the key layout's, never a key itself
+    requests = {
+        dict(labels)["kind"] for (name, labels), _ in samples.items() if name == "bucketq_s3_requests_total"
+    }
+    assert (
+        samples[("bucketq_s3_requests_total", (("kind", "segment"), ("op", "PUT"), ("status", "200")))] >= 1
+    )
+    assert requests <= set(KEY_KINDS) | {"bucket", "other"}, requests
     assert families["bucketq_s3_request_duration_seconds"].type == "histogram"
 
     with urllib.request.urlopen(sc.url + "/metrics", timeout=5) as resp:  # also on the API port

@@ -20,13 +20,18 @@ from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from bucketq import Bucketq, Settings
-from bucketq.core import cursor_log
+from bucketq.core import fences
+from bucketq.core.fences import DELTA_TRUST_S
 from bucketq.core.models import DeadLetterConfig, TopicConfig
 from bucketq.core.subscriptions import SeekTarget
-from bucketq.errors import BucketqError
+from bucketq.errors import BucketqError, TopicNotFound
 
 from .pings import SimPingNetwork
-from .process import Processes, SimProcess
+from .process import CURRENT, Processes, SimProcess
+
+# The engine's replica reload interval: a replica trusts its copy of a cursor log's trim fence this
+# long (I1, I2). The gc family draws GC's delta grace as a multiple of it (schedule.GcPlan).
+RELOAD_AFTER_S = DELTA_TRUST_S
 
 if TYPE_CHECKING:
     from bucketq.core.consumer import Consumer
@@ -52,6 +57,7 @@ class Sim:
         self.pings = SimPingNetwork(procs.loop, schedule.seed, store.injected)
         self.quiescing = False
         self.roles: list[Role] = []
+        self.foreign_keys: list[str] = []  # objects the vandal dropped that bucketq never writes
         self.settings = Settings.from_dict(
             {
                 "backend": "memory",
@@ -61,7 +67,10 @@ class Sim:
             }
         )
 
-    def skew(self) -> float:
+    def skew(self, role: str = "") -> float:
+        """A new process's clock offset: the schedule's for its role, else within ±skew/2."""
+        if role in self.schedule.clock_offsets:
+            return float(self.schedule.clock_offsets[role])
         return (
             self.rng.uniform(-self.schedule.skew / 2, self.schedule.skew / 2) if self.schedule.skew else 0.0
         )
@@ -69,6 +78,17 @@ class Sim:
     async def connect(self, settings: Settings | None = None) -> Bucketq:
         bq = Bucketq(settings or self.settings, store=self.store, ping_network=self.pings.endpoint())
         await bq.open()
+        # what the process learnt of its clock when it opened the bucket (I15): the checker
+        # expects a warning from every process beyond the margin, and none from one within it
+        clock = getattr(bq, "clock", None)
+        proc = CURRENT.get()
+        if proc is not None:
+            self.history.record(
+                "clock",
+                proc=proc.name,
+                offset=round(proc.skew, 6),
+                warned=None if clock is None else clock.warnings > 0,
+            )
         return bq
 
     async def invoke(
@@ -127,7 +147,10 @@ class Role:
         self.running = True
         self.incarnation += 1
         proc = self.sim.procs.new(
-            f"{self.name}#{self.incarnation}", self.kind, skew=self.sim.skew(), faultable=self.faultable
+            f"{self.name}#{self.incarnation}",
+            self.kind,
+            skew=self.sim.skew(self.name),
+            faultable=self.faultable,
         )
         proc.on_crash = self._crashed
         self.proc = proc
@@ -333,6 +356,10 @@ class MemberRole(Role):
         consumer: Consumer = await self.setup(proc, join)
         self.consumer = consumer
         self._watch(proc, consumer)
+        if plan.app_pauses:
+            asyncio.get_running_loop().create_task(self._app_pauses(proc, consumer))
+        if plan.crash_at is not None and self.incarnation == 1:
+            asyncio.get_running_loop().create_task(self._crash_at(proc, plan.crash_at))
         vt = float(sim.schedule.consumer["visibility_timeout_s"])
         busy: set[asyncio.Task[None]] = set()
         while True:
@@ -349,13 +376,19 @@ class MemberRole(Role):
                 break
             if not self.drain and len(busy) >= plan.concurrency:
                 # the app works on at most `concurrency` messages; the rest waits in the prefetch buffer
-                await asyncio.wait(list(busy), return_when=asyncio.FIRST_COMPLETED)
+                # (it looks again each second: once the run drains, it polls whatever it holds)
+                await asyncio.wait(list(busy), timeout=1.0, return_when=asyncio.FIRST_COMPLETED)
                 continue
             try:
                 msgs = await consumer.poll(
                     max_messages=plan.poll_max if not self.drain else 100,
                     wait=self.rng.uniform(*plan.poll_wait),
                 )
+            except TopicNotFound:
+                # documented: the topic is gone (a member kept running across its deletion); the
+                # consumer starts over once it is created again, and polls answer again
+                await asyncio.sleep(1.0)
+                continue
             except BucketqError as exc:
                 # the consumer is unusable (its loop died): the process exits and is restarted
                 sim.history.record("proc_error", proc=proc.name, error=type(exc).__name__, msg=str(exc)[:200])
@@ -387,6 +420,23 @@ class MemberRole(Role):
             sim.loop.call_later(delay, self.start, context=contextvars.Context())
 
     _rejoined = False  # the planned leave happened (a member leaves once; its successor stays)
+
+    async def _app_pauses(self, proc: SimProcess, consumer: Consumer) -> None:
+        """The app stops claiming for a while (``Consumer.pause``; heartbeats go on), recorded."""
+        for at, seconds in self.plan.app_pauses:
+            if at > self.sim.clock.now:
+                await asyncio.sleep(at - self.sim.clock.now)
+            consumer.pause()
+            self.sim.history.record(
+                "app_pause", proc=proc.name, member=consumer.member, until=round(at + seconds, 6)
+            )
+            await asyncio.sleep(max(0.0, at + seconds - self.sim.clock.now))
+            consumer.resume()
+
+    async def _crash_at(self, proc: SimProcess, at: float) -> None:
+        """kill -9 at ``at``: whatever the process holds stays leased until it expires."""
+        await asyncio.sleep(max(0.0, at - self.sim.clock.now))
+        self.sim.procs.crash(proc)
 
     def _watch(self, proc: SimProcess, consumer: Consumer) -> None:
         """Record the death of the consumer's background loop (an exception, not a cancellation)."""
@@ -505,9 +555,11 @@ class GcRole(Role):
         assert plan is not None
         bq = await self.setup(proc, sim.connect)
         options: dict[str, Any] = {}
-        reload_after = getattr(cursor_log, "RELOAD_AFTER_S", None)
-        if plan.delta_grace_factor is not None and reload_after is not None:
-            options["delta_grace_s"] = plan.delta_grace_factor * float(reload_after)
+        if plan.delta_grace_factor is not None:
+            options["delta_grace_s"] = plan.delta_grace_factor * RELOAD_AFTER_S
+        segment_trust = getattr(fences, "SEGMENT_TRUST_S", None)
+        if plan.segment_grace_factor is not None and segment_trust is not None:
+            options["segment_grace_s"] = plan.segment_grace_factor * float(segment_trust)
         rng = random.Random(f"gc/{sim.schedule.seed}/{self.incarnation}")
         while True:
             # the operator keeps collecting while the system drains, at a calmer pace
@@ -521,7 +573,14 @@ class GcRole(Role):
                     proc,
                     "gc",
                     lambda: bq.collect_garbage(**options),
-                    lambda r: {"segments": r.segments, "deltas": r.deltas, "checkpoints": r.checkpoints},
+                    lambda r: {
+                        "segments": r.segments,
+                        "deltas": r.deltas,
+                        "checkpoints": r.checkpoints,
+                        "abandoned": list(r.abandoned_subscriptions),
+                        # I15: whether it found its host clock beyond the margin (None: not told)
+                        "clock_warning": getattr(r, "clock_warning", None),
+                    },
                 )
             except BucketqError:
                 pass
@@ -598,9 +657,10 @@ class OperatorRole(Role):
 
     async def _churn(self, proc: SimProcess, bq: Bucketq, gap: float) -> None:
         sim, name = self.sim, self.topic.name
+        stay = self.topic.members_stay  # r9: the members keep running across the deletion
         for m in self.members:
-            m.suspended = True
-        while any(m.running and not m.left for m in self.members):
+            m.suspended = not stay
+        while not stay and any(m.running and not m.left for m in self.members):
             await asyncio.sleep(0.5)
         await sim.invoke(proc, "delete_topic", lambda: bq.delete_topic(name, purge=True), topic=name)
         await asyncio.sleep(gap)
@@ -615,8 +675,14 @@ class OperatorRole(Role):
 
 
 def topic_config(plan: TopicPlan) -> TopicConfig:
+    limits = (
+        {}
+        if plan.subscription_timeout_s is None
+        else {"subscription_timeout_seconds": plan.subscription_timeout_s}
+    )
     return TopicConfig(
         partitions=plan.partitions,
         retention_seconds=plan.retention_s,
         dead_letter=DeadLetterConfig(max_deliveries=plan.max_deliveries),
+        **limits,
     )

@@ -23,7 +23,7 @@ or dead-lettered for it. Over the quiesced run:
 * **job_no_pending_delivery** — readers never deliver a message of a transaction that is not
   committed: each delivered job message comes from a chunk that a record of its job, written
   ``committed`` (journal) before the delivery, names at that very seq.
-* **job_chunks_kept** — (format 4: a job commit references columnar chunks) no chunk that a
+* **job_chunks_kept** — (format 5: a job commit references columnar chunks) no chunk that a
   record written ``committed`` names is deleted while the reference segment naming it is still
   stored (journal ``del`` events): GC takes a job's chunks only with their segment, never a
   running or committing job's chunks.
@@ -72,6 +72,10 @@ class Index:
         self.crashes: dict[str, list[float]] = defaultdict(list)
         self.txns: list[Event] = []  # the store's journal of transaction records (job commits)
         self.deletes: list[Event] = []  # the store's journal of deleted chunks and segments
+        self.clocks: dict[str, Event] = {}  # proc -> what it learnt of its clock at its open (I15)
+        self.app_pauses: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        self.outages: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        self.quiesce_t: float | None = None
         for e in events:
             kind = e["ev"]
             if kind == "call":
@@ -88,11 +92,28 @@ class Index:
                 self.txns.append(e)
             elif kind == "del":
                 self.deletes.append(e)
+            elif kind == "clock":
+                self.clocks.setdefault(e["proc"], e)
+            elif kind == "app_pause":
+                self.app_pauses[e["proc"]].append((e["t"], e["until"]))
+            elif kind == "outage":
+                self.outages[e["proc"]].append((e["t"], e["until"]))
+            elif kind == "phase" and e.get("name") == "quiesce":
+                self.quiesce_t = e["t"]
+        # the members' clock margin (clock_skew_s): leases between members rely on it (I4, I10)
+        self.margin = float(self.params.get("consumer", {}).get("clock_skew_s", 2.0))
         self.by_op: dict[str, list[tuple[Event, Event | None]]] = defaultdict(list)
         for cid, call in self.calls.items():
             self.by_op[call["op"]].append((call, self.rets.get(cid)))
         self.lifecycle = self._lifecycle()
         self.subs = self._subscriptions()
+        # per group, how far apart its members' clocks are (every process that joined it)
+        offsets: dict[str, list[float]] = defaultdict(list)
+        for call, _ret in self.by_op.get("join", []):
+            clock = self.clocks.get(call["proc"])
+            if clock is not None:
+                offsets[call["group"]].append(float(clock["offset"]))
+        self.spread = {g: max(o) - min(o) for g, o in offsets.items()}
         self.jobs = self._jobs()
         self._received: dict[str, set[str]] | None = None
 
@@ -230,6 +251,16 @@ class Index:
         for p_start, p_end in self.pauses.get(proc, []):
             total += max(0.0, min(end, p_end) - max(start, p_start))
         return total
+
+    def beyond_margin(self, d1: Event, d2: Event) -> bool:
+        """Lease deadlines between members rely on their clocks being within the margin (I4,
+        I10): exclusivity is not promised between two deliveries whose holders' clocks differ by
+        more, nor within a group two of whose members' clocks do (a member far ahead may take a
+        live lease, and hand the message back to anyone). Such clocks are reported (I15,
+        ``clock_reported``)."""
+        if abs(float(d1.get("skew", 0.0)) - float(d2.get("skew", 0.0))) > self.margin + EPS:
+            return True
+        return self.spread.get(d1["group"], 0.0) > self.margin + EPS
 
     def lease_end(self, d: Event, extended: float = 0.0) -> float:
         """When delivery ``d``'s lease expires, in history time (its holder's clock corrected by
@@ -395,6 +426,8 @@ def exclusive_lease(ix: Index) -> list[Violation]:
                         Violation("exclusive_lease", f"receipt {d1['receipt']} handed out twice", [d1, d2])
                     )
                     continue
+                if ix.beyond_margin(d1, d2):
+                    continue  # clocks apart beyond the margin: reported, not promised (I15)
                 expiry = ix.lease_end(d1, extends.get(d1["receipt"], 0.0))
                 end = expiry
                 seeks = ix.seeks(d1["group"], d1["topic"])
@@ -443,9 +476,12 @@ def no_delivery_after_ack(ix: Index) -> list[Violation]:
         d["receipt"]: d.get("leased_at", ix.epoch0 + d["t"] + d["skew"]) - ix.epoch0 - d["skew"]
         for d in ix.deliveries
     }
+    holder = {d["receipt"]: d for d in ix.deliveries}
     out = []
     for d in ix.deliveries:
         hit = acked.get(msg_key(d))
+        if hit is not None and hit[0]["receipt"] in holder and ix.beyond_margin(holder[hit[0]["receipt"]], d):
+            continue  # the acked lease and this one: clocks apart beyond the margin (I15)
         if hit is not None and any(
             target == "earliest"
             and called < d["t"]
@@ -469,7 +505,9 @@ def replicas_converge(ix: Index) -> list[Violation]:
     """Every replica converges with a fresh ``load()`` of its cursor log.
 
     At the end (no writer left), each live member's in-memory cursor state, caught up with the
-    log, equals the state a new reader loads from the bucket.
+    log, equals the state a new reader loads from the bucket (a reader of the topic's current
+    incarnation; a member still on an earlier incarnation of a re-created topic, which it has not
+    noticed yet, holds a replica of another log and is not compared).
     """
     fresh = {(e["topic"], e["group"], e["partition"]): e for e in ix.events if e["ev"] == "fresh"}
     out = []
@@ -479,6 +517,8 @@ def replicas_converge(ix: Index) -> list[Violation]:
         f = fresh.get((e["topic"], e["group"], e["partition"]))
         if f is None or f["state"] == e["state"]:
             continue
+        if e.get("incarnation") and f.get("incarnation") and e["incarnation"] != f["incarnation"]:
+            continue  # the member has not yet noticed its topic's re-creation: another log
         out.append(
             Violation(
                 "replicas_converge",
@@ -916,6 +956,172 @@ def job_chunks_kept(ix: Index) -> list[Violation]:
     return out
 
 
+# Offsets the clock check must report: beyond the margin by more than the store's whole-second
+# resolution and a round trip can explain. Within half the margin it must stay quiet.
+CLOCK_CLEAR_S = 1.5
+
+
+def clock_reported(ix: Index) -> list[Violation]:
+    """A process whose clock is off the store's beyond the margin says so; one within it does not.
+
+    Every process compares its clock with the store's when it opens the bucket (``clock`` events:
+    its offset and whether it warned), and GC at every collection (``clock_warning`` in its
+    return). An offset beyond ``clock_skew_s`` plus CLOCK_CLEAR_S must have warned; one within half
+    the margin must not have (no false alarm). Ages that decide deletions do not depend on it
+    (I15, checked by ``acked_publish_delivered``): what does is lease exclusivity between members,
+    which the other checks excuse only between clocks apart beyond the margin, all reported here.
+    """
+    out = []
+    offsets = {proc: float(e["offset"]) for proc, e in ix.clocks.items()}
+
+    def judge(proc: str, offset: float, warned: object, where: list[Event]) -> None:
+        if abs(offset) > ix.margin + CLOCK_CLEAR_S and warned is not True:
+            out.append(
+                Violation(
+                    "clock_reported",
+                    f"{proc}'s clock is {offset:+.1f}s off the store's (margin {ix.margin:g}s) and it "
+                    + ("was never compared" if warned is None else "did not warn"),
+                    where,
+                )
+            )
+        elif abs(offset) <= ix.margin / 2 + EPS and warned is True:
+            out.append(
+                Violation(
+                    "clock_reported",
+                    f"{proc}'s clock is within the margin ({offset:+.2f}s) but it warned",
+                    where,
+                )
+            )
+
+    for proc, e in ix.clocks.items():
+        judge(proc, offsets[proc], e.get("warned"), [e])
+    for call, ret in ix.by_op.get("gc", []):
+        if ret is not None and ret["outcome"] == "ok" and call["proc"] in offsets:
+            judge(call["proc"], offsets[call["proc"]], ret.get("clock_warning"), [call, ret])
+    return out
+
+
+def foreign_objects_kept(ix: Index) -> list[Violation]:
+    """Nothing deletes what bucketq never wrote (I8): every foreign object the vandal dropped is
+    still in the bucket at the end, unless its topic was deleted (a deletion purges the topic's
+    whole prefix, as asked)."""
+    deleted = {t for t in ix.lifecycle if ix.has_deletes(t)}
+
+    def topic_of(key: str) -> str:  # a topic's own prefix, or its member heartbeats' prefix
+        parts = key.split("/")
+        return parts[2] if key.startswith("_registry/members/") and len(parts) > 2 else parts[0]
+
+    return [
+        Violation("foreign_objects_kept", f"{e['key']}, which bucketq never wrote, was deleted", [e])
+        for e in ix.events
+        if e["ev"] == "foreign" and not e["kept"] and topic_of(e["key"]) not in deleted
+    ]
+
+
+# The "few seconds" of I16 beyond the margins: a cycle, a write, the app's next poll.
+LEASE_SLACK_S = 5.0
+
+
+def lease_redelivered(ix: Index) -> list[Violation]:
+    """An expired lease is redelivered within the visibility timeout plus a few seconds (I16).
+
+    A delivery whose lease ends by expiry (no settlement that may have been applied started before
+    it, its holder did not leave) at ``E`` (the app's deadline, or a later successful extend, in the
+    holder's clock corrected by its skew) is delivered again, to any member of the group, by
+    ``E + 2 × clock_skew_s + steal_after_s + LEASE_SLACK_S`` — provided a **witness** could do
+    it: the holder itself, or a member that joined after the delivery (its join read the lease);
+    alive, not stopped, not cut off from the store, its app not paused and its clock within the
+    margin over the whole window (from ``E``, or from the witness's join if later). Only where
+    nothing else may legitimately hold it up: leases that run out after the quiesce phase began (no
+    new faults, members drain), or anywhere in schedules that promise room and no faults
+    (``lease_liveness``); not for ordered groups (an earlier key may block it), dead-letter limits,
+    seeks, or topic deletions in between.
+    """
+    params, consumer = ix.params, ix.params.get("consumer", {})
+    bound = 2 * ix.margin + float(consumer.get("steal_after_s", 2.0)) + LEASE_SLACK_S
+    everywhere = bool(params.get("lease_liveness"))
+    if not everywhere and ix.quiesce_t is None:
+        return []
+    limits = {
+        t["name"]: int(t.get("max_deliveries", DEFAULT_MAX_DELIVERIES)) for t in params.get("topics", [])
+    }
+    ordered = ix.ordered_groups()
+    settle = _settlements(ix)
+    extends: dict[str, float] = {}
+    for call, ret in ix.by_op.get("extend", []):
+        if ret is not None and ret["outcome"] == "ok" and "until" in ret:
+            extends[call["receipt"]] = max(extends.get(call["receipt"], 0.0), float(ret["until"]))
+    left = {c["member"]: c["t"] for c, _ in ix.by_op.get("leave", []) if c.get("member")}
+    joins = [(c, r) for c, r in ix.by_op.get("join", []) if r is not None and r["outcome"] == "ok"]
+    by_msg: dict[MsgKey, list[Event]] = defaultdict(list)
+    for d in ix.deliveries:
+        by_msg[msg_key(d)].append(d)
+    dead_lettered = {(g, t) for g, tags in ix.received().items() for t in tags} - {
+        (d["group"], d["tag"]) for d in ix.deliveries
+    }
+
+    def able(proc: str, member: str | None, start: float, end: float) -> bool:
+        offset = float(ix.clocks.get(proc, {}).get("offset", 0.0))
+        return (
+            not any(t <= end for t in ix.crashes.get(proc, []))
+            and ix.paused(proc, start, end) == 0.0
+            and not any(a < end and b > start for a, b in ix.outages.get(proc, []))
+            and not any(a < end and b > start for a, b in ix.app_pauses.get(proc, []))
+            and abs(offset) <= ix.margin / 2 + EPS
+            and (member is None or left.get(member, float("inf")) > end)
+        )
+
+    out = []
+    for key, ds in by_msg.items():
+        group, topic = key[0], key[1]
+        if (group, topic) in ordered or ix.has_deletes(topic) or ix.seeks(group, topic):
+            continue
+        ds.sort(key=lambda e: (e["t"], e["i"]))
+        for j, d in enumerate(ds):
+            if int(d.get("deliveries", 1)) >= limits.get(topic, DEFAULT_MAX_DELIVERIES):
+                continue  # the janitor dead-letters it instead
+            expiry = ix.lease_end(d, extends.get(d["receipt"], 0.0))
+            if any(c["t"] < expiry and _maybe_applied(r) for c, r in settle.get(d["receipt"], [])):
+                continue  # settled (or released) before it ran out
+            if left.get(d["member"], float("inf")) <= expiry or (group, d["tag"]) in dead_lettered:
+                continue  # released at close; or settled as a dead letter
+            if not everywhere and expiry < (ix.quiesce_t or float("inf")):
+                continue
+            starts = []
+            if able(d["proc"], d["member"], expiry, expiry + bound):
+                starts.append(expiry)
+            for c, r in joins:
+                if c["group"] == group and c["topic"] == topic and c["t"] > d["t"]:
+                    begin = max(expiry, r["t"])
+                    if able(c["proc"], r.get("member"), begin, begin + bound):
+                        starts.append(begin)
+            if not starts:
+                continue
+            deadline = min(starts) + bound
+            if deadline > ix.end:
+                continue  # the run ended first
+            if any(expiry - EPS <= d2["t"] <= deadline for d2 in ds[j + 1 :]):
+                continue  # delivered again in time
+            if any(
+                c["t"] <= deadline and r is not None and r["outcome"] == "ok"
+                for rc in {e["receipt"] for e in ds}
+                for c, r in settle.get(rc, [])
+            ):
+                continue  # settled for good (an ack after the deadline but before a reclaim is valid)
+            late = next((d2["t"] for d2 in ds[j + 1 :] if d2["t"] >= expiry - EPS), None)
+            out.append(
+                Violation(
+                    "lease_redelivered",
+                    f"message {d['tag']} (p{d['partition']} seg {d['seq']}/{d['idx']}) of group {group}: the "
+                    f"lease {d['member']} held ran out at t={expiry:.3f} and was redelivered "
+                    + (f"at t={late:.3f}" if late is not None else "never")
+                    + f" (bound t={deadline:.3f})",
+                    [d, *[d2 for d2 in ds[j + 1 :] if d2["t"] >= expiry - EPS][:1]],
+                )
+            )
+    return out
+
+
 INVARIANTS: dict[str, Callable[[Index], list[Violation]]] = {
     "acked_publish_delivered": acked_publish_delivered,
     "exclusive_lease": exclusive_lease,
@@ -931,6 +1137,9 @@ INVARIANTS: dict[str, Callable[[Index], list[Violation]]] = {
     "job_committed_delivered": job_committed_delivered,
     "job_no_pending_delivery": job_no_pending_delivery,
     "job_chunks_kept": job_chunks_kept,
+    "clock_reported": clock_reported,
+    "foreign_objects_kept": foreign_objects_kept,
+    "lease_redelivered": lease_redelivered,
 }
 
 

@@ -103,6 +103,10 @@ class CallingStore:
         # derived from one LIST through ``_call``, so faults hit it like any other LIST
         return await prefixes_from_list(self, prefix, delimiter)
 
+    async def now(self) -> float:
+        # the store's clock (unskewed: the request runs as no process), one faultable HEAD
+        return await self._call("HEAD", "", lambda: self.inner.now())
+
     async def close(self) -> None:
         return None
 

@@ -33,6 +33,7 @@ from bucketq.core.cursor_log import CursorLog
 from bucketq.core.keys import Keys
 from bucketq.core.models import TopicConfig
 from bucketq.core.refsegment import load_segment
+from bucketq.core.topics import TopicCatalog
 from bucketq.storage import Storage
 
 from . import checker
@@ -44,6 +45,7 @@ from .jobs import JobRole, TxnJournal
 from .process import Processes, current_skew
 from .schedule import MemberPlan, Schedule, make_schedule
 from .triage import classify
+from .vandal import VandalRole
 
 _SEGMENT = re.compile(r"^(?P<topic>[^/_][^/]*)/p(?P<p>\d+)/seg/(?P<seq>\d+)\.jsonl$")
 DLQ_CONSUMER = "bucketq-dlq-consumer"  # header naming the group a dead-letter copy is from
@@ -171,6 +173,8 @@ async def _main(sim: Sim) -> None:
             OperatorRole(sim, t, [m for m in members if m.topic.name == t.name], seeks).start()
     for jplan in s.jobs:
         JobRole(sim, jplan).start(jplan.start)
+    if s.foreign:
+        VandalRole(sim).start()
     history.record("phase", name="chaos")
     await asyncio.sleep(s.chaos_s)
     await _quiesce(sim, members)
@@ -267,6 +271,7 @@ async def _final(sim: Sim, members: list[MemberRole]) -> None:
                         partition=partition,
                         member=consumer.member,
                         state=state,
+                        incarnation=getattr(sub, "incarnation", None),
                     )
     memory = sim.store.inner
     storage = Storage(memory, "conditional_write")
@@ -274,13 +279,20 @@ async def _final(sim: Sim, members: list[MemberRole]) -> None:
     stored = memory.keys()  # MemoryStore's sorted key list (a snapshot: nothing writes any more)
     logs = sorted({(m["topic"], m["group"], int(m["p"])) for k in stored if (m := _CURSOR.match(k))})
     for topic, group, partition in logs:
+        incarnation = await _incarnation(storage, keys, topic)
         try:
-            state = (
-                await CursorLog(storage, keys, topic, group, partition, member="sim-check").load()
-            ).to_json()
+            log = CursorLog(storage, keys, topic, group, partition, member="sim-check")
+            if incarnation is not None and _fenced_cursors():  # format 4: load as a member of the topic does
+                fence = TopicCatalog(storage, keys).fence(topic, incarnation)
+                log = CursorLog(storage, keys, topic, group, partition, member="sim-check", topic_fence=fence)
+            state = (await log.load()).to_json()
         except Exception as exc:
             state = {"error": f"{type(exc).__name__}: {exc}"}
-        history.record("fresh", topic=topic, group=group, partition=partition, state=state)
+        history.record(
+            "fresh", topic=topic, group=group, partition=partition, state=state, incarnation=incarnation
+        )
+    for key in sim.foreign_keys:  # what the vandal dropped that bucketq never writes (I8)
+        history.record("foreign", key=key, kept=await memory.head(key) is not None)
     for key in stored:
         m = _SEGMENT.match(key)
         if m is None:
@@ -318,6 +330,23 @@ async def _final(sim: Sim, members: list[MemberRole]) -> None:
         )
 
 
+async def _incarnation(storage: Storage, keys: Keys, topic: str) -> str | None:
+    """The topic's current incarnation (None: no live marker)."""
+    try:
+        return (await TopicCatalog(storage, keys).marker(topic, fresh=True)).incarnation
+    except Exception:
+        return None
+
+
+def _fenced_cursors() -> bool:
+    """Whether the engine under test stamps cursor logs with the topic incarnation (format 4):
+    then a fresh load refuses another incarnation's objects, as its members do (an older engine,
+    run with ``--engine``, has no topic fence for cursor logs: every delta applies)."""
+    import bucketq.core.topics as topics
+
+    return hasattr(topics, "TopicFence")
+
+
 def coverage(events: list[Event]) -> dict[str, int]:
     """What a run exercised (for the batch summary)."""
     c: Counter[str] = Counter()
@@ -331,8 +360,12 @@ def coverage(events: list[Event]) -> dict[str, int]:
             c["job:recovered"] += 1  # a rerun finished the pending commit of a run that died
         elif kind == "ret" and e["outcome"] == "error":
             c[f"error:{e['error']}"] += 1
-        elif kind in ("crash", "restart", "deliver", "loop_died", "outage"):
+        elif kind in ("crash", "restart", "deliver", "loop_died", "outage", "app_pause"):
             c[kind] += 1
+        elif kind == "vandal":
+            c["vandal:" + ("foreign" if e["foreign"] else "malformed")] += 1
+        elif kind == "clock" and e.get("warned"):
+            c["clock:warned"] += 1
         elif kind == "txn":  # job commits: transaction records written, by state
             c[f"txn:{e['state']}"] += 1
         elif kind == "pause":

@@ -39,6 +39,14 @@ JOB_FAMILIES: dict[str, float] = {"jobs": 0.6, "jobs_gc": 0.2, "jobs_latest": 0.
 # Seeks (format 3) are drawn apart as well, from their own generator, among the seeds that are
 # not job seeds: every other seed keeps its family and schedule.
 SEEK_SHARE = 0.06
+# The blind spots of the round-two review, each a family drawn from a generator of its own among
+# the seeds that are neither job nor seek seeds (every other seed keeps its family and schedule):
+# members running across a topic's deletion and re-creation (r9), clocks off by more than every
+# margin (r10), members killed holding leases while others join (the lease liveness of I16).
+ROUND2_FAMILIES: dict[str, float] = {"topic_recreate": 0.05, "clocks": 0.06, "crash_lease": 0.04}
+# Foreign and malformed objects dropped into every prefix (r11): a vandal in this share of every
+# family's seeds, drawn from its own generator (added last: the rest of the schedule is unchanged).
+FOREIGN_SHARE = 0.2
 
 MINUTE = 60.0
 DAY = 24 * 3600.0
@@ -52,6 +60,10 @@ class TopicPlan:
     max_deliveries: int = 5
     grow: list[tuple[float, int]] = field(default_factory=list)  # (at, partitions after)
     churn: list[tuple[float, float]] = field(default_factory=list)  # (delete at, re-create after)
+    # around a deletion the members keep running (they find the topic gone, and start over on the
+    # new one) instead of leaving first as the docs ask (r9)
+    members_stay: bool = False
+    subscription_timeout_s: float | None = None  # the topic's subscription_timeout_seconds (I12)
 
 
 @dataclass
@@ -91,6 +103,9 @@ class MemberPlan:
     drop: float = 0.04
     dead: float = 0.02
     work: tuple[float, float] = (0.0, 0.5)
+    # (at, seconds): the app stops claiming (Consumer.pause) and resumes; heartbeats go on
+    app_pauses: list[tuple[float, float]] = field(default_factory=list)
+    crash_at: float | None = None  # its first process is killed then (kill -9), holding its leases
 
 
 @dataclass
@@ -130,9 +145,11 @@ class JobPlan:
 class GcPlan:
     start: float = 5.0
     interval: tuple[float, float] = (5.0, 30.0)
-    # GC's cursor-delta grace as a multiple of the engine's replica reload interval (RELOAD_AFTER_S),
+    # GC's cursor-delta grace as a multiple of the engine's replica reload interval (actors.RELOAD_AFTER_S),
     # the shortest setting the protocol allows being > 1; None: the engine's default
     delta_grace_factor: float | None = None
+    # GC's segment grace as a multiple of the writers' trust window (SEGMENT_TRUST_S), likewise
+    segment_grace_factor: float | None = None
 
 
 @dataclass
@@ -150,11 +167,18 @@ class Schedule:
     producer: dict[str, Any]
     skew: float  # processes' clocks are within ±skew/2 (skew <= consumer clock_skew_s)
     restart_delay: tuple[float, float] = (1.0, 20.0)
-    # quiesce budget: longer than the engine's replica reload interval (RELOAD_AFTER_S, 10 min), the
+    # quiesce budget: longer than the engine's replica reload interval (actors.RELOAD_AFTER_S, 10 min), the
     # slowest designed recovery of a stale member, so a slow recovery is not mistaken for a loss
     quiesce_s: float = 660.0
     hang_limit_s: float = 300.0
     jobs: list[JobPlan] = field(default_factory=list)
+    # role name -> its processes' clock offset in seconds (every incarnation); roles not named
+    # draw within ±skew/2 as before. Offsets beyond the margin expect a warning and no loss.
+    clock_offsets: dict[str, float] = field(default_factory=dict)
+    # the checker asserts lease liveness (I16) over the whole run, not only the quiesced part: the
+    # family leaves members room to claim and injects no store faults
+    lease_liveness: bool = False
+    foreign: bool = False  # a vandal drops foreign and malformed objects into every prefix (I8)
 
     def to_json(self) -> dict[str, Any]:
         out = asdict(self)
@@ -173,8 +197,17 @@ def make_schedule(seed: int, family: str | None = None) -> Schedule:
             family = jobs.choices(list(JOB_FAMILIES), weights=list(JOB_FAMILIES.values()))[0]
         elif random.Random(f"seek/{seed}").random() < SEEK_SHARE:
             family = "seek"
+        else:
+            roll = random.Random(f"round2/{seed}").random()
+            for name, share in ROUND2_FAMILIES.items():
+                if roll < share:
+                    family = name
+                    break
+                roll -= share
     build = _FAMILIES[family]
-    return build(rng, seed)
+    schedule = build(rng, seed)
+    schedule.foreign = random.Random(f"foreign/{seed}").random() < FOREIGN_SHARE
+    return schedule
 
 
 # -- common pieces ---------------------------------------------------------------------------------
@@ -739,7 +772,7 @@ def _jobs_gc(rng: random.Random, seed: int) -> Schedule:
     """A job is committed, its segments are consumed and collected (tiny retention) while GC runs
     often, and the same jobId is run again later. Found by the simulation: GC deleted a committed
     record once its segments were collected, so the rerun found no record and committed the job a
-    second time, under the same transaction id (``job_one_copy``). Records are now kept. Format 4:
+    second time, under the same transaction id (``job_one_copy``). Records are now kept. Format 5:
     the job's chunks are collected after its reference segments, never before."""
     # long enough for retention to free the job's reference segments (the floor fence's grace is
     # 300 s) and GC to collect their chunks after them (``job_chunks_kept``)
@@ -841,6 +874,152 @@ def _seek(rng: random.Random, seed: int) -> Schedule:
     return s
 
 
+def _topic_recreate(rng: random.Random, seed: int) -> Schedule:
+    """r9: a topic deleted and re-created while its members keep running (the docs ask them to leave
+    first; a member that does not must start over on the new topic, never write its old cursor
+    state into the purged prefix the new one uses). The members hold leases and write deltas often
+    (short checkpoint intervals) when the deletion comes; a member joins the re-created topic."""
+    s = _base(
+        rng,
+        seed,
+        "topic_recreate",
+        chaos_s=rng.uniform(50.0, 90.0),
+        level=rng.choice([0.0, 0.0, 0.2]),
+        checkpoint_every=rng.choice([2, 3, 4, 8]),
+        heartbeat_interval_s=rng.choice([5.0, 10.0, 30.0]),
+    )
+    topic = TopicPlan("t0", partitions=rng.choice([1, 1, 2]), members_stay=True)
+    at, gap = rng.uniform(8.0, 25.0), rng.choice([0.0, 0.5, 2.0, 5.0])
+    topic.churn.append((at, gap))
+    s.topics.append(topic)
+    group = GroupPlan("g0", "t0", rng.choice(["earliest", "earliest", "latest"]))
+    s.groups.append(group)
+    s.members += _members(
+        rng, group, rng.randint(1, 2), s.chaos_s, churn=0.0, start=0.0, slow=0.1, drop=0.1, work=(0.0, 1.0)
+    )
+    # joins the re-created topic (a deletion waits TOPIC_DELETE_WAIT_S, 7 s, before its purge)
+    s.members.append(
+        MemberPlan("g0.new", "g0", "t0", start=at + 7.0 + gap + rng.uniform(0.0, 3.0), work=(0.0, 0.5))
+    )
+    s.producers += _producers(
+        rng,
+        "t0",
+        rng.randint(1, 2),
+        s.chaos_s,
+        messages=rng.randint(30, 70),
+        dedup=0.0,
+        start=0.0,
+        gap=(0.05, 0.8),
+    )
+    s.faults.crash = 0.0
+    return s
+
+
+def _clocks(rng: random.Random, seed: int) -> Schedule:
+    """r10: every process with its own clock, some off by more than every margin: GC ahead (or
+    behind) by more than the topic's subscription timeout while the group's app is paused (its
+    members heartbeat, its backlog is past retention), producers minutes off (dedup takeovers,
+    delays), members beyond the lease margin. Expected: a warning from each process beyond the
+    margin (checker ``clock_reported``), and no loss (``acked_publish_delivered``)."""
+    s = _base(rng, seed, "clocks", chaos_s=rng.uniform(40.0, 90.0), level=0.0)
+    margin = float(s.consumer["clock_skew_s"])
+    timeout = rng.choice([120.0, 240.0, 480.0])
+    topic = TopicPlan(
+        "t0",
+        partitions=rng.choice([1, 2]),
+        retention_s=rng.choice([0.001, 1.0, 10.0]),
+        subscription_timeout_s=timeout,
+    )
+    s.topics.append(topic)
+    group = GroupPlan("g0", "t0", "earliest")
+    s.groups.append(group)
+    members = _members(rng, group, rng.randint(1, 2), s.chaos_s, churn=0.0, start=0.0)
+    # every app of the group pauses (Consumer.pause: no claims, heartbeats land) for longer than
+    # GC's segment grace: a GC whose clock decides sees a live group as abandoned
+    pause_at, pause_s = rng.uniform(2.0, 10.0), rng.uniform(200.0, 420.0)
+    for m in members:
+        m.app_pauses = [(pause_at, pause_s)]
+    s.members += members
+    s.producers += _producers(
+        rng,
+        "t0",
+        rng.randint(1, 2),
+        s.chaos_s,
+        messages=rng.randint(15, 40),
+        start=0.0,
+        dedup=rng.choice([0.0, 0.5]),
+    )
+    s.gc = GcPlan(start=rng.uniform(1.0, 5.0), interval=(2.0, 10.0), segment_grace_factor=1.5)
+
+    def near() -> float:
+        return rng.uniform(-margin / 2, margin / 2)
+
+    s.clock_offsets["gc"] = rng.choice([2 * timeout, 10 * timeout, -2 * timeout, near()])
+    for p in s.producers:  # minutes, so a delayed message still comes within the quiesce budget
+        s.clock_offsets[p.name] = rng.choice([near(), 300.0, -300.0])
+    for m in members:
+        s.clock_offsets[f"member.{m.name}"] = rng.choice([near(), near(), 10 * margin, -10 * margin])
+    s.faults.crash = 0.0
+    return s
+
+
+def _crash_lease(rng: random.Random, seed: int) -> Schedule:
+    """I16: members killed holding leases (a burst claimed, then the topic turns idle), other
+    members running or joining after, the consumer settings of one profile (its idle cadence up to
+    five minutes). No store faults and room to claim: an expired lease must come back within the
+    visibility timeout plus a few seconds (checker ``lease_redelivered``, over the whole run)."""
+    from bucketq.config import PROFILES
+
+    profile = rng.choice(sorted(PROFILES))
+    cadence = {k: v for k, v in PROFILES[profile]["consumer"].items() if k != "commit_linger_ms"}  # type: ignore[index]
+    s = _base(rng, seed, "crash_lease", chaos_s=rng.uniform(60.0, 150.0), level=0.0, **cadence)
+    s.lease_liveness = True
+    topic = TopicPlan("t0", partitions=rng.choice([1, 2, 3]))
+    s.topics.append(topic)
+    group = GroupPlan("g0", "t0", "earliest")
+    s.groups.append(group)
+    burst_end = rng.uniform(3.0, 10.0)
+    for i in range(rng.randint(2, 3)):
+        room = rng.choice([20, 50])
+        start = 0.0 if i == 0 else rng.choice([0.0, rng.uniform(burst_end, s.chaos_s * 0.6)])
+        s.members.append(
+            MemberPlan(
+                f"g0.{i}",
+                "g0",
+                "t0",
+                start=start,
+                max_in_flight=room,
+                poll_max=10,
+                concurrency=room,  # the app never blocks its polls: a redelivery is handed out at once
+                work=(0.0, rng.choice([0.5, 2.0])),
+                ack=0.8,
+                nack=0.0,
+                extend=0.0,
+                slow=0.05,
+                drop=0.15,
+                dead=0.0,
+                # killed while holding what it claimed of the burst (members there from the start)
+                crash_at=burst_end + rng.uniform(0.5, 5.0) if start == 0.0 and rng.random() < 0.7 else None,
+            )
+        )
+    s.producers.append(
+        ProducerPlan("prod0.t0", "t0", start=0.0, count=rng.randint(20, 60), gap=(0.0, burst_end / 30))
+    )
+    if rng.random() < 0.5:  # a second burst later: a quiet topic wakes
+        s.producers.append(
+            ProducerPlan(
+                "prod1.t0",
+                "t0",
+                start=rng.uniform(30.0, s.chaos_s * 0.7),
+                count=rng.randint(5, 20),
+                gap=(0.0, 0.3),
+            )
+        )
+    s.faults.crash = 0.0
+    s.faults.pause = 0.0
+    return s
+
+
 _FAMILIES = {
     "mixed": _mixed,
     "stale_tail": _stale_tail,
@@ -856,4 +1035,7 @@ _FAMILIES = {
     "jobs_gc": _jobs_gc,
     "jobs_latest": _jobs_latest,
     "seek": _seek,
+    "topic_recreate": _topic_recreate,
+    "clocks": _clocks,
+    "crash_lease": _crash_lease,
 }

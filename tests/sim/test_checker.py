@@ -513,6 +513,7 @@ def test_a_message_of_a_pending_transaction_delivered_is_a_violation() -> None:
 
 
 def test_a_committed_jobs_chunk_deleted_before_its_segment_is_a_violation() -> None:
+    """I18 in the checker: ``job_chunks_kept``."""
     h = _committed_job("j.0")
     h.events[-3]["refs"] = {"0": [["j/r/t0-a0/p0000-000000.arrow"]]}  # the committed record's chunks
     h.at(3).deliver("j.0", 0)
@@ -531,3 +532,129 @@ def test_histories_are_json_lines() -> None:
     h = H().topic().join().at(1).publish("a", 0)
     h.at(2).deliver("a", 0)
     assert from_jsonl(to_jsonl(h.events)) == h.events
+
+
+# -- clock_reported (I15) and clocks beyond the margin ----------------------------------------------
+
+
+def _clock(h: H, proc: str, offset: float, warned: bool | None) -> None:
+    h.add("clock", proc=proc, offset=offset, warned=warned)
+
+
+def test_a_clock_beyond_the_margin_must_be_reported_and_one_within_it_must_not() -> None:
+    params = {"consumer": {"clock_skew_s": 2.0}}
+    h = H(**params)
+    _clock(h, "gc#1", 600.0, True)
+    _clock(h, "prod#1", 0.4, False)
+    _clock(h, "member.m1#1", 2.5, False)  # within the margin plus the store's resolution: either way
+    assert names(h) == []
+    for offset, warned in ((600.0, False), (-30.0, None), (0.3, True)):
+        h = H(**params)
+        _clock(h, "p#1", offset, warned)
+        assert names(h) == ["clock_reported"], (offset, warned)
+    h = H(**params)
+    _clock(h, "gc#1", 600.0, True)
+    h.ret(h.call("gc", "gc#1"), clock_warning=False)  # a collection that said nothing
+    assert names(h) == ["clock_reported"]
+
+
+def test_leases_between_clocks_apart_beyond_the_margin_are_not_promised() -> None:
+    h = H(consumer={"clock_skew_s": 2.0}).topic().join().join(member="m2").at(1).publish("a", 0)
+    h.at(2).deliver("a", 0, member="m1", lease_s=30, skew=0.0)
+    h.at(20).deliver("a", 0, member="m2", skew=25.0)  # m2's clock 25 s ahead: it thinks the lease ran out
+    assert names(h) == []  # (clock_reported checks that m2 said so)
+    h = H(consumer={"clock_skew_s": 2.0}).topic().join().join(member="m2").at(1).publish("a", 0)
+    h.at(2).deliver("a", 0, member="m1", lease_s=30, skew=0.0)
+    h.at(20).deliver("a", 0, member="m2", skew=1.0)
+    assert names(h) == ["exclusive_lease"]
+    # m3, 25 s ahead, took m1's live lease and gave it back: m1 claims it again
+    h = H(consumer={"clock_skew_s": 2.0})
+    _clock(h, "member.m1#1", 0.0, False)
+    _clock(h, "member.m3#1", 25.0, True)
+    h.topic().join().join(member="m3").at(1).publish("a", 0)
+    h.at(2).deliver("a", 0, member="m1", lease_s=30)
+    h.at(3).deliver("a", 0, member="m1", lease_s=30)
+    assert names(h) == []
+
+
+# -- foreign_objects_kept (I8) ---------------------------------------------------------------------
+
+
+def test_a_foreign_object_deleted_is_a_violation_unless_its_topic_was() -> None:
+    h = H().topic()
+    h.add("foreign", key="t/p0000/seg/.keep", kept=True)
+    assert names(h) == []
+    h.add("foreign", key="t/subs/Archive/README.txt", kept=False)
+    assert names(h) == ["foreign_objects_kept"]
+    h = H().topic()
+    h.ret(h.call("delete_topic", "operator.t#1", topic="t"))
+    h.add("foreign", key="t/p0000/seg/.keep", kept=False)  # the deletion purged its prefix
+    h.add("foreign", key="_registry/members/t/g/README.txt", kept=False)
+    assert names(h) == []
+
+
+# -- lease_redelivered (I16) -----------------------------------------------------------------------
+
+LIVENESS = {"consumer": {"clock_skew_s": 2.0, "steal_after_s": 2.0}, "lease_liveness": True}
+
+
+def _done(h: H, receipt: str, tag: str = "a") -> None:
+    """The app acks the last delivery: its own lease never runs out."""
+    h.settle("ack", receipt, tag, 0, member=receipt.split(":")[-1].split("-")[0])
+
+
+def test_an_expired_lease_must_come_back_within_the_bound() -> None:
+    # the lease runs out at 12; bound: 12 + 2 x 2 (margin) + 2 (owner's priority) + 5 = 23
+    h = H(**LIVENESS).topic().join().at(1).publish("a", 0)
+    h.at(2).deliver("a", 0, lease_s=10)
+    _done(h, h.at(22).deliver("a", 0))
+    h.at(100).add("phase", name="end")
+    assert names(h) == []
+    h = H(**LIVENESS).topic().join().at(1).publish("a", 0)
+    h.at(2).deliver("a", 0, lease_s=10)
+    _done(h, h.at(30).deliver("a", 0))
+    h.at(100).add("phase", name="end")
+    assert names(h) == ["lease_redelivered"]
+    h = H(**LIVENESS).topic().join().at(1).publish("a", 0)
+    h.at(2).deliver("a", 0, lease_s=10)  # never again
+    h.at(100).add("phase", name="end")
+    assert names(h) == ["lease_redelivered"]
+
+
+def test_a_lease_only_a_dead_holder_knew_of_is_not_required_but_a_later_joiner_knows_it() -> None:
+    h = H(**LIVENESS).topic().join().join(member="m2").at(1).publish("a", 0)
+    h.at(2).deliver("a", 0, lease_s=10)
+    h.at(3).add("crash", proc="member.m1#1")
+    _done(h, h.at(40).deliver("a", 0, member="m2"))  # m2 joined before the claim: not a witness
+    h.at(100).add("phase", name="end")
+    assert names(h) == []
+    h = H(**LIVENESS).topic().join().at(1).publish("a", 0)
+    h.at(2).deliver("a", 0, lease_s=10)
+    h.at(3).add("crash", proc="member.m1#1")
+    h.at(4).join(member="m3")  # joined after the delivery: its join read the lease
+    _done(h, h.at(40).deliver("a", 0, member="m3"))
+    h.at(100).add("phase", name="end")
+    assert names(h) == ["lease_redelivered"]
+
+
+def test_a_settled_lease_or_one_outside_the_checked_phase_is_not_required() -> None:
+    h = H(**LIVENESS).topic().join().at(1).publish("a", 0)
+    r = h.at(2).deliver("a", 0, lease_s=10)
+    h.at(5).settle("ack", r, "a", 0)
+    h.at(100).add("phase", name="end")
+    assert names(h) == []
+    h = H(consumer={"clock_skew_s": 2.0}).topic().join().at(1).publish("a", 0)  # chaos phase only
+    h.at(2).deliver("a", 0, lease_s=10)
+    _done(h, h.at(40).deliver("a", 0))
+    h.at(50).add("phase", name="quiesce")
+    h.at(100).add("phase", name="end")
+    assert names(h) == []
+
+
+def test_a_replica_of_an_earlier_incarnation_is_not_compared() -> None:
+    h = H()
+    h.add("replica", topic="t", group="g", partition=0, member="m1", state={"n": 9}, incarnation="old")
+    h.add("fresh", topic="t", group="g", partition=0, state={"n": 2}, incarnation="new")
+    assert names(h) == []
+    h.add("replica", topic="t", group="g", partition=0, member="m2", state={"n": 3}, incarnation="new")
+    assert names(h) == ["replicas_converge"]

@@ -29,7 +29,9 @@ new kind of failure stands out as ``other``. Classes (see the repro README of th
   collected what was published meanwhile; ``latest``: past it), so publishes made after the join
   returned are never delivered;
 * ``close-unanswered`` (found by the simulator) an ack/nack/extend still waiting when its consumer
-  closes is never answered.
+  closes is never answered;
+* ``r9``, ``r10``, ``r11``, ``clock-unreported``, ``lease-liveness`` (the round-two review; see
+  ``_round_two``).
 """
 
 from __future__ import annotations
@@ -71,10 +73,13 @@ def classify(events: list[Event], violations: list[Violation]) -> list[str]:
     latest = {
         (c["group"], c["topic"]) for c, _ in ix.by_op.get("join", []) if c.get("start_position") == "latest"
     }
+    family = ix.params.get("family")
     for v in violations:
         inv = v.invariant
-        label: str | None = None
-        if inv == "acked_publish_delivered":
+        label: str | None = _round_two(ix, v, family)
+        if label is not None:
+            pass
+        elif inv == "acked_publish_delivered":
             call, ret = v.events[0], v.events[1]
             group = v.message.rsplit(" ", 1)[-1]
             pos = (call["topic"], ret.get("partition"), ret.get("seq"))
@@ -128,6 +133,48 @@ def classify(events: list[Event], violations: list[Violation]) -> list[str]:
             label = "deletion"
         labels.add(label or f"other:{inv}")
     return sorted(labels)
+
+
+def _round_two(ix: Index, v: Violation, family: str | None) -> str | None:
+    """The flaws of the round-two review, where their families and checks make them plain:
+
+    * ``r9`` a member that kept running across its topic's deletion and re-creation forked the
+      new topic's cursor log: a lease, ack or replica violation in a ``topic_recreate`` run;
+      ``r9-unanswered`` it started over on the new topic and never answered the settlements its
+      app was waiting on;
+    * ``r10`` GC (or a producer) decided an age on its own clock: a loss, or a second copy of an
+      idempotent publish, in a ``clocks`` run; ``clock-unreported`` a clock beyond the margin that
+      said nothing (or one within it that warned);
+    * ``r11`` a foreign object stopped a loop (GC died on a name it parsed with ``int()``) or was
+      deleted by something that never wrote it;
+    * ``lease-liveness`` an expired lease that came back later than the visibility timeout plus a
+      few seconds (I16).
+    """
+    inv = v.invariant
+    if inv == "clock_reported":
+        return "clock-unreported"
+    if inv == "foreign_objects_kept":
+        return "r11"
+    if inv == "lease_redelivered":
+        return "lease-liveness"
+    if inv == "engine_alive" and any(e.get("op") == "gc" for e in v.events) and "ValueError" in v.message:
+        return "r11"
+    if family == "topic_recreate" and inv in (
+        "exclusive_lease",
+        "no_delivery_after_ack",
+        "replicas_converge",
+        "acked_publish_delivered",
+    ):
+        return "r9"
+    if (
+        family == "topic_recreate"
+        and inv == "engine_alive"
+        and v.events[0].get("op") in ("ack", "nack", "extend")
+    ):
+        return "r9-unanswered"  # the member started over on the new topic and forgot the app's settlements
+    if family == "clocks" and inv in ("acked_publish_delivered", "dedup_stored_once"):
+        return "r10"
+    return None
 
 
 def _backward_tails(ix: Index) -> dict[tuple[Any, Any, Any], str]:

@@ -1,4 +1,4 @@
-"""A read never shows part of a job: the two races of issue 24, made deterministic.
+"""A read never shows part of a job (I17): the two races of issue 24, made deterministic.
 
 The planner and the commit run on one event loop over the file backend; a hook in the store
 (the fault layer's, ``FaultyStore``) holds a request until the other side has done its step:

@@ -12,6 +12,8 @@ import pytest
 
 from bucketq import Bucketq, Consumer, Message, Settings
 from bucketq.storage import MemoryStore, ObjectStore
+from bucketq.storage.strategies import build_store
+from tests.support.store_time import TimeTravelStore
 
 FAST = {
     "producer": {"linger_ms": 5},
@@ -49,6 +51,15 @@ class Backend:
     async def close_all(self) -> None:
         for bq in self.opened:
             await bq.close()
+
+    def time_travel(self) -> TimeTravelStore:
+        """Connections made from now on share one store whose clock a test moves ahead
+        (``advance``): GC's ages are the store's (docs/protocol.md, I15)."""
+        if not isinstance(self.store, TimeTravelStore):
+            self.store = TimeTravelStore(
+                self.store if self.store is not None else build_store(self.settings())
+            )
+        return self.store
 
 
 def _backend_for(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
