@@ -51,6 +51,7 @@ from bucketq.core.txn import (
     list_txns,
     parse_txn_id,
     read_all,
+    read_txn,
     rewrite_txn,
     txn_id,
 )
@@ -427,7 +428,7 @@ async def _commit_record(
     report.committed_at = time.time()
     record.state = "committed"
     record.info = {"report": report.to_json()}
-    stored, _, won = await rewrite_txn(storage, keys, record, etag)
+    stored, won = await _flip(storage, keys, cfg, record, etag)
     if not won:
         if stored.state == "committed":
             return _report_of(stored)  # a run that took over committed the same transaction
@@ -439,6 +440,38 @@ async def _commit_record(
     await touch_wake(storage, keys, cfg.topic, f"job/{cfg.job}")  # idle readers look now (advisory)
     await _store_report(storage, keys, cfg.job, body)
     return body
+
+
+COMMIT_ATTEMPTS = 3
+
+
+async def _flip(
+    storage: Storage, keys: Keys, cfg: WriteConfig, record: TxnRecord, etag: str
+) -> tuple[TxnRecord, bool]:
+    """Overwrite the pending record with ``record`` (committed), If-Match ``etag``: ``(record now
+    stored, whether ours won)``.
+
+    A PUT whose outcome is unknown (a lost response, a timeout) is judged by reading the record
+    back, never assumed failed: a commit that landed while its answer was lost is this run's
+    commit (its chunks must stay, and the caller must not abort). Still pending with our ETag:
+    the PUT did not land, and it is sent again (If-Match keeps it exactly-once).
+    """
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            stored, _, won = await rewrite_txn(storage, keys, record, etag)
+            return stored, won
+        except StorageError as exc:
+            found = await read_txn(storage, keys, cfg.topic, record.id)
+            if found is None:
+                raise
+            current, current_etag = found
+            if current.state != "pending":
+                return current, current.state == "committed" and current.owner == cfg.run
+            if current_etag != etag or attempt >= COMMIT_ATTEMPTS:
+                raise  # another run took it over, or the store keeps failing: the caller aborts
+            log.info("write job %s: the commit's outcome was unknown (%s); it had not landed", cfg.job, exc)
 
 
 async def _store_report(storage: Storage, keys: Keys, job: str, body: dict[str, Any]) -> None:
@@ -579,8 +612,32 @@ def _fill_partitions(report: JobReport, record: TxnRecord) -> None:
 
 
 async def _delete_run_chunks(storage: Storage, keys: Keys, cfg: WriteConfig) -> None:
+    """Delete this run's chunks that no pending or committed record of the job names (I18).
+
+    Only this run's own records name its chunks (a recovering run finishes a record it took over,
+    naming the chunks of the run that wrote it), and the caller no longer creates records: so a
+    chunk named by no record that is not ``aborted`` now is never named by one later. A record
+    this run could not abort, or one that committed although its answer was lost (a commit
+    whose PUT landed), keeps its chunks. When the records cannot be read nothing is deleted:
+    GC collects what no record names once it is a day old.
+    """
     try:
-        await delete_prefix(storage, keys.chunk_run_prefix(cfg.topic, cfg.job, cfg.run))
+        named = {
+            ref.name
+            for record, _ in await _job_records(storage, keys, cfg)
+            if record.state != "aborted"
+            for part in record.partitions.values()
+            for c in part.chunks
+            for ref in c.refs
+        }
+        prefix = keys.chunks_prefix(cfg.topic)
+        doomed = [
+            info.key
+            async for info in storage.list(keys.chunk_run_prefix(cfg.topic, cfg.job, cfg.run))
+            if info.key[len(prefix) :] not in named
+        ]
+        for start in range(0, len(doomed), 1000):
+            await storage.delete(doomed[start : start + 1000])
     except StorageError as exc:
         log.warning("write job %s: the run's chunks were not removed (%s); GC collects them", cfg.job, exc)
 
@@ -611,9 +668,9 @@ async def _abort_job(storage: Storage, cfg: WriteConfig) -> None:
     for record, etag in await _job_records(storage, keys, cfg):
         if record.state == "pending" and record.owner == cfg.run:
             await _abort_quietly(storage, keys, cfg, record.id, etag, "the job was aborted")
-    await delete_prefix(storage, keys.chunk_run_prefix(cfg.topic, cfg.job, cfg.run))
+    await _delete_run_chunks(storage, keys, cfg)
     await asyncio.sleep(ABORT_SWEEP_DELAY_S)
-    await delete_prefix(storage, keys.chunk_run_prefix(cfg.topic, cfg.job, cfg.run))
+    await _delete_run_chunks(storage, keys, cfg)
 
 
 async def read_report(settings: dict[str, Any], job: str) -> dict[str, Any] | None:

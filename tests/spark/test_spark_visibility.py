@@ -215,3 +215,70 @@ async def _stream_read(stream: BucketqStreamReader, start: dict[str, Any], end: 
         return sorted(out)
 
     return await asyncio.to_thread(run)
+
+
+async def test_a_commit_whose_answer_was_lost_stays_committed_and_keeps_its_chunks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The commit's flip of the record lands but its answer is lost (found by the simulation,
+    seed 27 of ``jobs``): the commit took it for a failure, Spark's abort followed and deleted the
+    run's chunks, which the committed record names: consumers met missing chunks (I18). The
+    commit reads the record back; an abort of a run whose record committed deletes nothing."""
+    from bucketq.spark import commit as commit_module
+    from bucketq.spark.commit import abort_job
+
+    monkeypatch.setattr(commit_module, "ABORT_SWEEP_DELAY_S", 0.0)
+    settings = _settings(tmp_path)
+    await _create(settings, "orders")
+    cfg, commits = await _job(settings, "orders", "a", 0, 100)
+    storage, store = await _hooked(settings)
+
+    async def lose_the_answer() -> None:  # the second PUT of the record is the commit's flip
+        store.add(op="PUT", match="orders/txn/*", kind="drop_after_write", times=1)
+
+    store.on("PUT", "orders/txn/*", lose_the_answer, skip=1)
+    report = await commit_job(cfg, list(commits), storage=storage)
+    assert store.injected["drop_after_write"] == 1
+    assert report["messages"] == 100 and not report.get("skipped")
+    assert [s for _, s in await _states(settings)] == ["committed"]
+    chunks = [i.key async for i in storage.list("orders/chunk/")]
+    assert len(chunks) == report["chunks"] > 0
+    # Spark aborts a job whose commit raised: with the record committed, nothing goes
+    await abort_job(cfg, storage=storage)
+    assert [i.key async for i in storage.list("orders/chunk/")] == chunks
+    assert await _read(settings, "orders") == list(range(100))
+    await storage.close()
+
+
+async def test_an_abort_deletes_the_runs_chunks_only_when_no_live_record_names_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run whose pending record could not be aborted (the store refused) keeps its chunks: the
+    record may still commit (a rerun finishes it); once aborted, the chunks go."""
+    from bucketq.spark import commit as commit_module
+    from bucketq.spark.commit import abort_job
+
+    monkeypatch.setattr(commit_module, "ABORT_SWEEP_DELAY_S", 0.0)
+    settings = _settings(tmp_path)
+    await _create(settings, "orders")
+    cfg, commits = await _job(settings, "orders", "a", 0, 60)
+    storage, store = await _hooked(settings)
+
+    async def refuse() -> None:  # not a StorageError: writers do not retry it
+        raise RuntimeError("the store refused")
+
+    store.on("PUT", "orders/p*/seg/*", refuse)  # the commit cannot append
+    store.on("PUT", "orders/txn/*", refuse, skip=1)  # nor abort the record it wrote
+    with pytest.raises(Exception, match="nothing of it is visible"):
+        await commit_job(cfg, list(commits), storage=storage)
+    assert [s for _, s in await _states(settings)] == ["pending"]  # its abort failed too
+    pending = [i.key async for i in storage.list("orders/chunk/")]
+    assert pending, "the run's chunks stay while its record is pending"
+    await abort_job(cfg, storage=storage)  # the record still cannot be aborted: its chunks stay
+    assert [i.key async for i in storage.list("orders/chunk/")] == pending
+    store.clear()
+    store.hooks.clear()
+    await abort_job(cfg, storage=storage)  # aborted now: nothing names them
+    assert [s for _, s in await _states(settings)] == ["aborted"]
+    assert [i.key async for i in storage.list("orders/chunk/")] == []
+    await storage.close()
