@@ -112,6 +112,32 @@ async def load_segment(storage: Storage, keys: Keys, data: bytes) -> Segment:
     return Segment(header, records)
 
 
+async def created_at_of(storage: Storage, keys: Keys, data: bytes, indexes: set[int]) -> float | None:
+    """``created_at`` of the first message of the segment in ``data`` whose index is not in
+    ``indexes``, or None (all are, or it cannot be read). A reference segment's is read from the
+    one chunk holding that message, its ``created_at`` column only: a partition's statistics
+    never fetch a whole job. A missing chunk (an aborted job's, deleted) gives None."""
+    header = decode_header(data)
+    first = next((i for i in range(header.count) if i not in indexes), None)
+    if first is None:
+        return None
+    if not header.is_reference:
+        records = decode_segment(data).records
+        return records[first].created_at if first < len(records) else None
+    try:
+        row = first
+        for ref in decode_refs(data, header):
+            if row < ref.count:
+                blob = await fetch_chunk(storage, keys, header.topic, ref)
+                chunk = decode_chunk(blob, ["created_at"], what=f"chunk {ref.name}")
+                micros = chunk.table.column("created_at").cast("int64")[row].as_py()
+                return None if micros is None else micros / 1_000_000
+            row -= ref.count
+    except CorruptChunk:
+        return None
+    return None
+
+
 # -- what a consumer reads -------------------------------------------------------------------------
 
 

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,13 @@ from bucketq.core.chunks import (
 )
 from bucketq.core.gc import collect_garbage
 from bucketq.core.keys import Keys
-from bucketq.core.refsegment import decode_refs, encode_ref_segment, load_or_stand_in, load_segment
+from bucketq.core.refsegment import (
+    created_at_of,
+    decode_refs,
+    encode_ref_segment,
+    load_or_stand_in,
+    load_segment,
+)
 from bucketq.core.segment import (
     REF_CODEC,
     ChunkedSegment,
@@ -173,6 +180,33 @@ async def test_reference_segment_loads_its_chunks_in_order_and_checks_them() -> 
     # a hidden reference segment (its transaction does not show it) reads no chunk at all
     hidden = await load_or_stand_in(storage, keys, data, "t", 0, 0, hidden=True)
     assert hidden.hidden and hidden.records == []
+
+
+async def test_the_oldest_waiting_message_is_read_from_its_one_chunk(tmp_path: Path) -> None:
+    """Statistics read the age of a partition's oldest waiting message from the one chunk that
+    holds it; an aborted job's reference segment, whose chunks its abort deleted, does not fail
+    them (it did: the whole segment was loaded, and a missing chunk raised)."""
+    storage, keys = Storage(MemoryStore()), Keys()
+    refs = [
+        await _put_chunk(storage, keys, "t", f"j/r/t0-a0/p0000-{i:06d}.arrow", 10 * i, 10) for i in range(3)
+    ]
+    data = encode_ref_segment(_ref_header("t", 0, 30), refs)
+    assert await created_at_of(storage, keys, data, set(range(12))) == 1_700_000_000.000012
+    assert await created_at_of(storage, keys, data, set(range(30))) is None
+    await storage.delete([keys.chunk("t", refs[0].name)])  # only chunk 1 is read
+    assert (
+        await created_at_of(storage, keys, data, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10}) == 1_700_000_000.000011
+    )
+    assert await created_at_of(storage, keys, data, set()) is None  # its chunk is gone
+    async with Bucketq(_settings(tmp_path)) as bq:
+        await bq.create_topic("jobs", partitions=1)
+        await bq.init_subscription("jobs", "worker")
+        aborted = await _commit_job(bq.storage, bq.keys, "jobs", "job-a", [(0, 0)], commit=False)
+        await abort_txn(bq.storage, bq.keys, "jobs", aborted.id, "test", only_expired=False)
+        await bq.storage.delete([k async for k in _keys(bq.storage, bq.keys.chunks_prefix("jobs"))])
+        await _commit_job(bq.storage, bq.keys, "jobs", "job-b", [(0, 100)])
+        [stats] = await bq.stats("jobs", "worker")
+        assert stats.backlog == 10 and stats.oldest_age_s is None  # the aborted one's is unknown
 
 
 async def test_a_segment_of_a_newer_version_is_refused_by_consumers() -> None:
@@ -342,3 +376,8 @@ async def test_gc_collects_chunks_with_their_reference_segment_and_leftovers_aft
         store.advance(60)
         await collect_garbage(storage, keys)
         assert await stored() == set(pending_names)
+
+
+async def _keys(storage: Storage, prefix: str) -> AsyncIterator[str]:
+    async for info in storage.list(prefix):
+        yield info.key
