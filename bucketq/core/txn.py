@@ -47,8 +47,10 @@ from typing import Any, Literal
 
 from bucketq.core.chunks import ChunkRef
 from bucketq.core.fences import read_fence
-from bucketq.core.keys import Keys, validate_name
+from bucketq.core.foreign import skip_foreign
+from bucketq.core.keys import Keys, chunk_name_of, txn_of, validate_name
 from bucketq.core.segment import SegmentHeader
+from bucketq.core.store_clock import READING_REUSE_S, StoreClock
 from bucketq.errors import BucketqError, PreconditionFailed, StorageError
 from bucketq.storage import Storage
 
@@ -146,6 +148,9 @@ class TxnRecord:
     partitions: dict[int, TxnPartition] = field(default_factory=dict)
     reason: str | None = None
     info: dict[str, Any] = field(default_factory=dict)  # the committer's own notes (job report)
+    # the store's Last-Modified of the record as read (:func:`read_txn`; not part of the record):
+    # its age on the store's clock decides when anyone may abort it (I15)
+    modified: float | None = None
 
     @property
     def messages(self) -> int:
@@ -164,10 +169,20 @@ class TxnRecord:
     def final(self) -> bool:
         return self.state != "pending"
 
-    def expired(self, now: float | None = None) -> bool:
-        """A pending record nobody has written for longer than its timeout: anyone may abort it."""
-        now = time.time() if now is None else now
-        return self.state == "pending" and now - self.updated_at > self.timeout_s
+    def expired(self, store_now: float) -> bool:
+        """A pending record nobody has written for longer than its timeout: anyone may abort it.
+
+        The age is measured on the store's clock (I15): ``store_now`` (the store's time,
+        :func:`store_time`) minus the record's Last-Modified as read. Before, it was the reader's
+        host clock against the committer's ``updated_at``: a reader whose clock ran ahead by more
+        than the timeout aborted a live commit. A record not read from the store has no age: it is
+        never taken for expired.
+        """
+        return (
+            self.state == "pending"
+            and self.modified is not None
+            and store_now - self.modified > self.timeout_s
+        )
 
     def visibility(self, header: SegmentHeader) -> Visibility:
         """Whether a segment naming this transaction is visible (see the module docstring)."""
@@ -244,7 +259,23 @@ async def read_txn(storage: Storage, keys: Keys, topic: str, txn: str) -> tuple[
     blob = await storage.get(keys.txn(topic, txn))
     if blob is None:
         return None
-    return TxnRecord.decode(blob.data), blob.etag
+    record = TxnRecord.decode(blob.data)
+    record.modified = blob.last_modified
+    return record, blob.etag
+
+
+_CLOCKS: weakref.WeakKeyDictionary[Storage, dict[str, StoreClock]] = weakref.WeakKeyDictionary()
+
+
+async def store_time(storage: Storage, keys: Keys) -> float:
+    """The store's time now, for judging a pending record's age (I15): one reading per process and
+    store, reused for a while advanced by the monotonic clock (an underestimate: a record is
+    aborted late, never early). Only read when a pending record is judged."""
+    clocks = _CLOCKS.setdefault(storage, {})
+    clock = clocks.get(keys.root)
+    if clock is None:
+        clock = clocks[keys.root] = StoreClock(storage, keys=keys, who="transaction expiry")
+    return await clock.now(max_age_s=READING_REUSE_S)
 
 
 async def create_txn(storage: Storage, keys: Keys, record: TxnRecord) -> str:
@@ -272,6 +303,7 @@ async def rewrite_txn(
         if found is None:
             raise TxnError(f"transaction {record.id} of topic {record.topic!r} disappeared") from None
         return found[0], found[1], False
+    record.modified = None  # its Last-Modified is the store's now, unknown here: not expired
     return record, new_etag, True
 
 
@@ -288,6 +320,7 @@ async def abort_txn(
 ) -> TxnRecord | None:
     """Abort a pending transaction (only once it expired, unless ``only_expired`` is false).
 
+    ``now``: the store's time (I15; default: read from the store when an age is judged).
     Returns the record as it stands afterwards (it may have been committed first), or None.
     """
     found = await read_txn(storage, keys, topic, txn)
@@ -296,7 +329,7 @@ async def abort_txn(
     record, current = found
     if record.state != "pending" or (etag is not None and etag != current):
         return record
-    if only_expired and not record.expired(now):
+    if only_expired and not record.expired(await store_time(storage, keys) if now is None else now):
         return record
     record.state, record.reason = "aborted", reason
     stored, _, won = await rewrite_txn(storage, keys, record, current)
@@ -305,15 +338,27 @@ async def abort_txn(
     return stored
 
 
-async def list_txns(storage: Storage, keys: Keys, topic: str, job: str | None = None) -> list[str]:
-    """Ids of the topic's transaction records (only ``job``'s when given), in order."""
+async def list_txns(
+    storage: Storage,
+    keys: Keys,
+    topic: str,
+    job: str | None = None,
+    *,
+    foreign: Callable[[str, str], None] = skip_foreign,
+) -> list[str]:
+    """Ids of the topic's transaction records (only ``job``'s when given), in order; any other
+    name there goes to ``foreign`` (key, what the listing was for) and is skipped."""
     prefix = keys.txn_prefix(topic) + (f"{job}." if job is not None else "")
     base = keys.txn_prefix(topic)
     out = []
     async for info in storage.list(prefix):
-        name = info.key[len(base) :]
-        if name.endswith(".json"):
-            out.append(name[: -len(".json")])
+        # only names bucketq writes (I8): a foreign ``x.json`` there is no record, and reading it
+        # as one would fail every reader's snapshot and GC's pass over the topic
+        txn = txn_of(info.key, base)
+        if txn is None:
+            foreign(info.key, f"{topic}: listing job commit records")
+        else:
+            out.append(txn)
     return out
 
 
@@ -366,7 +411,8 @@ async def take_snapshot(
     """The topic's transaction records now (resolved ones come from the process's cache).
 
     Expired pending transactions are aborted on the way (``abort_expired``; a reader without
-    write permission just leaves them pending, and hidden).
+    write permission just leaves them pending, and hidden); ``now`` is the store's time (I15;
+    default: read from the store when a pending record is met).
     """
     resolver = resolver_for(storage, keys, topic)
     ids = await list_txns(storage, keys, topic)
@@ -380,7 +426,9 @@ async def take_snapshot(
             if found is None:
                 continue  # listed, then gone: records are never deleted, so a topic re-created
             record, etag = found
-            if record.state == "pending" and abort_expired and record.expired(now):
+            if record.state == "pending" and abort_expired and now is None:
+                now = await store_time(storage, keys)
+            if record.state == "pending" and abort_expired and now is not None and record.expired(now):
                 try:
                     stored = await abort_txn(
                         storage, keys, topic, txn, "timed out (found by a reader)", etag=etag, now=now
@@ -527,11 +575,21 @@ class TxnResolver:
             self._trim()
             return None
         record, etag = found
-        if record.state == "pending" and self.abort_expired and record.expired():
+        if (
+            record.state == "pending"
+            and self.abort_expired
+            and record.expired(store := await store_time(self.storage, self.keys))
+        ):
             try:
                 record = (
                     await abort_txn(
-                        self.storage, self.keys, self.topic, txn, "timed out (found by a reader)", etag=etag
+                        self.storage,
+                        self.keys,
+                        self.topic,
+                        txn,
+                        "timed out (found by a reader)",
+                        etag=etag,
+                        now=store,
                     )
                     or record
                 )
@@ -585,8 +643,11 @@ async def collect_transactions(
     now: float | None = None,
     staging_ttl_s: float = STAGING_TTL_S,
     include_staging: bool = True,
+    foreign: Callable[[str, str], None] = skip_foreign,
 ) -> int:
-    """Garbage of job commits; returns how many objects were handed to ``delete``.
+    """Garbage of job commits; returns how many objects were handed to ``delete``. Every age is
+    on the store's clock (I15): ``now`` is the store's time (GC's reading; default: read now).
+    Names bucketq does not write under ``txn/`` and ``chunk/`` go to ``foreign``, never deleted (I8).
 
     * pending records past their timeout are aborted (their segments are skipped from then on);
     * resolved records (committed or aborted) are **kept**: a record is its job's memory. Deleting
@@ -599,11 +660,11 @@ async def collect_transactions(
     * Spark leftovers of older versions: staging areas, abort markers and intents whose newest
       object is older than ``staging_ttl_s`` and that no pending transaction still names.
     """
-    now = time.time() if now is None else now
+    now = await store_time(storage, keys) if now is None else now
     deleted = 0
     referenced: set[str] = set()
     for topic in topics:
-        records = await read_all(storage, keys, topic, await list_txns(storage, keys, topic))
+        records = await read_all(storage, keys, topic, await list_txns(storage, keys, topic, foreign=foreign))
         resolved: list[TxnRecord] = []
         for txn, (record, etag) in records.items():
             if record.state == "pending" and record.expired(now):
@@ -617,7 +678,7 @@ async def collect_transactions(
             if record.state == "pending":
                 referenced.update(c.src for part in record.partitions.values() for c in part.chunks if c.src)
                 referenced.add(record.owner)
-        deleted += await _collect_chunks(storage, keys, topic, resolved, now, staging_ttl_s, delete)
+        deleted += await _collect_chunks(storage, keys, topic, resolved, now, staging_ttl_s, delete, foreign)
     if include_staging:  # bucket-wide: only when every topic's pending transactions were seen
         deleted += await _collect_staging(storage, keys, referenced, now, staging_ttl_s, delete)
     return deleted
@@ -631,6 +692,7 @@ async def _collect_chunks(
     now: float,
     ttl_s: float,
     delete: Callable[[str], Awaitable[None]],
+    foreign: Callable[[str, str], None],
 ) -> int:
     """Columnar chunks of ``topic`` nobody reads any more (I18: a chunk lives as long as the
     reference segment that names it).
@@ -657,7 +719,10 @@ async def _collect_chunks(
     gone: dict[tuple[int, int], bool] = {}
     deleted = 0
     async for info in storage.list(prefix):
-        name = info.key[len(prefix) :]
+        name = chunk_name_of(info.key, prefix)
+        if name is None:
+            foreign(info.key, f"{topic}: collecting columnar chunks")
+            continue  # a foreign object is never collected (I8)
         if name in pending:
             continue
         where = committed.get(name)

@@ -36,7 +36,7 @@ from typing import Any
 
 from bucketq.core.bucket_format import ensure_format
 from bucketq.core.chunks import ChunkRef, same_etag
-from bucketq.core.keys import Keys
+from bucketq.core.keys import Keys, chunk_name_of
 from bucketq.core.refsegment import encode_ref_segment
 from bucketq.core.segment import REF_CODEC, SegmentHeader, decode_header
 from bucketq.core.segment_writer import SegmentWriter
@@ -505,7 +505,7 @@ async def _cleanup(storage: Storage, keys: Keys, cfg: WriteConfig, record: TxnRe
         extra = [
             info.key
             async for info in storage.list(keys.chunk_run_prefix(cfg.topic, cfg.job))
-            if info.key[len(prefix) :] not in named
+            if (name := chunk_name_of(info.key, prefix)) is not None and name not in named
         ]
         for start in range(0, len(extra), 1000):
             await storage.delete(extra[start : start + 1000])
@@ -634,7 +634,7 @@ async def _delete_run_chunks(storage: Storage, keys: Keys, cfg: WriteConfig) -> 
         doomed = [
             info.key
             async for info in storage.list(keys.chunk_run_prefix(cfg.topic, cfg.job, cfg.run))
-            if info.key[len(prefix) :] not in named
+            if (name := chunk_name_of(info.key, prefix)) is not None and name not in named
         ]
         for start in range(0, len(doomed), 1000):
             await storage.delete(doomed[start : start + 1000])
