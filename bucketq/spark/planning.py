@@ -23,7 +23,8 @@ from dataclasses import dataclass, field
 from pyspark.sql.datasource import InputPartition
 
 from bucketq.core.chunks import ChunkRef
-from bucketq.core.keys import Keys, parse_seq
+from bucketq.core.foreign import skip_foreign
+from bucketq.core.keys import Keys, seq_of
 from bucketq.core.refsegment import load_segment
 from bucketq.core.segment import decode_header
 from bucketq.core.topics import TopicCatalog
@@ -109,12 +110,12 @@ async def list_segments(
     after = keys.segment(topic, partition, start - 1) if start > 0 else None
     out = []
     async for info in storage.list(keys.segments_prefix(topic, partition), start_after=after):
-        if not info.key.endswith(".jsonl"):
+        seq = seq_of(info.key, "jsonl")
+        if seq is None:
+            # not a name bucketq writes (I8): ``7.jsonl`` is no segment 7 (it would be read twice),
+            # and ``README.txt`` sorts after the last segment, so it must not end the listing
+            skip_foreign(info.key, f"{topic}/p{partition}: planning a Spark read")
             continue
-        try:
-            seq = parse_seq(info.key)
-        except ValueError:
-            continue  # not a segment (an object someone else put there)
         if end is not None and seq >= end:
             break
         out.append(SegmentRef(partition, seq, info.size))

@@ -12,17 +12,19 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.types import MapType, StringType, StructField, StructType, TimestampType
 
+from bucketq import Bucketq, Settings
 from bucketq.core.chunks import chunk_records, decode_chunk, encode_chunk
 from bucketq.core.producer import partition_for_key
 from bucketq.core.segment import Record
 from bucketq.errors import ConfigError, InvalidMessage, MessageTooLarge
 from bucketq.spark.encoding import ChunkEncoder
 from bucketq.spark.options import ReadConfig, WriteConfig, offsets_json, parse_offsets
-from bucketq.spark.planning import Item, SegmentItem, group, target_size
+from bucketq.spark.planning import Item, SegmentItem, group, list_segments, target_size
 from bucketq.spark.rows import RowMapper
 from bucketq.spark.schema import arrow_schema, message_schema
 from bucketq.spark.stream import _cap
 from bucketq.spark.writing import ChunkWriter
+from bucketq.storage import MemoryStore
 
 pytestmark = [pytest.mark.spark]
 
@@ -235,6 +237,21 @@ def test_segments_are_grouped_by_size() -> None:
     assert [s for g in groups for s in g] == segs
     cfg = ReadConfig.from_options({**CONN, "topic": "t", "minPartitions": "4"})
     assert target_size(100, cfg) == 25
+
+
+async def test_planning_lists_only_segment_names_bucketq_writes() -> None:
+    """I8: a foreign ``1.jsonl`` in ``seg/`` is no segment 1 (it sorts after the real ones and
+    was planned as seq 1 again: its rows read twice), and ``README.txt`` after them ends nothing."""
+    async with Bucketq(Settings.from_dict({"backend": "memory"}), store=MemoryStore()) as bq:
+        await bq.create_topic("t", partitions=1)
+        for i in range(3):
+            await bq.publish("t", i)
+        prefix = bq.keys.segments_prefix("t", 0)
+        for name in ("1.jsonl", ".keep", "README.txt", "0000000000000001.jsonl.bak"):
+            await bq.storage.overwrite(prefix + name, b"someone else's\n")
+        refs = await list_segments(bq.storage, bq.keys, "t", 0, 0, None)
+        assert [r.seq for r in refs] == [0, 1, 2]
+        assert [r.seq for r in await list_segments(bq.storage, bq.keys, "t", 0, 1, 3)] == [1, 2]
 
 
 def test_stream_offsets_and_caps() -> None:
