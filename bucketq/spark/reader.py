@@ -26,6 +26,7 @@ from bucketq.core.cursor_log import CursorLog
 from bucketq.core.partition_worker import REDRIVE_FOR_HEADER
 from bucketq.core.refsegment import fetch_chunk
 from bucketq.core.segment import Segment, decode_header, decode_segment
+from bucketq.core.topics import TopicCatalog
 from bucketq.spark.columns import chunk_batch, chunk_columns
 from bucketq.spark.options import ReadConfig
 from bucketq.spark.planning import ChunkItem, Pos, SegmentItem, SegmentSplit
@@ -66,8 +67,12 @@ async def _load_states(storage: Storage, cfg: ReadConfig, partitions: set[int]) 
     keys = keys_of(cfg.settings)
     assert cfg.consumer is not None
     states = {}
+    catalog = TopicCatalog(storage, keys)
+    # I6: cursor objects another incarnation of the topic left are passed over, as consumers do
+    fence = catalog.fence(cfg.topic, (await catalog.marker(cfg.topic)).incarnation)
     for p in sorted(partitions):
-        states[p] = await CursorLog(storage, keys, cfg.topic, cfg.consumer, p, member="spark").load()
+        cursor = CursorLog(storage, keys, cfg.topic, cfg.consumer, p, member="spark", topic_fence=fence)
+        states[p] = await cursor.load()
     return states
 
 

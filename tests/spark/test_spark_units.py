@@ -7,6 +7,7 @@ import uuid
 from concurrent.futures import Future
 from dataclasses import FrozenInstanceError
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -17,6 +18,7 @@ from bucketq.core.chunks import chunk_records, decode_chunk, encode_chunk
 from bucketq.core.producer import partition_for_key
 from bucketq.core.segment import Record
 from bucketq.errors import ConfigError, InvalidMessage, MessageTooLarge
+from bucketq.spark import redrive
 from bucketq.spark.encoding import ChunkEncoder
 from bucketq.spark.options import ReadConfig, WriteConfig, offsets_json, parse_offsets
 from bucketq.spark.planning import Item, SegmentItem, group, list_segments, target_size
@@ -252,6 +254,28 @@ async def test_planning_lists_only_segment_names_bucketq_writes() -> None:
         refs = await list_segments(bq.storage, bq.keys, "t", 0, 0, None)
         assert [r.seq for r in refs] == [0, 1, 2]
         assert [r.seq for r in await list_segments(bq.storage, bq.keys, "t", 0, 1, 3)] == [1, 2]
+
+
+async def test_redrive_cursor_writes_carry_the_dead_letter_topics_incarnation(tmp_path: Path) -> None:
+    """I6 (format 4): the Spark redrive's claims and acks on the dead-letter topic's cursor are
+    deltas stamped with the topic's incarnation, like every other cursor write, so a log left by
+    another incarnation of the topic never takes them (they were unstamped)."""
+    settings = Settings.from_dict(
+        {"backend": "file", "file_path": str(tmp_path / "bucket"), "strategy": "conditional_write"}
+    )
+    async with Bucketq(settings) as bq:
+        await bq.create_topic("orders.dlq", partitions=1)
+        for i in range(2):
+            await bq.publish("orders.dlq", i)
+        incarnation = (await bq.catalog.marker("orders.dlq")).incarnation
+        claims = await redrive.claim(
+            settings, "orders.dlq", "redrive", {0: [(0, 0), (1, 0)]}, lease_s=60, member="m"
+        )
+        assert claims.count == 2
+        assert await redrive.ack(settings, "orders.dlq", "redrive", claims) == (2, 0)
+        prefix = bq.keys.deltas_prefix("orders.dlq", "redrive", 0)
+        deltas = [json.loads((await bq.storage.get(i.key)).data) async for i in bq.storage.list(prefix)]  # type: ignore[union-attr]
+        assert len(deltas) >= 2 and {d.get("inc") for d in deltas} == {incarnation}
 
 
 def test_stream_offsets_and_caps() -> None:
