@@ -78,7 +78,7 @@ def test_export_then_backfill_is_lossless(
 ) -> None:
     asyncio.run(publish_many(bucket, "source", 500, partitions=3, make=_message))
     out = tmp_path / "archive"
-    result = _cli(moto_server, bucket, "export", "--topic", "source", "--to", str(out), "--format", fmt, "-q")
+    result = _cli(moto_server, bucket, "export", "source", "--to", str(out), "--format", fmt, "-q")
     assert "exported 500 messages" in result.output
     result = _cli(
         moto_server,
@@ -175,7 +175,7 @@ def test_redrive_moves_every_dead_letter_exactly_once(spark: Any, moto_server: S
     assert sum(p["messages"] for p in stats["partitions"]) == 42
 
     # finding 8: a few dead letters are moved without Spark (seconds, not a Spark job's 45 s)
-    result = _cli(moto_server, settings, "redrive", "--dlq", "orders.dlq", "--topic", "orders", "-q")
+    result = _cli(moto_server, settings, "redrive", "orders", "-q")
     assert "redrove 8 dead letters from orders.dlq to orders without Spark" in result.output
     again = pipelines.redrive(spark, settings, "orders.dlq", "orders", show=False)
     assert (again.moved, again.rounds) == (0, 0)
@@ -201,7 +201,7 @@ def test_redrive_moves_every_dead_letter_exactly_once(spark: Any, moto_server: S
 
 def test_stats_command_prints_tables(moto_server: S3Server, bucket: Settings, spark: Any) -> None:
     asyncio.run(publish_many(bucket, "metrics", 50, partitions=2))
-    result = _cli(moto_server, bucket, "stats", "--topic", "metrics")
+    result = _cli(moto_server, bucket, "stats", "metrics")
     assert "metrics: 50 messages" in result.output
     assert "payload bytes" in result.output
 
