@@ -7,11 +7,14 @@ from typing import Any, Literal
 
 from bucketq.bench.backends import BackendName
 
-ScenarioName = Literal["publish", "consume", "e2e", "latency", "idle", "cost", "awaited"]
+ScenarioName = Literal["publish", "consume", "e2e", "latency", "idle", "cost", "awaited", "one-at-a-time"]
 # What a bare ``bucketq bench`` runs; the billing scenarios (idle, cost, awaited) take minutes and
 # run when named.
 SCENARIOS: tuple[ScenarioName, ...] = ("publish", "consume", "e2e", "latency")
-ALL_SCENARIOS: tuple[ScenarioName, ...] = (*SCENARIOS, "idle", "cost", "awaited")
+ALL_SCENARIOS: tuple[ScenarioName, ...] = (*SCENARIOS, "idle", "cost", "awaited", "one-at-a-time")
+# What ``--via sidecar`` runs through the params (each on its own): the rest of --via sidecar is
+# the e2e run of bench/sidecar.py
+VIA_SIDECAR: tuple[ScenarioName, ...] = ("idle", "one-at-a-time")
 DEFAULT_RATES: tuple[float, ...] = (1.0, 10.0, 50.0, 500.0, 5000.0)
 
 
@@ -45,8 +48,17 @@ class BenchParams:
     rate_seconds: float = 30.0
     # awaited: this many tasks share one producer, each awaiting its own publish
     tasks: int = 8
-    # idle: the members are library connections in listen(), or sidecar processes whose apps
-    # long-poll /v1/pull (moto and SeaweedFS only: the sidecars are processes of their own)
+    # one-at-a-time: this many messages, each published a random 0..one_max_gap_ms after the
+    # previous one arrived (gaps drawn from one_seed), by a publisher in another process; with
+    # compare, pawn-queue runs the same conversation on the same server; one_push adds the
+    # sidecar's push delivery to its pull (--via sidecar)
+    one_messages: int = 100
+    one_max_gap_ms: float = 100.0
+    one_seed: int = 0
+    compare: bool = True
+    one_push: bool = True
+    # idle and one-at-a-time: the members are library connections, or sidecar processes whose
+    # apps long-poll /v1/pull (moto and SeaweedFS only: the sidecars are processes of their own)
     via: Literal["library", "sidecar"] = "library"
     # memory only: serve the store one request at a time, each taking this long (bench/served.py)
     service_ms: float | None = None
@@ -62,6 +74,7 @@ class BenchParams:
             "poll_batch",
             "pickups",
             "tasks",
+            "one_messages",
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1")
@@ -80,9 +93,15 @@ class BenchParams:
         if self.service_ms is not None and (self.service_ms < 0 or self.backend != "memory"):
             raise ValueError("service_ms models a server on the memory backend and must not be negative")
         if self.via == "sidecar" and (
-            self.backend not in ("moto", "seaweedfs") or self.scenarios != ["idle"]
+            self.backend not in ("moto", "seaweedfs") or self.scenarios not in [[s] for s in VIA_SIDECAR]
         ):
-            raise ValueError("via sidecar runs the idle scenario alone, on moto or seaweedfs")
+            raise ValueError(
+                "via sidecar runs the idle or the one-at-a-time scenario alone, on moto or seaweedfs"
+            )
+        if "one-at-a-time" in self.scenarios and self.backend == "memory":
+            raise ValueError("one-at-a-time publishes from another process: it needs moto, seaweedfs or file")
+        if self.one_max_gap_ms < 0:
+            raise ValueError("one_max_gap_ms must not be negative")
         if self.service_servers < 1 or (self.service_servers > 1 and self.service_ms is None):
             raise ValueError("service_servers must be at least 1, and more than 1 only with service_ms")
 

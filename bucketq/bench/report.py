@@ -59,6 +59,8 @@ class RunResult:
     server_requests_by_op: dict[str, int] | None = None
     server_requests_by_method: dict[str, int] | None = None
     server_calls_by_key: dict[str, int] | None = None
+    # requests per message as counted where they were priced (the server when it counted)
+    requests_per_message: float | None = None
     usd: float = 0.0
     usd_per_million_messages: float | None = None
     sqs_usd_per_million_messages: float | None = None
@@ -105,6 +107,7 @@ def build_result(
     """
     total = usage.total
     price = usd(server.by_op if server is not None else usage.requests)
+    counted = server.total if server is not None else total
     return RunResult(
         scenario=scenario,
         backend=backend,
@@ -142,6 +145,7 @@ def build_result(
         server_requests_by_op=dict(sorted(server.by_op.items())) if server is not None else None,
         server_requests_by_method=dict(sorted(server.by_method.items())) if server is not None else None,
         server_calls_by_key=dict(server.calls.most_common()) if server is not None else None,
+        requests_per_message=round(counted / messages, 4) if per_message and messages else None,
         usd=price,
         usd_per_million_messages=price / messages * 1e6 if per_message and messages else None,
         sqs_usd_per_million_messages=SQS_USD_PER_MILLION_MESSAGES if per_message else None,

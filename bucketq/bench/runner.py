@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable
 from bucketq.bench.backends import Backend
 from bucketq.bench.cost import run_awaited, run_cost
 from bucketq.bench.idle import run_idle
+from bucketq.bench.one_at_a_time import run_one_at_a_time
 from bucketq.bench.params import BenchParams, ScenarioName
 from bucketq.bench.report import RunResult
 from bucketq.bench.scenarios import run_consume, run_e2e, run_latency, run_publish
@@ -33,6 +34,7 @@ SCENARIO_RUNNERS: dict[ScenarioName, ScenarioFn] = {
     "idle": run_idle,
     "cost": run_cost,
     "awaited": run_awaited,
+    "one-at-a-time": run_one_at_a_time,
 }
 
 

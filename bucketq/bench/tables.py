@@ -26,9 +26,18 @@ def _table(title: str) -> Table:
 
 
 def label(r: RunResult) -> str:
-    """The row name of a run: its scenario, and the rate of a ``cost`` run."""
+    """The row name of a run: its scenario, the rate of a ``cost`` run, the system (and the
+    sidecar's delivery) of a ``one-at-a-time`` run."""
     rate = r.extra.get("rate")
-    return f"{r.scenario} {rate:g}/s" if r.scenario == "cost" and rate is not None else r.scenario
+    if r.scenario == "cost" and rate is not None:
+        return f"{r.scenario} {rate:g}/s"
+    if r.scenario == "one-at-a-time":
+        system = str(r.extra.get("system", ""))
+        variant = str(r.extra.get("variant", ""))
+        if r.via == "sidecar":
+            system += " push" if variant.startswith("sidecar (push)") else " pull"
+        return f"one-at-a-time {system}"
+    return r.scenario
 
 
 def counted_requests(r: RunResult) -> int:

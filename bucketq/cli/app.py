@@ -6,11 +6,11 @@ import importlib
 import logging
 import sys
 from pathlib import Path
-from typing import Any
 
 import typer
 
 from bucketq._extras import install_hint, missing_module
+from bucketq._typer_help import flags_take_no_value, reflow_help
 from bucketq.cli import bench, consumers, demo, dev, dlq, gc, messages, peek, runner, stats, topics, worker
 from bucketq.cli.connection import Connection
 from bucketq.cli.errors import EXIT_ERROR
@@ -27,23 +27,7 @@ app = typer.Typer(
 )
 
 
-def _flags_take_no_value() -> None:
-    """Typer's help shows a value type for every option, ``<bool>`` for flags too, as if they took
-    one: a flag's type column is left empty instead."""
-    from typer.core import TyperOption
-
-    typed = TyperOption.display_type_rich
-    if getattr(typed, "_bucketq_flags", False):
-        return
-
-    def display_type_rich(self: TyperOption, ctx: Any) -> str | None:
-        return None if self.is_flag else typed(self, ctx)
-
-    display_type_rich._bucketq_flags = True  # type: ignore[attr-defined]
-    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
-
-
-_flags_take_no_value()
+flags_take_no_value()
 
 
 def _print_version(value: bool) -> None:
@@ -186,22 +170,8 @@ def _optional_commands() -> None:
         _needs_extra("spark", "spark")
 
 
-def _reflow_help(typer_app: typer.Typer) -> None:
-    """Each paragraph of every command's docstring as one line: typer's rich help keeps a
-    docstring's line breaks, which then break lines mid-sentence in the help and the command list."""
-    import inspect
-
-    for info in typer_app.registered_commands:
-        doc = info.help or (inspect.getdoc(info.callback) if info.callback else None)
-        if doc:
-            info.help = "\n\n".join(" ".join(p.split()) for p in doc.split("\n\n"))
-    for group in typer_app.registered_groups:
-        if group.typer_instance is not None:
-            _reflow_help(group.typer_instance)
-
-
 _optional_commands()
-_reflow_help(app)
+reflow_help(app)
 
 
 def main() -> None:

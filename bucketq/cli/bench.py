@@ -47,6 +47,12 @@ class Scenario(StrEnum):
     idle = "idle"
     cost = "cost"
     awaited = "awaited"
+    one_at_a_time = "one-at-a-time"
+
+
+# The scenarios --via sidecar runs through their own runners, each alone (the rest of --via
+# sidecar is the e2e run over HTTP)
+VIA_SIDECAR_ALONE = ("idle", "one-at-a-time")
 
 
 class Profile(StrEnum):
@@ -139,6 +145,24 @@ def bench(
         30.0, "--rate-seconds", min=0.1, help="'cost': seconds of publishing per rate (at most --messages)."
     ),
     tasks: int = typer.Option(8, "--tasks", min=1, help="'awaited': tasks sharing one producer."),
+    one_messages: int = typer.Option(
+        100, "--one-messages", min=1, help="'one-at-a-time': messages, each after the previous arrived."
+    ),
+    one_max_gap_ms: float = typer.Option(
+        100.0,
+        "--one-max-gap-ms",
+        min=0,
+        help="'one-at-a-time': the next publish comes a random 0 to this many ms after an arrival.",
+    ),
+    one_seed: int = typer.Option(0, "--one-seed", help="'one-at-a-time': seed of the gaps."),
+    compare: bool = typer.Option(
+        True,
+        "--compare/--no-compare",
+        help="'one-at-a-time' on an S3 server: run pawn-queue's listen() (50 ms polling) beside it.",
+    ),
+    one_push: bool = typer.Option(
+        True, "--push/--no-push", help="'one-at-a-time --via sidecar': the push delivery too, after pull."
+    ),
     service_ms: float | None = typer.Option(
         None,
         "--service-ms",
@@ -159,8 +183,9 @@ def bench(
     via: Via = typer.Option(
         Via.library,
         "--via",
-        help="library: in-process connections; sidecar: apps speaking HTTP to sidecar processes (e2e, "
-        "or with -s idle alone: idle sidecars whose apps long-poll).",
+        help="library: in-process connections; sidecar: apps speaking HTTP to sidecar processes (e2e; "
+        "with -s idle alone: idle sidecars whose apps long-poll; with -s one-at-a-time alone: two apps "
+        "beside their sidecars, the consumer's pulling, then pushed to).",
     ),
     spark: bool = typer.Option(
         False,
@@ -170,10 +195,12 @@ def bench(
     ),
 ) -> None:
     """Measure throughput, S3 requests and cost per message, latency, losses."""
-    idle_via_sidecar = via is Via.sidecar and [s.value for s in scenario] == ["idle"]
-    if via is Via.sidecar and "idle" in [s.value for s in scenario] and not idle_via_sidecar:
-        raise typer.BadParameter("-s idle --via sidecar runs on its own", param_hint="--via")
-    if (via is Via.sidecar and not idle_via_sidecar) or spark:
+    names = [s.value for s in scenario]
+    alone_via_sidecar = via is Via.sidecar and len(names) == 1 and names[0] in VIA_SIDECAR_ALONE
+    alone = [n for n in names if n in VIA_SIDECAR_ALONE]
+    if via is Via.sidecar and alone and not alone_via_sidecar:
+        raise typer.BadParameter(f"-s {alone[0]} --via sidecar runs on its own", param_hint="--via")
+    if (via is Via.sidecar and not alone_via_sidecar) or spark:
         if service_ms is not None or service_servers != 1:
             raise typer.BadParameter(
                 "models a server on --backend memory; --via sidecar and --spark run real servers",
@@ -229,9 +256,14 @@ def bench(
             rates=parse_rates(rates),
             rate_seconds=rate_seconds,
             tasks=tasks,
+            one_messages=one_messages,
+            one_max_gap_ms=one_max_gap_ms,
+            one_seed=one_seed,
+            compare=compare,
+            one_push=one_push,
             service_ms=service_ms,
             service_servers=service_servers,
-            via="sidecar" if idle_via_sidecar else "library",
+            via="sidecar" if alone_via_sidecar else "library",
         )
     except ValueError as exc:
         fail(CliError(f"invalid bench parameters: {exc}"))

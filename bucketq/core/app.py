@@ -134,7 +134,12 @@ class Bucketq:
         network = self._ping_network
         if network is None and self.settings.ping.enabled:
             network = await udp_pings(self.settings)
-        self._pings = Pings(network if self.settings.ping.enabled else None, self._storage, self.keys)
+        self._pings = Pings(
+            network if self.settings.ping.enabled else None,
+            self._storage,
+            self.keys,
+            member_ttl_s=self.settings.consumer.member_ttl_s,
+        )
         return self
 
     async def _bootstrap(self) -> None:

@@ -29,12 +29,24 @@ It also closes early, at no cost in requests:
 
 A closed loop (including one task awaiting each call) thus never measures arrivals while it
 waits, and is written at once: no fixed linger ever delays an awaited call.
+
+**A closed loop never waits for company** (:class:`Callers`). The estimate cannot tell a closed
+loop from a slow stream: a probe, or a rate measured while callers were still arriving, would hold
+the batch of callers that all wait on it. So a producer also knows who publishes through it: each
+caller (an asyncio task, or what the caller declares itself, e.g. a sidecar's HTTP connection) that
+published within the linger. When every one of them is waiting on a batch of this producer, no
+more items can arrive before the open batch is written: it is written at once, whatever the
+estimate says. A caller that finished within the linger, or one that is still preparing its
+message, counts as one that may come: an open-loop stream (a task per message, or callers that
+never wait) keeps its batching.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from collections import Counter
+from collections.abc import Hashable
 
 # The estimate follows the load over about this long (wall time).
 DECAY_S = 5.0
@@ -167,3 +179,47 @@ class Batcher:
             self._probing, self._next_probe = self.first_at, now + PROBE_EVERY_S
         silence = max(MIN_SILENCE_S, min(self.linger_s, SILENCE_GAPS * gap))
         return min(self.first_at + self.linger_s, self.last_at + silence)
+
+
+class Callers:
+    """Who publishes through one producer, and whether all of them wait on its batches.
+
+    ``seen`` when a caller starts a publish, ``waiting`` once its item is in a batch, ``settled``
+    when that item is durable (or failed). A caller is remembered for ``memory_s`` after it was
+    last seen or settled: it may publish again within that time. :meth:`all_waiting` is True when
+    every remembered caller has an item waiting: nothing more can arrive before the open batch is
+    written (invariant of the producer's group commit: a batch whose every possible source of
+    company is waiting on it is never held).
+    """
+
+    def __init__(self, memory_s: float) -> None:
+        self.memory_s = memory_s
+        self._last: dict[Hashable, float] = {}  # caller -> when it was last seen or settled
+        self._waiting: Counter[Hashable] = Counter()  # caller -> its items in batches
+
+    def seen(self, caller: Hashable, now: float | None = None) -> None:
+        self._last[caller] = time.monotonic() if now is None else now
+
+    def waiting(self, caller: Hashable, now: float | None = None) -> None:
+        self.seen(caller, now)
+        self._waiting[caller] += 1
+
+    def settled(self, caller: Hashable, now: float | None = None) -> None:
+        self.seen(caller, now)
+        left = self._waiting[caller] - 1
+        if left > 0:
+            self._waiting[caller] = left
+        else:
+            del self._waiting[caller]
+
+    def __len__(self) -> int:
+        """Callers remembered (waiting or seen within ``memory_s``, as of the last check)."""
+        return len(self._last)
+
+    def all_waiting(self, now: float | None = None) -> bool:
+        """Every caller remembered has an item waiting (and there is at least one)."""
+        now = time.monotonic() if now is None else now
+        for caller in [c for c, at in self._last.items() if now - at > self.memory_s]:
+            if caller not in self._waiting:
+                del self._last[caller]
+        return bool(self._waiting) and len(self._waiting) == len(self._last)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from bucketq.config import ConsumerSettings
+from bucketq.core import cadence
 from bucketq.core.cursor import Pos
 from bucketq.core.hooks import CommitHook
 from bucketq.core.ids import token
@@ -20,13 +21,13 @@ from bucketq.core.keys import Keys
 from bucketq.core.membership import Membership
 from bucketq.core.message import Message, Receipt
 from bucketq.core.models import DeadLetterConfig, TopicConfig
-from bucketq.core.partition_worker import CycleResult, Intent, IntentKind, PartitionWorker
-from bucketq.core.pings import PING_LOOK_GAP_S, Pings
+from bucketq.core.partition_worker import CycleResult, Intent, IntentKind, Look, PartitionWorker
+from bucketq.core.pings import RING_VERSION, Pings
 from bucketq.core.producer import Producer
 from bucketq.core.segment import Record
 from bucketq.core.topics import TopicCatalog
 from bucketq.core.waiting import wait_event
-from bucketq.core.wake import WAKE_ACTIVE_S, WakeWatch, next_wake_turn, touch_wake
+from bucketq.core.wake import WAKE_ACTIVE_S, WakeWatch, touch_wake
 from bucketq.errors import (
     BucketqError,
     Closed,
@@ -50,10 +51,6 @@ HAND_OUT_MARGIN_S = 0.5
 
 Settlement = Literal["acked", "nacked", "dead", "released at close"]
 """How this member settled a delivered message (a repeat of the same settlement is a no-op)."""
-
-
-# A partition whose cycles failed this many times in a row is offered to the group (see _help_wanted).
-FAILED_CYCLES_FOR_HELP = 2
 
 
 @dataclass(slots=True)
@@ -94,7 +91,11 @@ class _TopicSub:
         self.next_wake_poll = 0.0  # wall time of this member's next turn at the wake object
         # a ping (I14) moved the next look earlier; looks caused by pings are PING_LOOK_GAP_S apart
         self.pinged = False
-        self.pinged_look_at = -PING_LOOK_GAP_S  # wall time
+        self.pinged_look_at = -cadence.PING_LOOK_GAP_S  # wall time
+        # the doorbell: after a ring look that found nothing (a forged or stale ring), the next
+        # ring look at this topic waits until then (monotonic): a flood of forged rings costs at
+        # most one GET per PING_LOOK_GAP_S, as pings do
+        self.ring_gate = 0.0
         # the wake object changed on this member's turn while other members may sleep until
         # theirs: the next tick sweeps the partitions they own once (core/wake.py)
         self.sweep = False
@@ -152,7 +153,7 @@ class Consumer:
         # their own member_ttl_s); the next one is due within a third of it, whatever the cadence
         self._announced_ttl = settings.member_ttl_s
         self._last_refresh = 0.0
-        self._poll_delay = settings.poll_min_ms / 1000
+        self._poll_delay = cadence.poll_after_progress(settings)
         self._error: BaseException | None = None
         self.on_commit: CommitHook | None = None
         self.pings = pings
@@ -174,6 +175,8 @@ class Consumer:
                 self.member,
                 self.settings.member_ttl_s,
                 wake_address=address,
+                # the member reads rings (the doorbell) and says so: producers ring it
+                ping_version=RING_VERSION if address is not None else 1,
             )
             sub = _TopicSub(
                 topic,
@@ -191,6 +194,7 @@ class Consumer:
             self._subs[topic] = sub
             if address is not None and self.pings is not None:
                 self._unlisten.append(self.pings.listen(topic, functools.partial(self._pinged, sub)))
+                self._unlisten.append(self.pings.listen_rings(topic, functools.partial(self._rung, sub)))
             if sub.dead_letter_topic is not None:
                 await self._ensure_dead_letter_topic(sub.dead_letter_topic)
             await membership.heartbeat()
@@ -222,7 +226,7 @@ class Consumer:
         (``earliest``), so a failing store is retried here, with backoff, and the join fails with
         the store's error when it does not recover; it never returns half started.
         """
-        delay = 0.05
+        delay = cadence.START_RETRY_FIRST_S
         for attempt in range(1, self.settings.max_commit_attempts + 1):
             pending = [w for w in sub.workers.values() if not w.loaded]
             outcomes = await asyncio.gather(*(w.ensure_loaded() for w in pending), return_exceptions=True)
@@ -242,7 +246,7 @@ class Consumer:
                 errors[0],
             )
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            delay = cadence.next_start_retry(delay)
 
     async def _leave_all(self) -> None:
         self._stop_listening()
@@ -284,10 +288,10 @@ class Consumer:
         self._claiming = False
         if drain:
             for msg in list(self._buffer):
-                self._intent(Receipt.decode(msg.receipt), "release", counted=False)
+                self._give_back(msg.receipt, counted=False)
             self._buffer.clear()
             for receipt in list(self._held):
-                self._intent(Receipt.decode(receipt), "release")
+                self._give_back(receipt)
                 self._settled[receipt] = "released at close"
             self._held.clear()
             deadline = time.monotonic() + 10
@@ -366,7 +370,7 @@ class Consumer:
             except (StorageError, BucketqError) as exc:
                 log.warning("consumer %s: cycle failed, retrying: %s", self.name, exc)
                 progressed, failed = False, True
-                self._poll_delay = self.settings.poll_max_ms / 1000
+                self._poll_delay = cadence.poll_after_failure(self.settings)
             except Exception as exc:  # a bug: surface it to poll() callers, keep nothing half-done
                 log.exception("consumer %s loop crashed", self.name)
                 self._error = exc
@@ -374,18 +378,25 @@ class Consumer:
                 self._looked.set()
                 return
             if progressed:
-                self._poll_delay = self.settings.poll_min_ms / 1000
+                self._poll_delay = cadence.poll_after_progress(self.settings)
                 continue
             self._wake.clear()
             # settlements waiting for company (PartitionWorker.settle_at) set the next tick at the latest
             # (not after a failure: the store gets poll_max_ms of rest before the retry)
-            delay = self._poll_delay
-            if not failed:
-                delay = min(delay, max(0.0, self._next_settle() - time.monotonic()))
-                delay = min(delay, max(0.0, self._next_wake_turn() - time.time()))
-                delay = min(delay, max(0.0, self._next_lease_due() - time.time()))
+            delay = cadence.loop_wait(
+                self._poll_delay,
+                failed=failed,
+                now=time.monotonic(),
+                wall=time.time(),
+                settle_at=self._next_settle(),
+                wake_turn=self._next_wake_turn(),
+                lease_due=self._next_lease_due(),
+                ring_look=self._next_ring_look(),
+            )
             if not await wait_event(self._wake, delay):
-                self._poll_delay = min(self._poll_delay * 2, self._poll_ceiling())
+                self._poll_delay = cadence.poll_backed_off(
+                    self._poll_delay, cadence.poll_ceiling(self.settings, all_idle=self._all_idle())
+                )
 
     def _all_idle(self) -> bool:
         now = time.monotonic()
@@ -395,13 +406,6 @@ class Consumer:
         """No topic had messages for ``idle_after_s`` (some may still be active after a wake)."""
         now = time.monotonic()
         return all(now >= sub.busy_until for sub in self._subs.values())
-
-    def _poll_ceiling(self) -> float:
-        """How long the loop sleeps at most between ticks: the slowest cadence it must keep."""
-        ceiling = self.settings.poll_max_ms / 1000
-        if self._all_idle():
-            ceiling = max(ceiling, min(self.settings.wake_poll_ms / 1000, self.settings.poll_idle_ms / 1000))
-        return ceiling
 
     def _next_settle(self) -> float:
         """When the next batch of settlements is due (monotonic), over the topics a tick serves (a
@@ -426,11 +430,21 @@ class Consumer:
             default=float("inf"),
         )
 
-    def _heartbeat_interval(self) -> float:
-        """Heartbeats (and membership and config refreshes) slow down while no topic has messages."""
-        if self._all_quiet():
-            return max(self.settings.heartbeat_interval_s, self.settings.heartbeat_idle_s)
-        return self.settings.heartbeat_interval_s
+    def _next_ring_look(self) -> float:
+        """When (monotonic) a partition this member owns may be read for a ring (inf: none rung,
+        or no room to claim what it would find)."""
+        if self.demand() <= 0:
+            return float("inf")
+        return min(
+            (
+                max(sub.ring_gate, w.ring_look_after)
+                for sub in self._subs.values()
+                if sub.gone is None
+                for p in sub.owned
+                if (w := sub.workers.get(p)) is not None and w.ring_seq >= 0
+            ),
+            default=float("inf"),
+        )
 
     def _next_wake_turn(self) -> float:
         """When (wall time) this member next looks at an idle topic's wake object (inf: none idle)."""
@@ -452,7 +466,7 @@ class Consumer:
             members = sub.membership.members
             rank = members.index(self.member) if self.member in members else 0
             poll_s = self.settings.wake_poll_ms / 1000
-            sub.next_wake_poll = next_wake_turn(wall, poll_s, rank, len(members))
+            sub.next_wake_poll = cadence.next_wake_turn(wall, poll_s, rank, len(members))
             if sub.pinged:
                 sub.pinged, sub.pinged_look_at = False, wall
             why = await sub.wake.look()
@@ -471,11 +485,22 @@ class Consumer:
         Only the time of the look changes: what it reads decides, as on any turn."""
         if self._closed or sub.gone is not None or time.monotonic() < sub.active_until:
             return  # an active topic's partitions are polled at the active cadence already
-        at = max(time.time(), sub.pinged_look_at + PING_LOOK_GAP_S)
+        at = cadence.ping_look_at(time.time(), sub.pinged_look_at)
         if at < sub.next_wake_poll:
             sub.next_wake_poll = at
             sub.pinged = True
         self._wake.set()
+
+    def _rung(self, sub: _TopicSub, partition: int, seq: int) -> None:
+        """A producer rang: segment ``seq`` of ``partition`` was appended (the doorbell, I14). On a
+        partition this member owns, the next tick reads up to that segment through the normal
+        read path (PartitionWorker.discover), so what it finds decides; a ring for a segment
+        already read, or for a partition owned by another member, is dropped."""
+        if self._closed or sub.gone is not None or partition not in sub.owned:
+            return
+        worker = sub.workers.get(partition)
+        if worker is not None and worker.ring(seq):
+            self._wake.set()
 
     async def _housekeeping(self) -> None:
         if await self._watch_wake():
@@ -485,15 +510,11 @@ class Consumer:
             self._wake.set()
             return
         now = time.monotonic()
-        interval = self._heartbeat_interval()
-        # Invariant: a heartbeat follows the last one within the TTL that one announced, so peers
-        # never see a live member as gone. When the cadence slows (the topic went quiet), the
-        # last heartbeat announced the short TTL of the fast cadence: the next one, announcing the
-        # longer TTL, is due within a third of it, not a whole slow interval later.
-        if now - self._last_heartbeat >= min(interval, self._announced_ttl / 3):
+        interval = cadence.heartbeat_interval(self.settings, all_quiet=self._all_quiet())
+        # a heartbeat follows the last one within the TTL that one announced (cadence.heartbeat_due)
+        if cadence.heartbeat_due(now - self._last_heartbeat, interval, self._announced_ttl):
             self._last_heartbeat = now
-            # the heartbeat stays valid for three intervals: peers keep counting a quiet member
-            ttl = max(self.settings.member_ttl_s, 3 * interval)
+            ttl = cadence.heartbeat_ttl(self.settings, interval)
             landed = True
             for sub in self._subs.values():
                 try:
@@ -502,10 +523,7 @@ class Consumer:
                     landed = False
             # a heartbeat that did not land leaves the older one (and its TTL) in force
             self._announced_ttl = ttl if landed else min(ttl, self._announced_ttl)
-        # while idle the member list is re-read at half the heartbeat pace: joins and graceful
-        # leaves touch the wake object (an at-once refresh), so only a crashed member waits for it
-        refresh_every = 2 * interval if self._all_idle() else interval
-        if now - self._last_refresh >= refresh_every:
+        if now - self._last_refresh >= cadence.refresh_interval(interval, all_idle=self._all_idle()):
             self._last_refresh = now
             for sub in self._subs.values():
                 await sub.membership.refresh()
@@ -576,7 +594,7 @@ class Consumer:
         mine = [p for p in sub.membership.owned(sub.partitions) if p in sub.workers]
         if not self._claiming:
             return mine
-        failing = [p for p in mine if sub.workers[p].failed_cycles >= FAILED_CYCLES_FOR_HELP]
+        failing = [p for p in mine if cadence.failing(sub.workers[p].failed_cycles)]
         if self.demand() > 0:
             return failing
         return [p for p in mine if sub.workers[p].window_has_more or p in failing]
@@ -611,6 +629,7 @@ class Consumer:
         jobs: list[tuple[PartitionWorker, int, bool]] = []
         eager: set[PartitionWorker] = set()  # foreign jobs that claim without steal_after_s
         expired: set[PartitionWorker] = set()  # foreign jobs that claim only expired leases (I16)
+        rung: set[PartitionWorker] = set()  # owned jobs that read up to a segment a ring named
         now, wall = time.monotonic(), time.time()
         for sub in self._subs.values():
             if sub.gone is not None:
@@ -629,7 +648,18 @@ class Consumer:
                 # (an idle topic's partitions are otherwise looked at only every poll_idle_ms)
                 lease_due = demand > 0 and worker.lease_due(owned=p in mine) <= wall
                 if p in mine:
-                    if settle or (demand > 0 and (worker.recheck or worker.discovery_due(now))) or lease_due:
+                    if (
+                        demand > 0
+                        and worker.ring_seq >= 0
+                        and now >= max(sub.ring_gate, worker.ring_look_after)
+                    ):
+                        rung.add(worker)
+                    if (
+                        settle
+                        or (demand > 0 and (worker.recheck or worker.discovery_due(now)))
+                        or lease_due
+                        or worker in rung
+                    ):
                         jobs.append((worker, demand, False))
                 elif settle:
                     jobs.append((worker, 0, True))
@@ -657,7 +687,9 @@ class Consumer:
         # taken, which then were neither committed nor failed (simulation seed 1974).
         results = await asyncio.gather(
             *(
-                self._cycle(w, d, foreign, self._settle_due(w, now), w in eager, w in expired)
+                self._cycle(
+                    w, d, Look(foreign, self._settle_due(w, now), w in eager, w in expired, w in rung)
+                )
                 for w, d, foreign in jobs
             ),
             return_exceptions=True,
@@ -668,11 +700,14 @@ class Consumer:
             if isinstance(res, BaseException):
                 continue
             if foreign and demanded > 0:
-                if res.messages:
-                    worker.foreign_backoff = self.settings.foreign_poll_ms / 1000
-                else:
-                    worker.foreign_backoff = min(worker.foreign_backoff * 2, self.settings.foreign_poll_max_s)
+                worker.foreign_backoff = cadence.foreign_backoff(
+                    self.settings, worker.foreign_backoff, found=bool(res.messages)
+                )
                 worker.next_foreign_poll = time.monotonic() + worker.foreign_backoff
+            if res.ring_missed:  # a ring that named no segment: the next ring look waits
+                sub_rung = self._subs.get(worker.topic)
+                if sub_rung is not None:
+                    sub_rung.ring_gate = time.monotonic() + cadence.PING_LOOK_GAP_S
             if res.messages or res.discovered or (worker.recheck and demanded > 0):
                 progressed = True
             if res.discovered or res.messages:
@@ -701,16 +736,11 @@ class Consumer:
         self,
         worker: PartitionWorker,
         demand: int,
-        foreign: bool,
-        settle: bool = True,
-        eager: bool = False,
-        expired_only: bool = False,
+        look: Look,
     ) -> CycleResult:
         started = time.perf_counter()
         try:
-            res = await worker.cycle(
-                demand, foreign=foreign, settle=settle, eager=eager, expired_only=expired_only
-            )
+            res = await worker.cycle(demand, look)
         except TopicDeleted:
             # the topic fence (I6) found the topic gone or re-created: look at its marker at the
             # next tick (readers are told, or the subscription starts over), write nothing more
@@ -718,7 +748,7 @@ class Consumer:
             raise
         except StorageError:
             worker.failed_cycles += 1
-            if worker.failed_cycles == FAILED_CYCLES_FOR_HELP and not foreign:
+            if cadence.ask_help_now(worker.failed_cycles, foreign=look.foreign):
                 self._last_heartbeat = 0.0  # ask for help with it now
             raise
         worker.failed_cycles = 0
@@ -734,7 +764,7 @@ class Consumer:
             msg._consumer = self
             if room <= 0 or not self._claiming:
                 # more than we can hold (parallel partitions): give it back uncounted
-                self._intent(Receipt.decode(msg.receipt), "release", counted=False)
+                self._give_back(msg.receipt, counted=False)
                 continue
             room -= 1
             self._buffer.append(msg)
@@ -770,6 +800,13 @@ class Consumer:
         self._worker_for(receipt).add_intent(intent)
         self._wake.set()
         return future
+
+    def _give_back(self, receipt: str, *, counted: bool = True) -> None:
+        """Release a lease nobody awaits (prefetched or held messages at close, an over-claim):
+        if the release is never committed (the consumer closed first), the lease runs out and
+        the message is delivered again; its outcome is read here so it is never left unretrieved."""
+        future = self._intent(Receipt.decode(receipt), "release", counted=counted)
+        future.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     async def _settle(
         self,

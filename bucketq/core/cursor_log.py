@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from bucketq.core.cadence import RETRY_JITTER, retry_delay
 from bucketq.core.cursor import CursorState, Delta, Op, apply_delta
 from bucketq.core.fences import DELTA_TRUST_S, FenceView
 from bucketq.core.foreign import skip_foreign
@@ -341,7 +342,7 @@ class CursorLog:
             except StorageError:
                 if attempt >= self.max_attempts:
                     raise
-                await asyncio.sleep(min(2.0, 0.05 * 2 ** min(attempt, 6)) * random.uniform(0.5, 1.0))
+                await asyncio.sleep(retry_delay(attempt, random.uniform(*RETRY_JITTER)))
                 resolved = await self._resolve_inflight()
                 if resolved is not None:
                     resolved.conflicts = conflicts

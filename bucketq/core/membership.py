@@ -136,10 +136,13 @@ class Membership:
         ttl_s: float,
         *,
         wake_address: str | None = None,
+        ping_version: int = 1,
     ) -> None:
         self.storage = storage
         # where producers ping this member (core/pings.py, I14); None: not pingable
         self.wake_address = wake_address
+        # the highest ping version it reads, announced with the address (2: rings, the doorbell)
+        self.ping_version = ping_version
         self.keys = keys
         self.topic = topic
         self.consumer = consumer
@@ -176,6 +179,8 @@ class Membership:
             fields["ttl"] = ttl_s
         if self.wake_address is not None:
             fields["wake"] = self.wake_address
+            if self.ping_version > 1:
+                fields["ping"] = self.ping_version
         body = json.dumps(fields).encode()
         await self.storage.overwrite(self.keys.member(self.topic, self.consumer, self.member), body)
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from bucketq.config import ConsumerSettings
+from bucketq.core import cadence
 from bucketq.core.cursor import CursorState, Op, Pos, apply_op
 from bucketq.core.cursor_log import CursorLog
 from bucketq.core.fences import SEGMENT_TRUST_S, FenceView
@@ -28,10 +29,6 @@ log = logging.getLogger("bucketq.consumer")
 
 REDRIVE_FOR_HEADER = "bucketq-redrive-for"
 MAX_DISCOVER_PER_CYCLE = 32
-# In a stream of segments, the first look after a find waits this share of the gap between the
-# last two arrivals, and at most this many slowest polls (poll_max_ms).
-STREAM_LEAD = 0.6
-STREAM_WAIT_POLLS = 3
 MAX_WINDOW_SEGMENTS = 64
 # An owner re-reads its cursor log at least this often even when it has nothing to write, so an
 # op another process wrote (an operator's ``seek``) reaches a quiet group too. One GET (a 404 at
@@ -106,6 +103,18 @@ class CycleResult:
     conflicts: int = 0
     ops: int = 0
     dead_lettered: int = 0  # by the janitor (max deliveries); an app's own dead-letters are its to count
+    ring_missed: bool = False  # a ring look (the doorbell) did not find the segment the ring named
+
+
+@dataclass(frozen=True, slots=True)
+class Look:
+    """What one cycle of a partition may do (:meth:`PartitionWorker.cycle` says each)."""
+
+    foreign: bool = False
+    settle: bool = True
+    eager: bool = False
+    expired_only: bool = False
+    ring: bool = False
 
 
 class PartitionWorker:
@@ -167,8 +176,14 @@ class PartitionWorker:
         self.failed_cycles = 0
         self.foreign_backoff = settings.foreign_poll_ms / 1000
         self.next_discovery = 0.0
-        self.discovery_backoff = settings.poll_min_ms / 1000
+        self.discovery_backoff = cadence.discovery_woken(settings)
         self.window_has_more = True
+        # The doorbell (core/pings.py, I14): the highest segment a ring named that this member has not
+        # read yet (-1: none), and when (monotonic) a ring last led to a find here. A ring is a
+        # hint: it only makes the next cycle read the named segment through ``discover``.
+        self.ring_seq = -1
+        self.rung_at = float("-inf")
+        self.ring_look_after = 0.0  # monotonic: rings are answered together until then
         # a committed settlement may have made a window message claimable (an ordered key's next
         # message, a release): claim again at the next tick, without a discovery GET
         self.recheck = False
@@ -256,8 +271,23 @@ class PartitionWorker:
 
     # -- discovery -------------------------------------------------------------------------------
 
-    async def discover(self) -> int:
-        """GET the segments after the frontier until a 404 (bounded per cycle).
+    def _next_seq(self) -> int:
+        """The sequence number of the next segment this member has not read."""
+        nxt = max(self.state.frontier, self._discovered[-1].header.seq if self._discovered else -1) + 1
+        return max(nxt, self.state.floor)
+
+    def ring(self, seq: int) -> bool:
+        """A ring named segment ``seq`` of this partition: True when it is one this member has
+        not read (the next cycle reads up to it), False for one already read (a duplicate, a
+        reordered or a late ring: nothing to do)."""
+        if not self.loaded or seq < self._next_seq():
+            return False
+        self.ring_seq = max(self.ring_seq, seq)
+        return True
+
+    async def discover(self, until: int | None = None) -> int:
+        """GET the segments after the frontier until a 404 (bounded per cycle); with ``until``
+        (a ring named it), at most up to that segment: no look past it for a 404.
 
         A 404 below the partition's floor fence means GC collected those segments before this
         subscription read them (it started while GC was freeing them): the next commit records an
@@ -265,9 +295,8 @@ class PartitionWorker:
         a 404 at most once per half trust window.
         """
         found = 0
-        nxt = max(self.state.frontier, self._discovered[-1].header.seq if self._discovered else -1) + 1
-        nxt = max(nxt, self.state.floor)
-        while found < MAX_DISCOVER_PER_CYCLE:
+        nxt = self._next_seq()
+        while found < MAX_DISCOVER_PER_CYCLE and (until is None or nxt <= until):
             blob = await self.storage.get(self.keys.segment(self.topic, self.partition, nxt))
             if blob is None:
                 fence = await self.floor_fence.fresh()
@@ -321,7 +350,7 @@ class PartitionWorker:
     def wake_up(self) -> None:
         """The topic's wake object changed: discover and re-read the log at the next cycle."""
         self.next_discovery = 0.0
-        self.discovery_backoff = self.settings.poll_min_ms / 1000
+        self.discovery_backoff = cadence.discovery_woken(self.settings)
         self.log_read = float("-inf")
 
     def settle_at(self) -> float:
@@ -339,23 +368,6 @@ class PartitionWorker:
             return self.settle_opened  # no company is coming: waiting would only delay the app
         return self.settle_opened + linger
 
-    def _wait_after_find(self) -> float:
-        """How long after a find to look again.
-
-        In a stream of segments (the tail was reached and the last two arrivals are known) the
-        next one is due about one gap later: the first look waits STREAM_LEAD of that gap (at
-        most STREAM_WAIT_POLLS slowest polls, so an early arrival is not kept long), then the
-        usual doubling from half a slowest poll takes over. A paced stream is then found with a
-        look or two instead of the five or six misses the doubling spends from ``poll_min_ms``.
-        Otherwise (a backlog, a first find): at once, to keep reading.
-        """
-        if not self.tail_reached or self.find_gap == float("inf"):
-            return self.discovery_backoff
-        slowest = self.settings.poll_max_ms / 1000
-        lead = min(STREAM_LEAD * self.find_gap, STREAM_WAIT_POLLS * slowest)
-        self.discovery_backoff = max(self.discovery_backoff, slowest / 2)
-        return max(self.discovery_backoff, lead)
-
     def _claims_expected(self, within: float) -> bool:
         """Is a claim delta likely within ``within`` seconds? Only while segments keep arriving:
         the last two finds were that close and the last is that recent. A batch read once and
@@ -363,15 +375,7 @@ class PartitionWorker:
         its settlements are written at once, as the group commit of one."""
         return self.find_gap <= within and time.monotonic() - self.last_found <= within
 
-    async def cycle(
-        self,
-        demand: int,
-        *,
-        foreign: bool = False,
-        settle: bool = True,
-        eager: bool = False,
-        expired_only: bool = False,
-    ) -> CycleResult:
+    async def cycle(self, demand: int, look: Look = Look()) -> CycleResult:
         """One group commit: pending intents, dead letters, new segments and up to ``demand`` claims.
 
         On a partition another member owns (``foreign``), the member first catches up with the
@@ -379,19 +383,26 @@ class PartitionWorker:
         ``eager``: the sweep of a topic that just woke; only messages whose lease expired when
         ``expired_only``: a look at leases that came due, I16), and writes nothing when it has
         nothing to claim or settle. Without ``settle`` the waiting settlements only ride along
-        with a delta the cycle writes anyway (new segments, claims, dead letters).
+        with a delta the cycle writes anyway (new segments, claims, dead letters). With ``ring``,
+        the segments up to the one a ring named are read even when the tail poll is not due (the
+        doorbell: what the store returns decides, as on any poll).
         """
         async with self._lock:
-            return await self._cycle(demand, foreign, settle, eager, expired_only)
+            return await self._cycle(demand, look)
 
     def _log_refresh_s(self) -> float:
         if self.topic_idle():
             return max(LOG_REFRESH_S, self.settings.poll_idle_ms / 1000)
         return LOG_REFRESH_S
 
-    async def _cycle(
-        self, demand: int, foreign: bool, settle: bool = True, eager: bool = False, expired_only: bool = False
-    ) -> CycleResult:
+    async def _cycle(self, demand: int, look: Look) -> CycleResult:
+        foreign, settle, eager, expired_only, ring = (
+            look.foreign,
+            look.settle,
+            look.eager,
+            look.expired_only,
+            look.ring,
+        )
         result = CycleResult()
         looked = time.time()  # I16: every lease due by now is looked at by this cycle's claims
         if demand > 0:
@@ -404,24 +415,52 @@ class PartitionWorker:
             await self.log.catch_up()
             self.log_read = now
             self._absorb_discovered()
-        if demand > 0 and not expired_only and (foreign or self.discovery_due(now)):
-            result.discovered = await self.discover()
+        polled = foreign or self.discovery_due(now)
+        # the doorbell: a ring named a segment not read yet, and the tail poll is not due: read
+        # up to that segment (no look past it); what the store returns decides
+        ring_to = self.ring_seq if ring and not polled else None
+        if ring:
+            self.ring_seq = -1  # answered by this look, whatever it finds
+            self.ring_look_after = now + cadence.ring_look_gap(self.settings)
+        if ring_to is not None and ring_to < self._next_seq():
+            ring_to = None  # read meanwhile by a poll
+        if demand > 0 and not expired_only and (polled or ring_to is not None):
+            first = self._next_seq()
+            result.discovered = await self.discover(until=ring_to)
+            if ring_to is not None:
+                # the named segment was not there (forged, of another incarnation, or a look
+                # that stopped short): the member's next ring look waits (Consumer._tick)
+                result.ring_missed = first + result.discovered <= ring_to
+                if result.discovered:  # what it read proves that rings arrive
+                    self.rung_at = now
             if result.discovered:  # track the arrival interval: quarter on a find, double on a miss
-                self.discovery_backoff = max(self.settings.poll_min_ms / 1000, self.discovery_backoff / 4)
+                self.discovery_backoff = cadence.discovery_after_find(self.settings, self.discovery_backoff)
                 if self.tail_reached:
                     self.find_gap = now - self.last_found
                 self.last_found = now
-                self.tail_reached = result.discovered < MAX_DISCOVER_PER_CYCLE  # ended on a 404
-                self.next_discovery = now + self._wait_after_find()
-            else:
+                # ended on a 404, or on the segment a ring named (the tail, as far as it knows)
+                self.tail_reached = ring_to is not None or result.discovered < MAX_DISCOVER_PER_CYCLE
+                self.discovery_backoff, wait = cadence.wait_after_find(
+                    self.settings,
+                    self.discovery_backoff,
+                    tail_reached=self.tail_reached,
+                    find_gap=self.find_gap,
+                    rung=cadence.rung_lately(self.rung_at, now),
+                )
+                self.next_discovery = now + wait
+            elif ring_to is None:
+                # (a ring that named nothing, forged or of another incarnation, leaves the poll's
+                # cadence as it was)
                 self.tail_reached = True
-                if self.topic_idle():  # the whole topic: only the fallback; the wake object wakes it
-                    self.discovery_backoff = max(self.settings.poll_max_ms, self.settings.poll_idle_ms) / 1000
-                else:  # quiet partitions are polled more slowly (the cost of an idle queue)
-                    ceiling = self.settings.poll_max_ms / 1000
-                    if now - self.last_found > self.settings.idle_after_s:  # this partition only
-                        ceiling = max(ceiling, self.settings.wake_poll_ms / 1000)
-                    self.discovery_backoff = min(self.discovery_backoff * 2, ceiling)
+                # the whole topic idle: only the fallback (the wake object wakes it); otherwise
+                # quiet partitions are polled more slowly (the cost of an idle queue)
+                self.discovery_backoff = cadence.discovery_after_miss(
+                    self.settings,
+                    self.discovery_backoff,
+                    topic_idle=self.topic_idle(),
+                    quiet_for=now - self.last_found,
+                    rung=cadence.rung_lately(self.rung_at, now),
+                )
                 self.next_discovery = now + self.discovery_backoff
         await self._ensure_window()
         if not foreign:

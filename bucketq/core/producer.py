@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import hashlib
 import json
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Unpack
 
 from bucketq.config import ProducerSettings
-from bucketq.core.batching import TIMER_RESOLUTION_S, Batcher
+from bucketq.core.batching import TIMER_RESOLUTION_S, Batcher, Callers
 from bucketq.core.ids import token
 from bucketq.core.keys import Keys
 from bucketq.core.pings import PING_AFTER_QUIET_S, Pings
@@ -29,7 +31,7 @@ from bucketq.core.segment_writer import SegmentWriter
 from bucketq.core.store_clock import READING_REUSE_S, StoreClock
 from bucketq.core.topics import TopicCatalog, find_tail
 from bucketq.core.waiting import wait_event
-from bucketq.core.wake import WAKE_REFRESH_S, touch_wake
+from bucketq.core.wake import WAKE_REFRESH_S, retouch_wake
 from bucketq.errors import (
     AlreadyExists,
     BucketqError,
@@ -53,6 +55,30 @@ HEAD_HINT_SEGMENTS = 64
 # event loop: callers woken by a write resume in the turn after it, and publish within that turn
 # (or the next, through a short await of their own).
 SHORT_SILENCE_YIELDS = 3
+
+
+# Who is publishing (core/batching.Callers): the asyncio task, unless the code that publishes on
+# someone's behalf says who that is (a sidecar: the app's HTTP connection, whose requests come one
+# after another, while each request's messages are published by tasks of their own).
+_CALLER: contextvars.ContextVar[Hashable | None] = contextvars.ContextVar(
+    "bucketq_publish_caller", default=None
+)
+_NO_TASK = object()
+
+
+@contextlib.contextmanager
+def publishing_as(caller: Hashable) -> Iterator[None]:
+    """Publishes in this block (and in tasks it starts) are ``caller``'s: the producer's group
+    commit writes a batch at once when every caller it knows waits on one (core/batching.py)."""
+    token = _CALLER.set(caller)
+    try:
+        yield
+    finally:
+        _CALLER.reset(token)
+
+
+def _current_caller() -> Hashable:
+    return _CALLER.get() or asyncio.current_task() or _NO_TASK
 
 
 async def _let_woken_callers_run() -> None:
@@ -208,7 +234,9 @@ class PartitionAppender:
         self._closing = False
         self._task: asyncio.Task[None] | None = None
         self._head_task: asyncio.Task[None] | None = None
-        self.on_written: Callable[[], None] | None = None  # after each durable segment
+        self.on_written: Callable[[int], None] | None = None  # after each durable segment (its seq)
+        # every caller of the producer waits on a batch: nothing more can come (core/batching.py)
+        self.closed_loop: Callable[[], bool] = lambda: False
         self._head_dirty = False
         self._head_written_at = 0.0
         self._head_behind = 0  # segments written since the hint
@@ -270,8 +298,9 @@ class PartitionAppender:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            # group commit: written at once unless arrivals keep coming (core/batching.py)
-            while not self._closing and not self._full.is_set():
+            # group commit: written at once unless arrivals keep coming (core/batching.py), and at
+            # once when every caller waits on a batch (a closed loop never waits for company)
+            while not self._closing and not self._full.is_set() and not self.closed_loop():
                 wait = self._batcher.close_at(size=len(self._buffer)) - time.monotonic()
                 if wait <= 0:
                     break
@@ -329,7 +358,7 @@ class PartitionAppender:
                 )
         self._schedule_head()
         if self.on_written is not None:
-            self.on_written()
+            self.on_written(landed.seq)
 
     def _schedule_head(self) -> None:
         self._head_dirty = True
@@ -389,7 +418,11 @@ class Producer:
         self._woken: dict[str, float] = {}  # topic -> when this producer last touched its wake object
         self._appended: dict[str, float] = {}  # topic -> when this producer's last append was durable
         self._wake_tasks: set[asyncio.Task[None]] = set()
+        self._wake_etags: dict[str, str] = {}  # topic -> the ETag of this producer's last touch
+        self._partitions: dict[str, int] = {}  # topic -> its partitions, as last read
         self.pings = pings
+        # who publishes through this producer: remembered for a linger (core/batching.Callers)
+        self.callers = Callers(settings.linger_ms / 1000)
 
     @property
     def buffered(self) -> int:
@@ -404,9 +437,17 @@ class Producer:
                 self.storage, self.keys, topic, partition, self.id, self.settings, self.catalog
             )
             app.on_conflict = lambda: self._move_on(topic, partition)
-            app.on_written = lambda: self._wake_readers(topic)
+            app.on_written = lambda seq: self._segment_landed(topic, partition, seq)
+            app.closed_loop = self.callers.all_waiting
             self._appenders[key] = app
         return app
+
+    def _segment_landed(self, topic: str, partition: int, seq: int) -> None:
+        """A segment is durable: ring the members that own its partition (core/pings.py), then see
+        whether the wake object needs a touch."""
+        if self.pings is not None:
+            self.pings.ring(topic, partition, seq, self._partitions.get(topic, 0))
+        self._wake_readers(topic)
 
     def _wake_readers(self, topic: str) -> None:
         """After a durable append: touch the topic's wake object unless this producer did within
@@ -421,15 +462,25 @@ class Producer:
         if now - self._woken.get(topic, -WAKE_REFRESH_S) < WAKE_REFRESH_S:
             return
         self._woken[topic] = now
-        task = asyncio.get_running_loop().create_task(self._touch_and_ping(topic, ping=quiet))
+        task = asyncio.get_running_loop().create_task(
+            self._touch_and_ping(topic, ping=quiet, appended_at=now)
+        )
         self._wake_tasks.add(task)
         task.add_done_callback(self._wake_tasks.discard)
 
-    async def _touch_and_ping(self, topic: str, *, ping: bool) -> None:
+    async def _touch_and_ping(self, topic: str, *, ping: bool, appended_at: float) -> None:
         # the ping follows the touch: a pinged member looks at the wake object and must find it
         # changed (a touch that did not land leaves the readers to their wake poll)
-        if await touch_wake(self.storage, self.keys, topic, self.id) and ping and self.pings is not None:
-            await self.pings.ping(topic)
+        etag, moved = await retouch_wake(self.storage, self.keys, topic, self.id, self._wake_etags.get(topic))
+        if etag is None:
+            return
+        self._wake_etags[topic] = etag
+        if self.pings is None:
+            return
+        if moved:  # someone else touched it: maybe a member joined or left, re-read them
+            self.pings.stale(topic)
+        if ping:  # a listing the ring started after this append is recent enough
+            await self.pings.ping(topic, listed_since=appended_at)
 
     def _move_on(self, topic: str, partition: int) -> None:
         """Another producer appended to this partition: look at the live producers again; a
@@ -561,7 +612,9 @@ class Producer:
     ) -> PublishResult:
         if self._closed:
             raise Closed("producer is closed")
+        self.callers.seen(_current_caller())  # a caller preparing its item may still come
         config = await self.catalog.config(topic)
+        self._partitions[topic] = config.partitions
         partition = await self._choose_partition(topic, record.key, config.partitions)
         if dedup_id is not None:
             return await self._publish_dedup(topic, partition, record, line, dedup_id)
@@ -569,7 +622,10 @@ class Producer:
 
     async def _enqueue(self, topic: str, partition: int, record: Record, line: bytes) -> PublishResult:
         future: asyncio.Future[PublishResult] = asyncio.get_running_loop().create_future()
+        caller = _current_caller()
         self.appender(topic, partition).add(_Pending(record, line, future))
+        self.callers.waiting(caller)
+        future.add_done_callback(lambda _: self.callers.settled(caller))
         return await future
 
     async def _publish_dedup(

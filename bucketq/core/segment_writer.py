@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from bucketq.core.cadence import RETRY_JITTER, retry_delay
 from bucketq.core.fences import SEGMENT_TRUST_S, FenceView
 from bucketq.core.keys import Keys
 from bucketq.core.segment import SegmentHeader, encode_segment, taken_header
@@ -151,7 +152,7 @@ class SegmentWriter:
                     raise PublishTimeout(
                         f"publish to {self.topic}/p{self.partition} not durable after {self.timeout_s:.0f}s: {exc}"
                     ) from exc
-                await asyncio.sleep(min(2.0, 0.05 * 2 ** min(attempt, 6)) * random.uniform(0.5, 1.0))
+                await asyncio.sleep(retry_delay(attempt, random.uniform(*RETRY_JITTER)))
                 continue
             if taken:
                 there = (

@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 from typing import Literal
 
+from bucketq.core.cadence import WAKE_SHARE_MAX as WAKE_SHARE_MAX  # the turns: core/cadence.py
+from bucketq.core.cadence import next_wake_turn as next_wake_turn
 from bucketq.core.keys import Keys
-from bucketq.errors import StorageError
+from bucketq.errors import PreconditionFailed, StorageError
 from bucketq.storage import Storage
 
 log = logging.getLogger("bucketq.wake")
@@ -33,41 +34,49 @@ log = logging.getLogger("bucketq.wake")
 # reader that saw a touch stays active WAKE_ACTIVE_S and never misses a producer that is busy.
 WAKE_REFRESH_S = 20.0
 WAKE_ACTIVE_S = 3 * WAKE_REFRESH_S
-# The idle members of a group take turns at the wake object: each polls it once per round of
-# min(members, WAKE_SHARE_MAX) wake polls, so the group polls it once per wake poll however many
-# members it has, while the round (how long a member may sleep through a wake) stays bounded.
-WAKE_SHARE_MAX = 5
-
-
-def next_wake_turn(now: float, poll_s: float, rank: int, members: int) -> float:
-    """The wall time of the next turn of the member at ``rank`` (in the sorted member list) among
-    ``members`` idle members polling a wake object every ``poll_s`` as a group.
-
-    Turns are slots of ``poll_s`` on the wall clock, dealt out in rotation to
-    ``min(members, WAKE_SHARE_MAX)`` seats: members' views and clocks agreeing puts one poll in
-    each slot; disagreeing only moves a pickup by a slot or two, never loses anything (I13).
-    """
-    seats = max(1, min(members, WAKE_SHARE_MAX))
-    seat = rank % seats
-    slot = math.floor(now / poll_s) + 1
-    slot += (seat - slot) % seats
-    return slot * poll_s
-
-
 # Why a wake object changed: "publish" (a producer appended, a job committed, a seek moved the
 # cursors: the topic turns active) or "members" (the group changed: look once, stay idle).
 WakeReason = Literal["publish", "members"]
 
 
-async def touch_wake(storage: Storage, keys: Keys, topic: str, by: str, why: WakeReason = "publish") -> bool:
-    """Overwrite the topic's wake object; False (logged) when the store refused (advisory only)."""
-    body = json.dumps({"at": time.time(), "by": by, "why": why}).encode()
+def _wake_body(by: str, why: WakeReason) -> bytes:
+    return json.dumps({"at": time.time(), "by": by, "why": why}).encode()
+
+
+async def touch_wake(
+    storage: Storage, keys: Keys, topic: str, by: str, why: WakeReason = "publish"
+) -> str | None:
+    """Overwrite the topic's wake object; its ETag, or None (logged) when the store refused
+    (advisory only)."""
     try:
-        await storage.overwrite(keys.wake(topic), body)
+        return await storage.overwrite(keys.wake(topic), _wake_body(by, why))
     except StorageError as exc:
         log.debug("wake object of %s not touched: %s", topic, exc)
-        return False
-    return True
+        return None
+
+
+async def retouch_wake(
+    storage: Storage, keys: Keys, topic: str, by: str, etag: str | None
+) -> tuple[str | None, bool]:
+    """A producer's touch (``"publish"``) that also tells whether anyone else touched the object
+    since this writer's last touch (``etag``): (the new ETag or None, touched by another).
+
+    Where the store has conditional writes the overwrite is made ``If-Match`` that ETag first; a
+    412 (a member joined or left, another producer or a job touched it) is answered by a plain
+    overwrite, as is any other refusal of the conditional write (the object gone: a store may
+    answer 404; an outage), which also counts as touched by another (nobody knows). Without an
+    ETag, or without conditional writes, it is a plain touch (and says nothing about others).
+    Advisory, like every touch: it never raises.
+    """
+    if etag is None or storage.strategy != "conditional_write":
+        return await touch_wake(storage, keys, topic, by), False
+    try:
+        return await storage.store.put(keys.wake(topic), _wake_body(by, "publish"), if_match=etag), False
+    except PreconditionFailed:
+        pass
+    except StorageError as exc:
+        log.debug("conditional touch of the wake object of %s refused: %s", topic, exc)
+    return await touch_wake(storage, keys, topic, by), True
 
 
 class WakeWatch:

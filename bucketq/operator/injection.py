@@ -444,6 +444,7 @@ def sidecar_env(
                 PUSH_CONCURRENCY=push.concurrency,
                 PUSH_TIMEOUT_S=push.timeout_seconds,
                 PUSH_BATCH_SIZE=push.batch_size,
+                PUSH_FORMAT=push.format,
                 PUSH_RETRY_INITIAL_S=_number(push.retry.initial_seconds),
                 PUSH_RETRY_MAX_S=_number(push.retry.max_seconds),
                 PUSH_RETRY_MULTIPLIER=_number(push.retry.multiplier),

@@ -135,6 +135,14 @@ class PushRetry(CrdModel):
 class PushDelivery(CrdModel):
     """Push delivery: the sidecar POSTs messages to the app."""
 
+    model_config = ConfigDict(
+        json_schema_extra=_cel(
+            # has(): defaults are applied before CEL in the API server, not in offline checks
+            "!has(self.format) || self.format != 'cloudevents-binary' || !has(self.batchSize) || self.batchSize == 1",
+            "format cloudevents-binary carries one message per request: batchSize must be 1",
+        ),
+    )
+
     port: int | None = Field(
         None,
         ge=1,
@@ -162,6 +170,18 @@ class PushDelivery(CrdModel):
         description="Backoff before a message whose push failed is pushed again.",
         json_schema_extra={"default": {}},
     )
+    format: Literal["json", "cloudevents-structured", "cloudevents-binary"] = Field(
+        "json",
+        description="Body of a push: json (bucketq's envelope), cloudevents-structured "
+        "(application/cloudevents+json) or cloudevents-binary (the payload as the body, ce-* headers).",
+    )
+
+    @model_validator(mode="after")
+    def _binary_is_one_message(self) -> PushDelivery:
+        # the same rule as the CEL validation, for specs that reach the operator without it
+        if self.format == "cloudevents-binary" and self.batch_size != 1:
+            raise ValueError("format cloudevents-binary carries one message per request: batchSize must be 1")
+        return self
 
 
 class Delivery(CrdModel):

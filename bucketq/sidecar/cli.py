@@ -13,6 +13,7 @@ from typing import Annotated, NoReturn
 
 import typer
 
+from bucketq._typer_help import flags_take_no_value, reflow_help
 from bucketq.errors import ConfigError
 from bucketq.log_levels import LogLevel
 
@@ -108,5 +109,14 @@ def _exit_now(code: int) -> NoReturn:
 
 
 def main() -> None:
-    """Entry point of ``python -m bucketq.sidecar``."""
-    typer.run(command)
+    """Entry point of ``python -m bucketq.sidecar``: the same command, help and settings as
+    ``bucketq sidecar`` (flags shown without a value type, ``-h`` accepted)."""
+    flags_take_no_value()
+    app = typer.Typer(
+        add_completion=False,
+        pretty_exceptions_enable=False,
+        context_settings={"help_option_names": ["-h", "--help"]},
+    )
+    app.command(name="sidecar")(command)
+    reflow_help(app)
+    app(prog_name="python -m bucketq.sidecar")

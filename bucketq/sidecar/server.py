@@ -20,6 +20,7 @@ from bucketq.api_models import (
     PullResponse,
     SettleBatchResponse,
 )
+from bucketq.core.producer import publishing_as
 from bucketq.sidecar import cloud_events
 from bucketq.sidecar.bodies import read_publish, read_publish_batch
 from bucketq.sidecar.delivery import Deliveries
@@ -57,7 +58,9 @@ class Api:
         topic = request.match_info["topic"]
         with self.runtime.tracing.publish(topic, request.headers) as trace:
             message = await read_publish(request, trace)
-            (entry,) = await self.publisher.publish(topic, [message])
+            # the app's connection is the caller: its requests come one after another
+            with publishing_as(request.protocol):
+                (entry,) = await self.publisher.publish(topic, [message])
         if entry.result is None:
             err = ApiError(entry.status, entry.error or "publish_failed", entry.message or "publish failed")
             raise unavailable(err.code, err.message) if entry.status == 503 else err
@@ -73,7 +76,8 @@ class Api:
                     "batch_too_large",
                     f"{len(messages)} messages in one batch; the limit is {self.cfg.max_batch}",
                 )
-            results = await self.publisher.publish(topic, messages)
+            with publishing_as(request.protocol):
+                results = await self.publisher.publish(topic, messages)
         failed = [r for r in results if r.status != 200]
         status = 200
         if failed and len(failed) == len(results) and len({r.status for r in failed}) == 1:

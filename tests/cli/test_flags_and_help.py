@@ -146,3 +146,26 @@ def test_choices_are_listed() -> None:
     assert re.search(r"--consumer\s+-c", sidecar)
     assert re.search(r"--log-level\s+<debug\|info\|warning\|error\|critical>", help_of("operator"))
     assert re.search(r"--namespace\s+-N", help_of("operator"))
+
+
+def test_the_sidecar_module_prints_the_help_of_bucketq_sidecar() -> None:
+    """``python -m bucketq.sidecar`` is the same command: the same help, line for line (no
+    ``<bool>`` on flags, no docstring line break leaking mid-sentence)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "COLUMNS": "80", "TERM": "dumb", "NO_COLOR": "1"}
+    shown = subprocess.run(
+        [sys.executable, "-m", "bucketq.sidecar", "--help"],
+        capture_output=True,
+        text=True,
+        env=env,
+        check=True,
+    ).stdout
+    assert "<bool>" not in shown, "a flag shown as taking a value"
+
+    def lines(text: str) -> list[str]:
+        return [" ".join(line.split()) for line in text.splitlines() if line.strip() and "Usage:" not in line]
+
+    assert lines(shown) == lines(help_of("sidecar", columns=80))

@@ -11,14 +11,16 @@ import asyncio
 import random
 import time
 from collections import Counter, deque
+from typing import Any
 
 import pytest
 
 from bucketq.bench.metered import MeteredStore
 from bucketq.bench.served import ServedStore
-from bucketq.core.batching import AT_ONCE, PROBE_EVERY_S, SILENCE_GAPS, Batcher
+from bucketq.core.batching import AT_ONCE, PROBE_EVERY_S, SILENCE_GAPS, Batcher, Callers
 from bucketq.storage.memory import MemoryStore
 from tests.support.engine_helpers import Backend
+from tests.support.virtual import run_virtual
 
 WRITE_S = 0.005  # what one write takes in these clocks
 
@@ -330,3 +332,115 @@ async def test_a_batch_acked_one_awaited_ack_at_a_time_is_not_held_by_the_linger
     took = time.monotonic() - started
     await b.close_all()
     assert took < 2.0, f"ten awaited acks took {took:.2f}s: each waited for company that never came"
+
+
+# -- a closed loop never waits for company (core/batching.Callers) --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("events", "now", "expected"),
+    [
+        # (caller, what, at): "seen" a publish started, "wait" its item in a batch, "done" settled
+        ([], 0.0, False),  # nobody waits: nothing to close
+        ([("a", "wait", 0.0)], 0.0, True),  # one caller, waiting: it cannot bring company
+        ([("a", "seen", 0.0)], 0.0, False),  # still preparing its item: it may come
+        ([("a", "wait", 0.0), ("b", "wait", 0.0)], 0.0, True),
+        ([("a", "wait", 0.0), ("b", "seen", 0.0)], 0.0, False),
+        # b finished 0.2 s ago, within the memory (0.35 s): it may publish again
+        ([("a", "wait", 1.0), ("b", "wait", 0.8), ("b", "done", 0.8)], 1.0, False),
+        # ... 0.5 s ago: forgotten
+        ([("a", "wait", 1.0), ("b", "wait", 0.5), ("b", "done", 0.5)], 1.0, True),
+        # a caller with two items, one settled, still waits on the other
+        ([("a", "wait", 0.0), ("a", "wait", 0.0), ("a", "done", 0.1)], 0.1, True),
+        ([("a", "wait", 0.0), ("a", "done", 0.1)], 0.1, False),
+        # a waiting caller is never forgotten, however long it waits
+        ([("a", "wait", 0.0), ("b", "wait", 9.0)], 10.0, True),
+        # a task per message, each done before the next (an open loop): the previous one counts
+        ([("t1", "wait", 0.0), ("t1", "done", 0.01), ("t2", "wait", 0.08)], 0.08, False),
+    ],
+)
+def test_a_batch_closes_at_once_when_every_caller_waits(
+    events: list[tuple[str, str, float]], now: float, expected: bool
+) -> None:
+    callers = Callers(0.35)
+    for caller, what, at in events:
+        {"seen": callers.seen, "wait": callers.waiting, "done": callers.settled}[what](caller, at)
+    assert callers.all_waiting(now) is expected
+
+
+async def _producer_on_a_served_store(linger_ms: float) -> tuple[Backend, Any]:
+    """A producer on a store that takes 10 ms a request (virtual), pings off (no sockets)."""
+    store = ServedStore(MemoryStore(), 0.010)
+    b = Backend(
+        "memory", {"backend": "memory", "strategy": "conditional_write", "ping": {"enabled": False}}, store
+    )
+    bq = await b.connect(producer={"linger_ms": linger_ms})
+    await bq.create_topic("t", partitions=1)
+    return b, await bq.register_producer("p")
+
+
+def test_one_awaited_publisher_with_pauses_never_pays_a_linger() -> None:
+    """One task publishes, awaits, pauses 0-100 ms, publishes again (the one-at-a-time publisher).
+    Its gaps are shorter than the linger, so the estimate probes now and then: each probe held
+    the publish for two gaps (about 100 ms) although nothing else could arrive. Now every caller
+    of the producer waits on the batch: it is written at once, every time."""
+
+    async def main() -> list[float]:
+        b, producer = await _producer_on_a_served_store(350)
+        rng = random.Random(25)
+        took = []
+        for i in range(80):
+            started = time.monotonic()
+            await producer.publish("t", i)
+            took.append(time.monotonic() - started)
+            await asyncio.sleep(rng.uniform(0.0, 0.1))
+        await b.close_all()
+        return took
+
+    took = run_virtual(main)
+    steady = took[2:]  # the first publishes find the tail first
+    # a segment PUT (10 ms), and at most a background write (head hint, wake touch) ahead of it
+    assert max(steady) <= 0.0205, [round(t * 1000, 1) for t in steady]
+
+
+def test_awaiting_tasks_are_written_as_soon_as_the_last_one_waits() -> None:
+    """Eight tasks, each awaiting its publish: a segment of 8 per round, none held for company."""
+
+    async def main() -> tuple[list[float], Counter[int]]:
+        b, producer = await _producer_on_a_served_store(350)
+        took: list[float] = []
+        seqs: Counter[int] = Counter()
+
+        async def caller(n: int) -> None:
+            for i in range(30):
+                started = time.monotonic()
+                seqs[(await producer.publish("t", f"{n}-{i}")).seq] += 1
+                took.append(time.monotonic() - started)
+
+        await asyncio.gather(*(caller(n) for n in range(8)))
+        await b.close_all()
+        return took, seqs
+
+    took, seqs = run_virtual(main)
+    steady = [seqs[q] for q in sorted(seqs)[3:-3]]
+    assert steady and min(steady) == 8, [seqs[q] for q in sorted(seqs)]
+    assert max(took[16:]) <= 0.0305, max(took[16:])  # its own PUT, and at most two ahead of it
+
+
+def test_a_task_per_message_stream_still_shares_segments() -> None:
+    """Open loop: a task per message every 20 ms, none awaiting the others. The caller of the
+    previous message counts as one that may come again (it finished within the linger), so the
+    open batch waits for company as before."""
+
+    async def main() -> set[int]:
+        b, producer = await _producer_on_a_served_store(300)
+        pending = []
+        for i in range(100):
+            pending.append(asyncio.ensure_future(producer.publish("t", i)))
+            await asyncio.sleep(0.02)
+        results = await asyncio.gather(*pending)
+        await b.close_all()
+        return {r.seq for r in results}
+
+    segments = run_virtual(main)
+    assert len(segments) <= 30, f"{len(segments)} segments for 100 paced messages: no batching"

@@ -161,6 +161,19 @@ def test_defaults_fill_a_minimal_topic() -> None:
             {"topics": ["t"], "delivery": {"mode": "push", "push": {"batchSize": 1001}}},
             "greater than the maximum",
         ),
+        (
+            "Consumer",
+            {
+                "topics": ["t"],
+                "delivery": {"mode": "push", "push": {"format": "cloudevents-binary", "batchSize": 5}},
+            },
+            "batchSize must be 1",
+        ),
+        (
+            "Consumer",
+            {"topics": ["t"], "delivery": {"mode": "push", "push": {"format": "xml"}}},
+            "xml",
+        ),
         ("DeadLetterPolicy", {"maxDeliveries": 0}, "less than the minimum"),
         (
             "DeadLetterPolicy",
@@ -235,3 +248,26 @@ def test_push_retry_defaults_and_model_rule() -> None:
         ConsumerSpec.model_validate(
             {"topics": ["t"], "delivery": {"mode": "push", "push": {"retry": {"initialSeconds": 90}}}}
         )
+
+
+def test_a_binary_cloudevents_push_with_batches_is_refused_by_the_operator_too() -> None:
+    """The CEL rule's twin in the model: a spec that reached the operator without the API server's
+    validation (an older CRD installed) is refused the same way, never injected half-valid."""
+    from pydantic import ValidationError
+
+    from bucketq.operator.models import ConsumerSpec
+
+    with pytest.raises(ValidationError, match="batchSize must be 1"):
+        ConsumerSpec.model_validate(
+            {
+                "topics": ["t"],
+                "delivery": {"mode": "push", "push": {"format": "cloudevents-binary", "batchSize": 2}},
+            }
+        )
+    spec = ConsumerSpec.model_validate(
+        {"topics": ["t"], "delivery": {"mode": "push", "push": {"format": "cloudevents-binary"}}}
+    )
+    assert spec.delivery.push is not None and spec.delivery.push.format == "cloudevents-binary"
+    assert ConsumerSpec.model_validate(
+        {"topics": ["t"], "delivery": {"mode": "push", "push": {}}}
+    ).delivery.push

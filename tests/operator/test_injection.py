@@ -360,6 +360,7 @@ def test_the_sidecar_reads_the_shutdown_retry_and_batch_settings(monkeypatch: py
                 "push": {
                     "port": 8080,
                     "batchSize": 20,
+                    "format": "cloudevents-structured",
                     "retry": {"initialSeconds": 0.5, "maxSeconds": 30, "multiplier": 3},
                 },
             },
@@ -371,6 +372,7 @@ def test_the_sidecar_reads_the_shutdown_retry_and_batch_settings(monkeypatch: py
     ][0]
     values = env(sidecar)
     assert values["BUCKETQ_SIDECAR_PUSH_BATCH_SIZE"] == "20"
+    assert values["BUCKETQ_SIDECAR_PUSH_FORMAT"] == "cloudevents-structured"
     assert values["BUCKETQ_SIDECAR_PUSH_RETRY_INITIAL_S"] == "0.5"
     assert values["BUCKETQ_SIDECAR_PUSH_RETRY_MAX_S"] == "30"
     assert values["BUCKETQ_SIDECAR_PUSH_RETRY_MULTIPLIER"] == "3"
@@ -380,6 +382,7 @@ def test_the_sidecar_reads_the_shutdown_retry_and_batch_settings(monkeypatch: py
         monkeypatch.setenv(item["name"], kubelet_value(item))
     config = load_config().sidecar
     assert config.push_batch_size == 20
+    assert config.push_format == "cloudevents-structured"
     assert (config.push_retry_initial_s, config.push_retry_max_s, config.push_retry_multiplier) == (
         0.5,
         30,

@@ -81,7 +81,10 @@ def test_a_restarted_operator_answers_from_the_persisted_figures(
 
         kube.delete("consumers", ns, "billing")  # deletionPolicy Retain: the finalizer needs no bucket
         wait_for(lambda: kube.get("consumers", ns, "billing") is None, "Consumer billing to be deleted")
-        status, body = scaling(port, ns, "billing")
+        # the endpoint learns of the deletion from the watch, a moment after the API server
+        status, body = wait_for(
+            lambda: (r := scaling(port, ns, "billing"))[0] != 200 and r, "the endpoint to forget billing", 10
+        )
         assert (status, body["error"]) == (404, "consumer_not_found")
     finally:
         second.stop()

@@ -7,6 +7,11 @@ own look, or after a crash of its sender), duplicates, and forged pings (a ping 
 topic of the run, or garbage bytes, delivered to a random member that listens). None of this may
 change what the checker sees: pings decide nothing.
 
+Rings (the doorbell, version 2) travel the same network: producers ring on every append, and
+rings are lost, delayed, duplicated and replayed like pings; forgeries include rings naming a
+random partition and a sequence number around the ones rung (segments that exist, were read
+long ago, or do not exist yet).
+
 Invariants of this adapter: a datagram is delivered in the receiving process (its callbacks are
 held while that process is paused, never run once it crashed), never in the sender's; its
 draws come from generators of its own (the store's draw no number for it).
@@ -21,7 +26,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from bucketq.core.pings import ping_payload
+from bucketq.core.pings import parse_ring, ping_payload, ring_payload
 
 from .process import CURRENT, SimProcess
 
@@ -64,6 +69,7 @@ class SimPingNetwork:
         self.injected = injected
         self._endpoints: dict[str, _Endpoint] = {}
         self._wake_keys: list[bytes] = []  # payloads seen, for forgeries
+        self._rung: list[tuple[str, int]] = []  # (wake key, seq) of rings seen, for forged rings
 
     def endpoint(self) -> SimPingEndpoint:
         return SimPingEndpoint(self)
@@ -83,6 +89,11 @@ class SimPingNetwork:
         f = self.faults
         if payload not in self._wake_keys:
             self._wake_keys.append(payload)
+        ring = parse_ring(payload)
+        if ring is not None:
+            self.injected["ring_sent"] += 1
+            if (ring.wake_key, ring.seq) not in self._rung:
+                self._rung.append((ring.wake_key, ring.seq))
         if self.rng.random() < f.loss:
             self.injected["ping_lost"] += 1
         else:
@@ -94,9 +105,23 @@ class SimPingNetwork:
             self.injected["ping_forged"] += 1
             target = self.rng.choice(sorted(self._endpoints))
             forged = self.rng.choice(
-                [*self._wake_keys, ping_payload("no-such-topic/.wake"), b"\x00garbage", b""]
+                [
+                    *self._wake_keys,
+                    ping_payload("no-such-topic/.wake"),
+                    b"\x00garbage",
+                    b"",
+                    self._forged_ring(),
+                ]
             )
             self._deliver_later(target, forged)
+
+    def _forged_ring(self) -> bytes:
+        """A ring for a random partition (0-7: some do not exist) naming a sequence number near
+        one rung: a segment that exists, was read long ago, or is not written yet."""
+        if not self._rung:
+            return ring_payload("no-such-topic/.wake", 0, 0)
+        key, seq = self.rng.choice(self._rung)
+        return ring_payload(key, self.rng.randrange(8), max(0, seq + self.rng.randint(-3, 5)))
 
     def _deliver_later(self, address: str, payload: bytes) -> None:
         endpoint = self._endpoints.get(address)
@@ -108,7 +133,7 @@ class SimPingNetwork:
     def _deliver(self, endpoint: _Endpoint, payload: bytes) -> None:
         if endpoint.closed or (endpoint.proc is not None and not endpoint.proc.alive):
             return  # a closed socket, a dead process: nothing receives it
-        self.injected["ping_delivered"] += 1
+        self.injected["ring_delivered" if parse_ring(payload) is not None else "ping_delivered"] += 1
         endpoint.receive(payload)
 
 

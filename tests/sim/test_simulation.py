@@ -7,6 +7,7 @@ every core; a failure lists each failing seed with its violations and the comman
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import random
@@ -22,6 +23,7 @@ import pytest
 
 from .__main__ import rerun_command
 from .history import digest
+from .pings import PingFaults
 from .runner import run_many, run_schedule
 from .schedule import FAMILIES, JOB_FAMILIES, ROUND2_FAMILIES, make_schedule
 
@@ -138,3 +140,43 @@ def test_seeds_that_found_flaws_still_hold() -> None:
 def test_every_family_is_drawn_from_seeds() -> None:
     drawn = {make_schedule(seed).family for seed in range(600)}
     assert drawn == set(FAMILIES) | set(JOB_FAMILIES) | set(ROUND2_FAMILIES) | {"seek"}
+
+
+def _ping_faults(monkeypatch: pytest.MonkeyPatch, **faults: float) -> None:
+    drawn = PingFaults.draw
+
+    def draw(seed: int) -> PingFaults:
+        return dataclasses.replace(drawn(seed), **faults)
+
+    monkeypatch.setattr(PingFaults, "draw", staticmethod(draw))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_with_every_ring_lost_delivery_falls_back_to_polling_and_nothing_is_lost(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The doorbell is a hint (I14): a network that loses every ring and ping leaves pickup to
+    the members' polling, and the checker (everything published is delivered, each settlement
+    once, in order per key) finds nothing wrong."""
+    _ping_faults(monkeypatch, loss=1.0, forge=0.0, duplicate=0.0)
+    result = run_schedule(seed, "mixed")
+    assert result.error is None
+    assert result.injected.get("ring_sent", 0) > 0  # producers rang...
+    assert result.injected.get("ring_delivered", 0) == 0  # ... and no ring arrived
+    assert any(e["ev"] == "deliver" for e in result.events)
+    assert result.ok, result.violations
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_forged_duplicated_late_rings_change_nothing_that_is_delivered(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every datagram duplicated and accompanied by a forgery (replayed rings, rings naming
+    random partitions and sequence numbers), delivered up to 5 s late: the checker still finds
+    nothing wrong."""
+    _ping_faults(monkeypatch, loss=0.0, forge=1.0, duplicate=1.0, max_delay_s=5.0)
+    result = run_schedule(seed, "mixed")
+    assert result.error is None
+    assert result.injected.get("ring_delivered", 0) > 0
+    assert result.injected.get("ping_forged", 0) > 0
+    assert result.ok, result.violations

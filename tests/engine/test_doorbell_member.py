@@ -1,0 +1,211 @@
+"""The doorbell, member side (core/pings.py, invariant I14): a member that owns a partition reads
+the segment a ring names at once, through the normal read path; rings only move *when* it reads.
+
+A producer and a member (two connections, one in-memory store) run on the virtual clock over a
+loopback ping network that can drop, duplicate, delay and forge rings. Delivery is compared with
+what was published (each message once, per partition in order) and the member's reads are
+counted by the metered store.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import pytest
+
+from bucketq import Bucketq, Settings
+from bucketq.bench.metered import MeteredStore
+from bucketq.core.cadence import PING_LOOK_GAP_S, rung_poll_s
+from bucketq.core.pings import RING_VERSION, ring_payload
+from bucketq.storage.memory import MemoryStore
+from tests.support.virtual import run_virtual
+
+Mode = Literal["deliver", "drop", "chaos"]
+
+
+@dataclass
+class Loopback:
+    """The ping port between the connections of one test: ``deliver`` after a millisecond,
+    ``drop`` every datagram, or ``chaos``: each one duplicated, the copies delayed out of order."""
+
+    mode: Mode = "deliver"
+    receivers: dict[str, Callable[[bytes], None]] = field(default_factory=dict)
+    endpoints: int = 0
+
+    def endpoint(self) -> Endpoint:
+        self.endpoints += 1
+        return Endpoint(self, f"udp://127.0.0.1:{7000 + self.endpoints}")
+
+    def deliver(self, address: str, payload: bytes) -> None:
+        receive = self.receivers.get(address)
+        if receive is None or self.mode == "drop":
+            return
+        loop = asyncio.get_running_loop()
+        if self.mode == "deliver":
+            loop.call_later(0.001, receive, payload)
+            return
+        for delay in (0.03, 0.001, 0.2):  # late, early, and much later than the next one
+            loop.call_later(delay, receive, payload)
+
+
+@dataclass
+class Endpoint:
+    hub: Loopback
+    address: str
+
+    async def open(self, receive: Callable[[bytes], None]) -> str | None:
+        self.hub.receivers[self.address] = receive
+        return self.address
+
+    def send(self, address: str, payload: bytes) -> None:
+        self.hub.deliver(address, payload)
+
+    def close(self) -> None:
+        self.hub.receivers.pop(self.address, None)
+
+
+def settings(consumer: dict[str, float] | None = None) -> Settings:
+    return Settings.from_dict(
+        {"backend": "memory", "strategy": "conditional_write", "consumer": consumer or {}}
+    )
+
+
+@dataclass
+class Run:
+    received: list[tuple[int, int]]  # (partition, payload) in delivery order
+    latencies: list[float]
+    segment_gets: int
+    segment_misses: int
+    heartbeat: dict[str, Any]
+
+
+async def one_at_a_time(
+    mode: Mode,
+    *,
+    messages: int = 40,
+    gap: float = 0.1,
+    partitions: int = 1,
+    forge: int = 0,
+    consumer_settings: dict[str, float] | None = None,
+) -> Run:
+    """Publish ``messages`` one at a time ``gap`` apart (each publish awaited: a closed loop, no
+    linger) while a member listens; ``forge`` forged rings for the next, unwritten segment of
+    partition 0 are sent to the member per publish."""
+    hub = Loopback(mode)
+    store = MeteredStore(MemoryStore())
+    producer_bq = Bucketq(settings(), store=store, ping_network=hub.endpoint())
+    member_bq = Bucketq(settings(consumer_settings), store=store, ping_network=hub.endpoint())
+    await producer_bq.open()
+    await member_bq.open()
+    await producer_bq.create_topic("t", partitions=partitions)
+    consumer = await member_bq.register_consumer("g", "t")
+    producer = await producer_bq.register_producer("p")
+    await asyncio.sleep(2.0)  # the member settles into its polling (its first looks found nothing)
+    beat = await store.inner.get(member_bq.keys.member("t", "g", consumer.member))
+    assert beat is not None
+    heartbeat = json.loads(beat.data)
+    received: list[tuple[int, int]] = []
+    latencies: list[float] = []
+    sent_at: dict[int, float] = {}
+    loop = asyncio.get_running_loop()
+    got = asyncio.Event()
+
+    async def handler(msg: Any) -> None:
+        n = int(msg.payload)
+        received.append((msg.partition, n))
+        latencies.append(loop.time() - sent_at[n])
+        got.set()
+
+    stop = asyncio.Event()
+    listening = loop.create_task(consumer.listen(handler, stop=stop))
+    before = dict(store.calls)
+    wake_key = member_bq.keys.wake("t")
+    for n in range(messages):
+        got.clear()
+        sent_at[n] = loop.time()
+        result = await producer.publish("t", n, key=f"k{n}")
+        for _ in range(forge):
+            hub.deliver(consumer.pings.address or "", ring_payload(wake_key, 0, result.seq + 1000 + n))
+        await asyncio.wait_for(got.wait(), timeout=600)
+        await asyncio.sleep(gap)
+    segment_gets = store.calls["GET segment"] - before.get("GET segment", 0)
+    misses = store.calls["GET segment miss"] - before.get("GET segment miss", 0)
+    stop.set()
+    await listening
+    await consumer.close()
+    await producer_bq.close()
+    await member_bq.close()
+    return Run(received, latencies, segment_gets, misses, heartbeat)
+
+
+def assert_each_once_in_order(run: Run, messages: int) -> None:
+    assert sorted(n for _, n in run.received) == list(range(messages))
+    by_partition: dict[int, list[int]] = {}
+    for p, n in run.received:
+        by_partition.setdefault(p, []).append(n)
+    assert all(ns == sorted(ns) for ns in by_partition.values())
+
+
+def test_a_member_that_reads_rings_says_so_in_its_heartbeat() -> None:
+    run = run_virtual(lambda: one_at_a_time("deliver", messages=1))
+    assert run.heartbeat["ping"] == RING_VERSION
+    assert run.heartbeat["wake"].startswith("udp://127.0.0.1:")
+
+
+def test_a_ring_is_answered_by_reading_exactly_the_named_segment() -> None:
+    """Each message is seen one read after it is durable: one GET of its segment, no 404 probe
+    after it, and the fallback polling slowed down (the rings prove the path works)."""
+    rung = run_virtual(lambda: one_at_a_time("deliver"))
+    polled = run_virtual(lambda: one_at_a_time("drop"))
+    assert_each_once_in_order(rung, 40)
+    assert_each_once_in_order(polled, 40)
+    assert max(rung.latencies) < 0.01  # the ring's millisecond, then reads at virtual speed
+    assert sorted(polled.latencies)[20] > 0.02  # polling waits for its next look
+    assert rung.segment_gets == 40
+    # without rings the paced stream is found by polling: a look or more that finds nothing per
+    # message; with them, the slow fallback poll only (4 s of stream, a 5 s rung poll)
+    assert polled.segment_misses >= 40
+    assert rung.segment_misses <= 2
+
+
+@pytest.mark.parametrize("partitions", [1, 3])
+def test_duplicated_reordered_rings_deliver_each_message_once(partitions: int) -> None:
+    run = run_virtual(lambda: one_at_a_time("chaos", partitions=partitions, gap=0.02))
+    assert_each_once_in_order(run, 40)
+    assert run.segment_gets == 40  # a duplicate or a late ring for a segment already read: no GET
+
+
+def test_without_rings_delivery_falls_back_to_polling_with_nothing_lost() -> None:
+    run = run_virtual(lambda: one_at_a_time("drop", gap=0.3))
+    assert_each_once_in_order(run, 40)
+    assert max(run.latencies) <= 0.25  # the active poll (poll_max 100 ms), never a wake poll
+
+
+def test_a_flood_of_forged_rings_costs_at_most_one_look_a_second() -> None:
+    """A forger names a segment that does not exist, 200 times per message: a look that does not
+    find the segment a ring named makes the next ring look wait PING_LOOK_GAP_S (as pings'
+    looks do), so the flood costs at most one GET that finds nothing a second, and delays a
+    pickup by that gap at most; every message is still delivered once."""
+    messages, gap = 20, 0.25
+    run = run_virtual(lambda: one_at_a_time("deliver", messages=messages, gap=gap, forge=200))
+    assert_each_once_in_order(run, messages)
+    seconds = sum(run.latencies) + messages * gap
+    # one forged look per gap, and the fallback poll (slow: the real rings kept finding segments)
+    assert run.segment_misses <= seconds / PING_LOOK_GAP_S + seconds / rung_poll_s(settings().consumer) + 2
+    assert run.segment_gets == messages
+    assert max(run.latencies) <= PING_LOOK_GAP_S + 0.01
+
+
+def test_a_ring_brings_each_message_at_once_however_slow_the_polls() -> None:
+    """Polls a minute apart on an active topic: only the rings bring the messages, each at once
+    (ring looks wait a quarter second at most after the last, whatever poll_max_ms says)."""
+    slow = {"poll_min_ms": 60_000, "poll_max_ms": 60_000, "idle_after_s": 3600, "commit_linger_ms": 0}
+    run = run_virtual(
+        lambda: one_at_a_time("deliver", messages=6, partitions=2, gap=0.5, consumer_settings=slow)
+    )
+    assert_each_once_in_order(run, 6)
+    assert max(run.latencies) < 0.01
