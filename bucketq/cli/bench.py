@@ -187,7 +187,12 @@ def bench(
         "with -s idle alone: idle sidecars whose apps long-poll; with -s one-at-a-time alone: two apps "
         "beside their sidecars, the consumer's pulling, then pushed to).",
     ),
-    spark: bool = typer.Option(False, "--spark", help="Spark read and write throughput on local[2] instead."),
+    spark: bool = typer.Option(
+        False,
+        "--spark",
+        help="Spark read and write on local[2] against df.write.json/spark.read.json instead "
+        "(--backend file, moto or seaweedfs; wall and process-tree CPU seconds).",
+    ),
 ) -> None:
     """Measure throughput, S3 requests and cost per message, latency, losses."""
     names = [s.value for s in scenario]
@@ -201,9 +206,13 @@ def bench(
                 "models a server on --backend memory; --via sidecar and --spark run real servers",
                 param_hint="--service-ms" if service_ms is not None else "--service-servers",
             )
+        if spark and backend is BenchBackend.file:
+            run(_bench_spark_file(messages, partitions, payload_bytes, json_file))
+            return
         if backend not in (BenchBackend.moto, BenchBackend.seaweedfs):
             raise typer.BadParameter(
-                "--via sidecar and --spark need --backend moto or seaweedfs", param_hint="--backend"
+                "--via sidecar needs --backend moto or seaweedfs; --spark file, moto or seaweedfs",
+                param_hint="--backend",
             )
         run(
             _bench_server(
@@ -383,15 +392,9 @@ async def _bench_server(
         else:
             from bucketq.bench.spark import run_spark_bench
 
+            settings = server.settings(bucket=bucket)
             records = await asyncio.to_thread(
-                run_spark_bench,
-                server.endpoint_url,
-                bucket,
-                messages,
-                partitions,
-                payload_bytes,
-                access_key=server.access_key,
-                secret_key=server.secret_key,
+                run_spark_bench, settings, backend, messages, partitions, payload_bytes
             )
     keys = (
         (
@@ -406,25 +409,56 @@ async def _bench_server(
             "rss_peak_mib",
         )
         if kind == "sidecar"
-        else (
-            "scenario",
-            "messages",
-            "seconds",
-            "msgs_per_s",
-            "vs_json",
-            "bytes_per_message",
-            "s3_requests_per_message",
-        )
+        else SPARK_COLUMNS
     )
+    _print_records(console, records, keys, f"bucketq bench ({kind}, {backend})", json_file)
+    bad = [r for r in records if r.get("duplicates") or r.get("lost")]
+    if bad:
+        raise CliError(f"runs with problems: {bad}", EXIT_ERROR)
+
+
+SPARK_COLUMNS = (
+    "scenario",
+    "messages",
+    "seconds",
+    "cpu_s",
+    "vs_json",
+    "vs_json_cpu",
+    "target",
+    "bytes_per_message",
+    "s3_requests_per_message",
+)
+
+
+async def _bench_spark_file(
+    messages: int, partitions: int, payload_bytes: int, json_file: Path | None
+) -> None:
+    """The Spark benchmark on the file backend (a temporary directory; no server)."""
+    import asyncio
+    import tempfile
+
+    from bucketq.bench.spark import run_spark_bench
+    from bucketq.config import Settings
+
+    console = Console()
+    with tempfile.TemporaryDirectory(prefix="bucketq-bench-file-") as root:
+        settings = Settings.from_dict({"backend": "file", "file_path": root, "strategy": "conditional_write"})
+        with console.status("running spark on file…"):
+            records = await asyncio.to_thread(
+                run_spark_bench, settings, "file", messages, partitions, payload_bytes
+            )
+    _print_records(console, records, SPARK_COLUMNS, "bucketq bench (spark, file)", json_file)
+
+
+def _print_records(
+    console: Console, records: list[dict[str, Any]], keys: tuple[str, ...], title: str, json_file: Path | None
+) -> None:
     from rich.table import Table
 
-    table = Table(*keys, title=f"bucketq bench ({kind}, {backend})")
+    table = Table(*keys, title=title)
     for rec in records:
         table.add_row(*(str(rec.get(k, "-")) for k in keys))
     console.print(table)
     if json_file is not None:
         json_file.write_text(json.dumps(records, indent=2) + "\n")
         console.print(f"wrote {len(records)} run(s) to {json_file}")
-    bad = [r for r in records if r.get("duplicates") or r.get("lost")]
-    if bad:
-        raise CliError(f"runs with problems: {bad}", EXIT_ERROR)

@@ -1,7 +1,11 @@
 """``bucketq spark ...``: export, backfill, redrive and stats as local Spark jobs, with progress.
 
 The connection comes from the global ``bucketq`` options (``--bucket``, ``--endpoint-url``,
-``--config``, ``BUCKETQ_*``). pyspark is imported only when a command runs.
+``--config``, ``BUCKETQ_*``). pyspark is imported only when a command runs. The vocabulary is the
+other commands': the topic is an argument (``bucketq spark export orders --to ...``), times take
+the one syntax of ``bucketq peek --since`` (``15m``, ``1h30m``, ISO 8601, Unix seconds), and
+``spark redrive`` names a topic or its dead-letter topic as ``bucketq dlq redrive`` does. Every
+value is checked before a Spark session starts.
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ import typer
 from rich.table import Table
 
 from bucketq.cli.connection import connection
-from bucketq.cli.errors import EXIT_ERROR, CliError, fail, out
+from bucketq.cli.dlq import resolve
+from bucketq.cli.errors import EXIT_ERROR, CliError, fail, out, run
+from bucketq.cli.formats import TIME_HELP, parse_time
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -71,16 +77,16 @@ def _fail(ctx: typer.Context, exc: Exception) -> NoReturn:
 @app.command("export")
 def export_command(
     ctx: typer.Context,
-    topic: str = typer.Option(..., "--topic", "-t", help="Topic (or dead-letter topic) to archive."),
+    topic: str = typer.Argument(..., help="Topic (or dead-letter topic) to archive."),
     to: str = typer.Option(
         ..., "--to", help="Output directory (local path or any Spark URI, e.g. s3a://...)."
     ),
     fmt: ExportFormat = typer.Option(ExportFormat.parquet, "--format", "-f", help="File format."),
     since: str | None = typer.Option(
-        None, "--since", help="Only messages created at or after (ISO-8601 or unix s)."
+        None, "--since", help=f"Only messages created at or after this time: {TIME_HELP}."
     ),
     until: str | None = typer.Option(
-        None, "--until", help="Only messages created before (ISO-8601 or unix s)."
+        None, "--until", help=f"Only messages created before this time: {TIME_HELP}."
     ),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace an existing output directory."),
     master: str = MASTER,
@@ -90,6 +96,10 @@ def export_command(
     from bucketq.spark import pipelines
 
     try:
+        window = {  # Unix seconds, as the source's since/until options take them (before Spark starts)
+            name: None if text is None else repr(parse_time(text))
+            for name, text in (("since", since), ("until", until))
+        }
         started = time.monotonic()
         spark = _session(ctx, master)
         count = pipelines.export(
@@ -98,8 +108,8 @@ def export_command(
             topic,
             to,
             fmt.value,
-            since=since,
-            until=until,
+            since=window["since"],
+            until=window["until"],
             overwrite=overwrite,
             show=not quiet,
         )
@@ -113,9 +123,9 @@ def export_command(
 @app.command("backfill")
 def backfill_command(
     ctx: typer.Context,
+    topic: str = typer.Argument(..., help="Target topic."),
     source: str = typer.Option(..., "--from", help="Dataset to load (file, directory or Spark URI)."),
     fmt: InputFormat = typer.Option(InputFormat.parquet, "--format", "-f", help="Dataset format."),
-    topic: str = typer.Option(..., "--topic", "-t", help="Target topic."),
     partitions: int | None = typer.Option(
         None, "--create", min=1, help="Create the topic with this many partitions if it does not exist."
     ),
@@ -161,31 +171,77 @@ def backfill_command(
         out().print(
             f"nothing to do: job {report['job']} already published {report['messages']} messages to {topic}"
         )
+        if report.get("input_changed"):
+            out().print(
+                "[yellow]warning:[/] this run's input differs from the committed run's; "
+                "nothing of it was written (give another --job-id to write it)"
+            )
         return
-    out().print(
-        f"published {report['messages']} messages to {topic} in {report['segments']} segments "
+    line = (
+        f"published {report['messages']} messages to {topic} in {report.get('chunks', 0)} chunks "
         f"({report['bytes'] / 1e6:.1f} MB) in {time.monotonic() - started:.1f}s"
     )
+    if report.get("skipped_ids"):
+        line += (
+            f"; skipped {report['skipped_ids']} rows whose id the topic already had or the dataset repeated"
+        )
+    out().print(line)
 
 
 @app.command("redrive")
 def redrive_command(
     ctx: typer.Context,
-    dlq: str = typer.Option(..., "--dlq", help="Dead-letter topic, e.g. orders.dlq."),
-    topic: str = typer.Option(..., "--topic", "-t", help="Source topic to move the dead letters back to."),
+    name: str = typer.Argument(..., help="A topic (its dead letters) or a dead-letter topic."),
+    to: str | None = typer.Option(
+        None,
+        "--to",
+        help="The source topic to move them back to, when the argument is a dead-letter topic. "
+        "\\[default: the topic given]",
+    ),
     where: str | None = typer.Option(
         None,
         "--filter",
         help="SQL condition on the dead letters, e.g. \"headers['bucketq-dlq-reason'] = 'timeout'\".",
     ),
-    consumer: str = typer.Option("redrive", "--consumer", help="The dead-letter topic's redrive consumer."),
+    consumer: str = typer.Option(
+        "redrive", "--redrive-consumer", help="The dead-letter topic's subscription that records what moved."
+    ),
     batch: int = typer.Option(100_000, "--batch", min=1, help="Dead letters per round."),
+    spark_above: int = typer.Option(
+        10_000,
+        "--spark-above",
+        min=0,
+        help="Up to this many waiting dead letters (and no --filter) are moved without Spark, as "
+        "'bucketq dlq redrive' does: seconds instead of a Spark job. 0: always Spark.",
+    ),
     master: str = MASTER,
     quiet: bool = QUIET,
 ) -> None:
-    """Move dead letters back to their source topic (acked in the DLQ only once durable there)."""
+    """Move dead letters back to their source topic (acked in the DLQ only once durable there).
+
+    Few dead letters (up to --spark-above, no --filter) are moved the way 'bucketq dlq redrive'
+    moves them, in seconds; a Spark job is for millions."""
     from bucketq.spark import pipelines
 
+    dlq, topic = _redrive_topics(ctx, name, to)
+    if where is None:
+        try:
+            small = pipelines.redrive_without_spark(
+                _settings(ctx), dlq, topic, consumer=consumer, limit=spark_above
+            )
+        except Exception as exc:
+            _fail(ctx, exc)
+        if small is not None:
+            out().print(
+                f"redrove {small.moved} dead letters from {dlq} to {topic} without Spark (at most "
+                f"{spark_above} waited: the path of 'bucketq dlq redrive'); acked {small.acked} in "
+                f"consumer {consumer!r}"
+            )
+            if small.lost:
+                out().print(
+                    f"[yellow]warning:[/] {small.lost} acks lost their lease (those may be redriven again)"
+                )
+            return
     try:
         spark = _session(ctx, master)
         report = pipelines.redrive(
@@ -204,10 +260,34 @@ def redrive_command(
         )
 
 
+def _redrive_topics(ctx: typer.Context, name: str, to: str | None) -> tuple[str, str]:
+    """(dead-letter topic, source topic) of ``spark redrive NAME [--to SOURCE]``: NAME is a topic
+    (its dead letters move back into it) or a dead-letter topic (then --to names the source)."""
+    conn = connection(ctx)
+
+    async def find() -> tuple[str, str]:
+        async with conn.open() as bq:
+            dlq, source = await resolve(bq, name)
+        if source is not None and to is not None and to != source:
+            raise CliError(
+                f"the Spark redrive moves {source!r}'s dead letters back into {source!r}, not {to!r}: "
+                f"use 'bucketq dlq redrive {source} --to {to}'"
+            )
+        target = source or to
+        if target is None:
+            raise CliError(
+                f"{name!r} is a dead-letter topic: name the source topic its dead letters go back to "
+                "('bucketq spark redrive SOURCE', or --to SOURCE)"
+            )
+        return dlq, target
+
+    return run(find(), debug=conn.debug)
+
+
 @app.command("stats")
 def stats_command(
     ctx: typer.Context,
-    topic: str = typer.Option(..., "--topic", "-t", help="Topic to analyse."),
+    topic: str = typer.Argument(..., help="Topic to analyse."),
     hours: int = typer.Option(48, "--hours", min=1, help="Most recent hours to list."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of tables."),
     master: str = MASTER,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +16,7 @@ from bucketq.config import (
     Settings,
     SettingsOverrides,
 )
+from bucketq.core.bucket_format import FORMAT, UPGRADABLE_FORMATS, ensure_format  # noqa: F401 (re-exported)
 from bucketq.core.consumer import Consumer
 from bucketq.core.fences import DELTA_GRACE_S, SEGMENT_GRACE_S
 from bucketq.core.gc import GcReport, collect_garbage
@@ -38,27 +38,11 @@ from bucketq.core.subscriptions import (
 )
 from bucketq.core.topics import TopicCatalog, TopicInfo
 from bucketq.core.udp_pings import udp_pings
-from bucketq.errors import (
-    AlreadyExists,
-    BucketqError,
-    ConfigError,
-    Contended,
-    PreconditionFailed,
-    StorageError,
-)
+from bucketq.errors import BucketqError, ConfigError, StorageError
 from bucketq.publish_options import PublishFields, PublishOptions
 from bucketq.storage import ObjectStore, Storage, open_storage
 
 log = logging.getLogger("bucketq")
-
-# Storage format 2 adds GC fences, topic incarnations and the ``expire`` op; format 3 the ``seek``
-# op and the topic retention limits; format 4 stamps cursor deltas and checkpoints with the topic
-# incarnation (docs/protocol.md, I6). Every older object is a valid format-4 object, so an older
-# bucket is upgraded in place on open; processes of an older format then refuse the bucket when
-# they next start (stop them first: a running format-3 process would apply a delta or load a
-# checkpoint of another incarnation that format-4 replicas refuse, and diverge from them).
-FORMAT = 4
-UPGRADABLE_FORMATS = (1, 2, 3)
 
 
 class Bucketq:
@@ -159,34 +143,7 @@ class Bucketq:
         return self
 
     async def _bootstrap(self) -> None:
-        key = self.keys.format_marker()
-        try:
-            await self.storage.create(key, json.dumps({"format": FORMAT}).encode())
-            return
-        except (AlreadyExists, Contended):
-            pass
-        blob = await self.storage.get(key)
-        if blob is not None:
-            found = json.loads(blob.data).get("format")
-            if found in UPGRADABLE_FORMATS:
-                log.warning(
-                    "upgrading bucket storage format %s to %s in place; stop processes of older versions: "
-                    "they do not honour GC fences",
-                    found,
-                    FORMAT,
-                )
-                try:
-                    await self.storage.store.put(
-                        key, json.dumps({"format": FORMAT}).encode(), if_match=blob.etag
-                    )
-                except PreconditionFailed:
-                    pass  # another process upgraded it at the same moment
-                return
-            if found != FORMAT:
-                raise BucketqError(
-                    f"bucket holds bucketq storage format {found}; this version speaks {FORMAT}"
-                    + (": upgrade bucketq" if isinstance(found, int) and found > FORMAT else "")
-                )
+        await ensure_format(self.storage, self.keys)
 
     async def close(self) -> None:
         """Close consumers (draining), flush producers, release connections."""

@@ -532,7 +532,9 @@ async def _collect_transactions(
         deleter.report.transactions += 1
 
     names = topics if topics is not None else await catalog.names()
-    await collect_transactions(storage, keys, names, delete, now=now, include_staging=topics is None)
+    await collect_transactions(
+        storage, keys, names, delete, now=now, include_staging=topics is None, foreign=deleter.report.foreign
+    )
 
 
 async def _collect_claims(

@@ -70,12 +70,34 @@ def heartbeat_member(key: str, prefix: str) -> str | None:
     return rest[: -len(".json")]
 
 
+# A transaction record's id (``{job}.{n:06d}``, a job id being ASCII letters, digits and '-') and a
+# columnar chunk's name under ``chunk/`` (``{job}/{run}/t{task}-a{attempt}/p{PPPP}-{n}.arrow``)
+_TXN_ID = r"[A-Za-z0-9-]{1,128}\.\d{6,}"
+_CHUNK_NAME = rf"[A-Za-z0-9-]{{1,128}}/[A-Za-z0-9-]+/t\d+-a\d+/p\d{{{PARTITION_WIDTH}}}-\d{{6,}}\.arrow"
+
+
+def txn_of(key: str, prefix: str) -> str | None:
+    """The transaction id of a record key under ``prefix`` (``Keys.txn_prefix``), or ``None`` for
+    any other name there (a foreign object, I8: never read as a record)."""
+    rest = key[len(prefix) :] if key.startswith(prefix) else ""
+    if not rest.endswith(".json") or re.fullmatch(_TXN_ID, rest[: -len(".json")]) is None:
+        return None
+    return rest[: -len(".json")]
+
+
+def chunk_name_of(key: str, prefix: str) -> str | None:
+    """The name of a columnar chunk key under ``prefix`` (``Keys.chunks_prefix``), or ``None`` for
+    any other name there (a foreign object, I8: never deleted by GC)."""
+    rest = key[len(prefix) :] if key.startswith(prefix) else ""
+    return rest if re.fullmatch(_CHUNK_NAME, rest) is not None else None
+
+
 # What bucketq writes under a topic's prefix R/{topic}/ (the rest of the key), for listings that
 # must not touch anything else: GC's collection of a deleted topic's leftovers.
 _TOPIC_OBJECT = re.compile(
     rf"p\d{{{PARTITION_WIDTH}}}/(seg/\d{{{SEQ_WIDTH}}}\.jsonl|head\.json|floor\.json)"
     rf"|subs/[a-z0-9][a-z0-9.-]*/p\d{{{PARTITION_WIDTH}}}/((log|ckpt)/\d{{{SEQ_WIDTH}}}\.json|trim\.json)"
-    r"|dedup/[0-9a-f]{64}|txn/[^/]+\.json|\.topic|\.wake"
+    rf"|dedup/[0-9a-f]{{64}}|txn/{_TXN_ID}\.json|chunk/{_CHUNK_NAME}|\.topic|\.wake"
 )
 
 
@@ -203,6 +225,19 @@ class Keys:
     def txn(self, topic: str, txn_id: str) -> str:
         return self._k(f"{topic}/txn/{txn_id}.json")
 
+    # columnar chunks of write jobs (format 5, core/chunks.py): written once at their final key,
+    # ``{job}/{run}/{attempt}/p{PPPP}-{n}.arrow``, made part of a partition by a reference segment
+    def chunks_prefix(self, topic: str) -> str:
+        return self._k(f"{topic}/chunk/")
+
+    def chunk(self, topic: str, name: str) -> str:
+        """A chunk's key from its name (its path under :meth:`chunks_prefix`)."""
+        return self._k(f"{topic}/chunk/{name}")
+
+    def chunk_run_prefix(self, topic: str, job: str, run: str | None = None) -> str:
+        """Every chunk of a write job (or of one run of it) in ``topic``."""
+        return self._k(f"{topic}/chunk/{job}/" + (f"{run}/" if run else ""))
+
     # Spark jobs: per-run staging areas, abort markers, job reports and pipeline intents
     def spark_prefix(self) -> str:
         return self._k("_spark/")
@@ -253,6 +288,7 @@ _KINDS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
         (rf"{_P}floor\.json$", "fence"),
         (r"/dedup/", "dedup"),
         (r"/txn/", "txn"),
+        (r"/chunk/", "chunk"),
         (r"/\.topic$", "topic"),
         (r"/\.wake$", "wake"),
         (r"/subs/", "subscription"),  # last: a topic may be named "subs"
@@ -264,7 +300,7 @@ def key_kind(key: str) -> str:
     """The kind of protocol object a key or LIST prefix of :class:`Keys` (any root) names.
 
     One of ``format``, ``probe``, ``member``, ``registry``, ``spark``, ``delta``, ``checkpoint``,
-    ``fence``, ``subscription``, ``segment``, ``head``, ``dedup``, ``txn``, ``topic``, ``wake``; ``other``
+    ``fence``, ``subscription``, ``segment``, ``head``, ``dedup``, ``txn``, ``chunk``, ``topic``, ``wake``; ``other``
     for anything else (a topic or root prefix). For metering and diagnostics (``bucketq bench``
     counts requests by kind); the engine itself only ever builds keys.
     """

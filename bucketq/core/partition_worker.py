@@ -18,11 +18,11 @@ from bucketq.core.fences import SEGMENT_TRUST_S, FenceView
 from bucketq.core.ids import token
 from bucketq.core.keys import Keys
 from bucketq.core.message import Message, Receipt
-from bucketq.core.segment import Record, Segment, SegmentHeader, decode_header, decode_segment
+from bucketq.core.refsegment import header_or_stand_in, load_or_stand_in
+from bucketq.core.segment import Record, Segment
 from bucketq.core.subscriptions import start_cursor
 from bucketq.core.topics import TopicFence
 from bucketq.core.txn import txn_visibility
-from bucketq.errors import StorageError
 from bucketq.storage import Storage
 
 log = logging.getLogger("bucketq.consumer")
@@ -50,6 +50,8 @@ def seen_op(segment: Segment, consumer: str, incarnation: str = "") -> Op:
     incarnation of the topic (a writer fenced off by its deletion) enters with every message
     skipped (invariant I6)."""
     h = segment.header
+    if segment.hidden and h.is_reference:  # its chunks were never read: every message is skipped
+        return Op("seen", h.seq, count=h.count, base=h.base, skip=list(range(h.count)))
     if not segment.records and (h.count > 0 or h.base < 0):
         return Op("seen", h.seq, count=0, base=h.base, corrupt=True)
     if incarnation and h.incarnation is not None and h.incarnation != incarnation:
@@ -301,15 +303,18 @@ class PartitionWorker:
                 if nxt < fence.floor and not self._discovered:
                     self._expire_to = (fence.floor, fence.base)
                 break
-            segment = _decode(blob.data, self.topic, self.partition, nxt)
-            if segment.header.txn is not None:
+            header = header_or_stand_in(blob.data, self.topic, self.partition, nxt)
+            hidden = False
+            if header.txn is not None:
                 # Job commits (core/txn.py): shown only once its transaction committed this very
                 # segment; an unresolved transaction stops discovery here until it resolves.
-                verdict = await txn_visibility(self.storage, self.keys, self.topic, segment.header)
+                verdict = await txn_visibility(self.storage, self.keys, self.topic, header)
                 if verdict == "wait":
                     break
-                if verdict == "skip":
-                    segment = Segment(segment.header, segment.records, hidden=True)
+                hidden = verdict == "skip"
+            segment = await load_or_stand_in(
+                self.storage, self.keys, blob.data, self.topic, self.partition, nxt, hidden
+            )
             self._discovered.append(segment)
             found += 1
             nxt += 1
@@ -328,7 +333,9 @@ class PartitionWorker:
         for seq in wanted:
             blob = await self.storage.get(self.keys.segment(self.topic, self.partition, seq))
             if blob is not None:
-                self._segments[seq] = _decode(blob.data, self.topic, self.partition, seq)
+                self._segments[seq] = await load_or_stand_in(
+                    self.storage, self.keys, blob.data, self.topic, self.partition, seq
+                )
                 continue
             fence = await self.floor_fence.fresh()
             if seq < fence.floor and (self._expire_to is None or self._expire_to[0] < fence.floor):
@@ -728,22 +735,6 @@ class PartitionWorker:
     def busy(self) -> bool:
         """A cycle (and its commit) is in progress."""
         return self._lock.locked()
-
-
-def _decode(data: bytes, topic: str, partition: int, seq: int) -> Segment:
-    """The segment, or, when it cannot be decoded, an empty stand-in (logged) that lets the
-    partition move on: one bad object must not stall every consumer of the partition."""
-    try:
-        return decode_segment(data)
-    except (StorageError, ValueError, KeyError, TypeError) as exc:
-        log.error(
-            "%s/p%d: segment %d cannot be decoded (%s); its messages are skipped", topic, partition, seq, exc
-        )
-        try:
-            header = decode_header(data)
-        except StorageError:
-            header = SegmentHeader(topic, partition, seq, 0, -1, None, 0.0, "")
-        return Segment(header, [])
 
 
 def _preview(state: CursorState, op: Op) -> CursorState:

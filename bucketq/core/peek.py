@@ -23,7 +23,8 @@ from typing import Any, Literal
 from bucketq.core.cursor import CursorState
 from bucketq.core.cursor_log import CursorLog
 from bucketq.core.keys import Keys
-from bucketq.core.segment import Record, Segment, decode_segment
+from bucketq.core.refsegment import load_segment
+from bucketq.core.segment import Record, Segment, decode_header
 from bucketq.core.topics import TopicCatalog, find_tail, first_segment
 from bucketq.core.txn import TxnResolver
 from bucketq.errors import InvalidArgument
@@ -165,8 +166,7 @@ async def visible_segments(
         blob = await storage.get(keys.segment(topic, partition, seq))
         if blob is None:
             return
-        segment = decode_segment(blob.data)
-        h = segment.header
+        h = decode_header(blob.data)
         seq += 1
         if h.incarnation is not None and h.incarnation != incarnation:
             continue  # written by a writer fenced off by the topic's deletion: never part of it
@@ -174,7 +174,7 @@ async def visible_segments(
         if verdict == "wait":
             return
         if verdict == "visible":
-            yield segment
+            yield await load_segment(storage, keys, blob.data)  # a reference segment's chunks too
 
 
 async def _start_seq(
@@ -222,7 +222,7 @@ async def segment_at(
             blob = await storage.get(keys.segment(topic, partition, seq))
             if blob is None:  # freed while we looked
                 return None
-            h = decode_segment(blob.data).header
+            h = decode_header(blob.data)
             headers[seq] = (h.base, h.count, h.created_at)
         return headers[seq]
 

@@ -23,6 +23,7 @@ from bucketq.core.producer_peers import ProducerPeers
 from bucketq.core.segment import (
     Record,
     build_record,
+    decode_header,
     decode_segment,
     encode_record,
 )
@@ -708,6 +709,9 @@ class Producer:
             if blob is None:
                 return None
             try:
+                if decode_header(blob.data).is_reference:
+                    seq += 1  # a job commit's: never holds an idempotent publish
+                    continue
                 segment = decode_segment(blob.data)
             except StorageError:
                 seq += 1

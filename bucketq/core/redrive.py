@@ -32,7 +32,7 @@ from bucketq.core.ids import token
 from bucketq.core.keys import Keys
 from bucketq.core.partition_worker import REDRIVE_FOR_HEADER, seen_op
 from bucketq.core.peek import PeekedMessage, state_of, visible_segments
-from bucketq.core.segment import Segment, decode_segment
+from bucketq.core.refsegment import header_or_stand_in, load_or_stand_in
 from bucketq.core.subscriptions import start_cursor
 from bucketq.core.txn import TxnResolver
 from bucketq.errors import InvalidArgument
@@ -132,11 +132,12 @@ async def _seen_ops(
         blob = await storage.get(keys.segment(topic, partition, seq))
         if blob is None:
             break
-        segment = decode_segment(blob.data)
-        verdict = await resolver.visibility(segment.header)
+        header = header_or_stand_in(blob.data, topic, partition, seq)
+        verdict = await resolver.visibility(header)
         if verdict == "wait":
             break  # an unresolved job commit: the cursor does not go past it
-        ops.append(seen_op(Segment(segment.header, segment.records, hidden=verdict == "skip"), consumer))
+        segment = await load_or_stand_in(storage, keys, blob.data, topic, partition, seq, verdict == "skip")
+        ops.append(seen_op(segment, consumer))
     return ops
 
 

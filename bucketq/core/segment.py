@@ -12,10 +12,29 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bucketq.core.ids import message_id
-from bucketq.errors import InvalidMessage, MessageTooLarge, StorageError
+from bucketq.errors import BucketqError, InvalidMessage, MessageTooLarge, StorageError
 
 FORMAT_VERSION = 1
+# Header "v" of a reference segment (format 5): its lines name columnar chunks instead of holding
+# messages (core/refsegment.py). A reader refuses a segment whose "v" it does not know.
+REF_VERSION = 2
 JSON_CONTENT_TYPE = "application/json"
+# The codec of a reference segment's lines (chunk references, core/refsegment.py)
+REF_CODEC = "ref"
+
+
+class UnsupportedSegment(BucketqError):
+    """A segment or chunk this version of bucketq cannot read (a newer format, a codec it does
+    not know, or pyarrow missing for columnar chunks).
+
+    Never a :class:`StorageError`: readers that enter an undecodable (corrupt) segment as empty
+    must not do so with this one. It is refused, loudly, until a version that reads it runs (I19).
+    """
+
+
+class ChunkedSegment(BucketqError):
+    """:func:`decode_segment` of a reference segment: its messages are in chunks, which only
+    :func:`bucketq.core.refsegment.load_segment` (it reads them from the store) decodes."""
 
 
 def _dumps(value: Any) -> str:
@@ -162,12 +181,17 @@ class SegmentHeader:
     txn: str | None = None
     chunk: int | None = None
     # How the message lines after the header are encoded: absent = plain JSON Lines; "zlib" = one
-    # zlib stream of the same lines (the header line itself always stays plain JSON).
+    # zlib stream of the same lines (the header line itself always stays plain JSON); "ref" = the
+    # lines name columnar chunks that hold the messages (a reference segment, format 5).
     codec: str | None = None
+
+    @property
+    def is_reference(self) -> bool:
+        return self.codec == REF_CODEC
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {
-            "v": FORMAT_VERSION,
+            "v": REF_VERSION if self.is_reference else FORMAT_VERSION,
             "topic": self.topic,
             "partition": self.partition,
             "seq": self.seq,
@@ -229,6 +253,11 @@ def encode_segment(header: SegmentHeader, lines: list[bytes]) -> bytes:
 def segment_lines(data: bytes, header: SegmentHeader) -> list[bytes]:
     """The message lines of an encoded segment (decompressed when the header names a codec)."""
     body = data.split(b"\n", 1)[1] if b"\n" in data else b""
+    if header.codec == REF_CODEC:
+        raise ChunkedSegment(
+            f"segment {header.topic}/p{header.partition}/{header.seq} references columnar chunks: "
+            "read it with bucketq.core.refsegment.load_segment"
+        )
     if header.codec == "zlib":
         try:
             body = zlib.decompress(body)
@@ -237,8 +266,9 @@ def segment_lines(data: bytes, header: SegmentHeader) -> list[bytes]:
                 f"corrupt segment {header.topic}/p{header.partition}/{header.seq}: {exc}"
             ) from None
     elif header.codec is not None:
-        raise StorageError(
-            f"segment {header.topic}/p{header.partition}/{header.seq} has unknown codec {header.codec!r}"
+        raise UnsupportedSegment(
+            f"segment {header.topic}/p{header.partition}/{header.seq} has codec {header.codec!r}, "
+            "unknown to this bucketq: upgrade bucketq"
         )
     return [line for line in body.split(b"\n") if line.strip()]
 
@@ -247,6 +277,14 @@ def decode_header(data: bytes) -> SegmentHeader:
     first = data.split(b"\n", 1)[0]
     try:
         obj = json.loads(first)
+        version = obj.get("v", FORMAT_VERSION)
+    except (ValueError, AttributeError) as exc:
+        raise StorageError(f"corrupt segment header: {exc}") from None
+    if isinstance(version, int) and version > REF_VERSION:
+        raise UnsupportedSegment(
+            f"segment header version {version} (this bucketq reads up to {REF_VERSION}): upgrade bucketq"
+        )
+    try:
         return SegmentHeader(
             topic=obj["topic"],
             partition=int(obj["partition"]),

@@ -91,6 +91,12 @@ class SegmentWriter:
             self.next_seq = None
         return self.incarnation
 
+    async def start_at(self, seq: int, offset: int) -> None:
+        """Start at a tail found moments ago (saves finding it again; a segment appended since is
+        met by a 412 and passed like any rival's)."""
+        await self._bind()
+        self.next_seq, self.next_offset = seq, offset
+
     async def _find_tail(self) -> None:
         await self.fence.refresh()
         self.next_seq, self.next_offset = await find_tail(self.storage, self.keys, self.topic, self.partition)

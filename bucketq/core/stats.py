@@ -17,7 +17,7 @@ from bucketq.core.cursor import CursorState
 from bucketq.core.cursor_log import CursorLog
 from bucketq.core.keys import Keys
 from bucketq.core.membership import live_heartbeats
-from bucketq.core.segment import decode_segment
+from bucketq.core.refsegment import created_at_of
 from bucketq.core.topics import TopicCatalog, TopicFence, find_tail
 from bucketq.storage import Storage
 
@@ -123,12 +123,9 @@ async def _oldest_age(
     blob = await storage.get(keys.segment(topic, partition, seq))
     if blob is None:
         return None
-    seg = decode_segment(blob.data)
     done = state.segments[seq].done if seq in state.segments else set()
-    for idx, record in enumerate(seg.records):
-        if idx not in done:
-            return max(0.0, now - record.created_at)
-    return None
+    created = await created_at_of(storage, keys, blob.data, done)
+    return None if created is None else max(0.0, now - created)
 
 
 async def live_members(

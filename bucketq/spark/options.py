@@ -51,6 +51,7 @@ READ_OPTIONS = frozenset(
         "minpartitions",
         "deadletters",
         "pushdown",
+        "columns",
     }
 )
 STREAM_OPTIONS = frozenset(
@@ -62,6 +63,7 @@ STREAM_OPTIONS = frozenset(
         "minpartitions",
         "startingoffsets",
         "maxsegmentspertrigger",
+        "columns",
     }
 )
 WRITE_OPTIONS = frozenset(
@@ -73,6 +75,7 @@ WRITE_OPTIONS = frozenset(
         "jobid",
         "compression",
         "txntimeout",
+        "changedinput",
     }
 )
 # How the options are spelled in the docs (for error messages)
@@ -101,6 +104,7 @@ SPELLING = {
         "minPartitions",
         "deadLetters",
         "pushdown",
+        "columns",
         "startingOffsets",
         "maxSegmentsPerTrigger",
         "batchMessages",
@@ -110,15 +114,22 @@ SPELLING = {
         "jobId",
         "compression",
         "txnTimeout",
+        "changedInput",
     )
 }
-COMPRESSIONS = ("none", "zlib")
+# Chunk compression: Arrow IPC buffers compressed with zstd, or none. "zlib" (the segment codec
+# job commits used before chunks) is taken as zstd, so jobs written for older releases still run.
+COMPRESSIONS = ("none", "zstd", "zlib")
+CHANGED_INPUT = ("warn", "fail")
 DEFAULT_TXN_TIMEOUT_S = 900.0
 
 DEFAULT_SPLIT_BYTES = 32 * 1024 * 1024
 DEFAULT_MIN_PARTITIONS = 4
-DEFAULT_BATCH_MESSAGES = 5000
-DEFAULT_BATCH_BYTES = 4 * 1024 * 1024
+# A chunk holds at most this many messages or this many uncompressed bytes: few, large objects
+# (the commit's requests per message), small enough for a consumer to hold one reference
+# segment's records (a reference segment holds at most MAX_BATCH_MESSAGES messages).
+DEFAULT_BATCH_MESSAGES = 100_000
+DEFAULT_BATCH_BYTES = 32 * 1024 * 1024
 MAX_BATCH_MESSAGES = 100_000  # ProducerSettings.max_batch_messages
 
 
@@ -278,6 +289,7 @@ class ReadConfig:
     dead_letters: bool = True
     starting_offsets: str = "earliest"
     max_segments_per_trigger: int | None = None
+    columns: tuple[str, ...] | None = None  # None: every column of the message schema
 
     @classmethod
     def from_options(cls, options: Mapping[str, str], *, stream: bool = False) -> ReadConfig:
@@ -312,6 +324,7 @@ class ReadConfig:
             dead_letters=_bool(opts, "deadLetters", True),
             starting_offsets=opts.get("startingoffsets", "earliest"),
             max_segments_per_trigger=_int(opts, "maxSegmentsPerTrigger", None, 1),
+            columns=read_columns(opts, with_state=consumer is not None),
         )
 
     def wants_time(self, created_at: float) -> bool:
@@ -342,19 +355,23 @@ class WriteConfig:
     partitions: int = 1  # the topic's, read on the driver
     max_message_bytes: int = 256 * 1024
     producer_id: str = ""
-    compression: str | None = None  # segment codec ("zlib"), None: plain JSON Lines
+    compression: str | None = "zstd"  # chunk buffer compression, None: uncompressed chunks
     txn_timeout_s: float = DEFAULT_TXN_TIMEOUT_S
-    run: str = ""  # this write run (set on the driver): names its staging area
+    run: str = ""  # this write run (set on the driver): names its chunks
     incarnation: str = ""  # the topic's incarnation when the run started (set on the driver)
     done: dict[str, Any] | None = None  # the job was committed before: its report (tasks do nothing)
+    fail_on_changed_input: bool = False  # a rerun of a committed job with other input fails
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> WriteConfig:
         check_options(options, "write", WRITE_OPTIONS)
         opts = lower(options)
-        compression = opts.get("compression", "none").lower() or "none"
+        compression = opts.get("compression", "zstd").lower() or "zstd"
         if compression not in COMPRESSIONS:
             raise ConfigError(f"option compression={compression!r}: use one of {', '.join(COMPRESSIONS)}")
+        changed = opts.get("changedinput", "warn").lower() or "warn"
+        if changed not in CHANGED_INPUT:
+            raise ConfigError(f"option changedInput={changed!r}: use warn or fail")
         timeout = _int(opts, "txnTimeout", int(DEFAULT_TXN_TIMEOUT_S), 10) or int(DEFAULT_TXN_TIMEOUT_S)
         fmt = opts.get("payloadformat", "json").lower()
         if fmt not in ("json", "string"):
@@ -370,9 +387,31 @@ class WriteConfig:
             batch_bytes=_int(opts, "batchBytes", DEFAULT_BATCH_BYTES, 1024) or DEFAULT_BATCH_BYTES,
             payload_format=fmt,
             keep_ids=_bool(opts, "keepIds", True),
-            compression=None if compression == "none" else compression,
+            compression=None if compression == "none" else "zstd",
             txn_timeout_s=float(timeout),
+            fail_on_changed_input=changed == "fail",
         )
+
+
+def read_columns(opts: Mapping[str, str], *, with_state: bool) -> tuple[str, ...] | None:
+    """The ``columns`` option: the message columns a read returns, in the schema's order.
+
+    A Python data source gets no column pruning from Spark (every query reads the whole schema),
+    so a read that needs a few columns names them: only those are decoded and sent to Spark.
+    """
+    from bucketq.spark.schema import column_names
+
+    text = lower(opts).get("columns", "")
+    if not text.strip():
+        return None
+    wanted = [c.strip() for c in text.split(",") if c.strip()]
+    known = column_names(with_state=with_state)
+    unknown = [c for c in wanted if c not in known]
+    if unknown:
+        raise ConfigError(
+            f"option columns: unknown column(s) {', '.join(unknown)}; columns are {', '.join(known)}"
+        )
+    return tuple(c for c in known if c in wanted)
 
 
 def offsets_json(topic: str, offsets: Mapping[int, int]) -> dict[str, Any]:

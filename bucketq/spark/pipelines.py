@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from bucketq import Bucketq
 from bucketq.config import Settings
 from bucketq.errors import ConfigError, TopicNotFound
+from bucketq.spark import activate
 from bucketq.spark import redrive as cursor_ops
 from bucketq.spark.commit import committed_report, read_report
 from bucketq.spark.options import resolve_settings, settings_options
@@ -32,6 +33,7 @@ REDRIVE_FOR = "bucketq-redrive-for"
 
 def read_topic(spark: SparkSession, settings: Settings, topic: str, **options: Any) -> DataFrame:
     """``spark.read.format("bucketq")`` of ``topic`` (options whose value is None are left out)."""
+    activate(spark)  # any driver thread
     reader = spark.read.format("bucketq").options(**settings_options(settings)).option("topic", topic)
     for key, value in options.items():
         if value is not None:
@@ -47,15 +49,21 @@ def write_topic(
     description: str,
     show: bool = True,
     job: str | None = None,
+    derived_job: bool = False,
     **options: Any,
 ) -> dict[str, Any]:
     """Append ``df`` to ``topic`` as write job ``job`` (random when None); returns the job commit's
-    report (messages, segments, requests). A ``job`` committed before is not run again: its
-    first report is returned (with ``"skipped": true``)."""
+    report (messages, segments, requests). A ``job`` committed before writes nothing: its report
+    says ``"skipped": true`` and ``"input_changed"`` whether this input differs from the committed
+    run's (a warning; an error with ``changedInput="fail"``). A ``derived_job`` id is one made
+    from the input itself (files, sizes, times): then the committed report is returned without
+    reading the input again."""
     job = job or uuid.uuid4().hex
-    earlier = asyncio.run(committed_report(resolve_settings(settings_options(settings)), topic, job))
-    if earlier is not None:
-        return earlier | {"skipped": True}
+    if derived_job:
+        earlier = asyncio.run(committed_report(resolve_settings(settings_options(settings)), topic, job))
+        if earlier is not None:
+            return earlier | {"skipped": True, "input_changed": False}
+    activate(df.sparkSession)  # any driver thread
     writer = df.write.format("bucketq").options(**settings_options(settings)).option("topic", topic)
     for key, value in options.items():
         if value is not None:
@@ -171,11 +179,52 @@ def load_dataset(spark: SparkSession, path: str, fmt: str) -> DataFrame:
     if fmt == "csv":
         return spark.read.option("header", "true").option("inferSchema", "true").csv(path)
     df = spark.read.format(fmt).load(path)
-    if fmt == "json" and {"id", "payload", "headers", "created_at"} <= set(df.columns):
-        export_schema = message_schema()
-        if set(df.columns) <= set(export_schema.fieldNames()):
-            return spark.read.schema(export_schema).options(**JSON_TIMESTAMPS).json(path)
+    export_schema = message_schema()
+    if (
+        fmt == "json"
+        and set(df.columns) <= set(export_schema.fieldNames())
+        # an export of bucketq: its manifest, or the position columns only a read has
+        and (
+            _export_manifest(spark, path) is not None or {"id", "payload", "seq", "offset"} <= set(df.columns)
+        )
+    ):
+        # its payload column holds JSON text (a read's payload), not string values
+        return spark.read.schema(export_schema).options(**JSON_TIMESTAMPS).json(path)
+    if fmt == "json" and "payload" in df.columns:
+        return _raw_json_payload(spark, df, path)
     return df
+
+
+def _raw_json_payload(spark: SparkSession, df: DataFrame, path: str) -> DataFrame:
+    """A JSON dataset with its ``payload`` field as JSON text, exactly as each record has it.
+
+    Spark infers one type per field: a field that holds strings in some records and numbers or
+    objects in others becomes a string column, where ``"42"`` and ``42`` both read as ``42``. Read
+    as VARIANT (Spark 4) and written back as JSON, each value keeps its own JSON type (``"42"``
+    stays a string, ``null`` stays null, numbers keep their value). The column then holds JSON
+    text (``payloadFormat=json``). A Spark without VARIANT: a payload inferred as a string is
+    refused (the values' types cannot be told apart), any other inferred type is kept.
+    """
+    from pyspark.sql import functions as F
+    from pyspark.sql.types import StringType, StructField
+
+    fields = [
+        f if f.name != "payload" else StructField("payload", StringType(), True) for f in df.schema.fields
+    ]
+    ddl = ", ".join(
+        f"`{f.name}` {'VARIANT' if f.name == 'payload' else f.dataType.simpleString()}" for f in fields
+    )
+    try:
+        raw = spark.read.schema(ddl).json(path)
+        return raw.withColumn("payload", F.to_json("payload")).select(*df.columns)
+    except Exception as exc:  # a Spark without VARIANT reads
+        if isinstance(df.schema["payload"].dataType, StringType):
+            raise ConfigError(
+                f"{path}: the payload field cannot be read as JSON text with this Spark ({exc}); its "
+                "values may mix JSON types that Spark reads alike ('42' and 42): convert it first, "
+                "e.g. to a string column holding JSON text"
+            ) from None
+        return df
 
 
 def backfill(
@@ -207,14 +256,30 @@ def backfill(
     else:
         asyncio.run(_check_topics(settings, topic))
     df = load_dataset(spark, path, fmt)
+    derived = job is None
     if job is None:
         job = stable_job_id(
             "backfill", topic, fmt, dedup, sorted(options.items()), _input_fingerprint(spark, df)
         )
     keep_ids = str(options.get("keepIds", "true")).lower() != "false"
+    rows = None
     if dedup and keep_ids and "id" in df.columns:
+        rows = df.count()
         df = _without_known_ids(spark, settings, topic, df)
-    return write_topic(df, settings, topic, description=f"backfill {topic}", show=show, job=job, **options)
+    report = write_topic(
+        df,
+        settings,
+        topic,
+        description=f"backfill {topic}",
+        show=show,
+        job=job,
+        derived_job=derived,
+        **options,
+    )
+    if rows is not None and not report.get("skipped"):
+        # rows whose id the topic already had (or the dataset repeated): counted, never silent
+        report["skipped_ids"] = rows - int(report.get("messages", 0))
+    return report
 
 
 def _without_known_ids(spark: SparkSession, settings: Settings, topic: str, df: DataFrame) -> DataFrame:
@@ -253,6 +318,53 @@ class RedriveReport:
     acked: int = 0
     lost: int = 0
     jobs: list[str] = field(default_factory=list)
+    spark: bool = True  # False: moved by the engine (a small redrive, redrive_without_spark)
+
+
+# Up to this many waiting dead letters, ``bucketq spark redrive`` moves them without Spark (as
+# ``bucketq dlq redrive`` does): a few seconds instead of a Spark job's start-up and rounds.
+SMALL_REDRIVE = 10_000
+
+
+async def waiting_dead_letters(settings: Settings, dlq: str, consumer: str) -> int:
+    """Dead letters of ``dlq`` not yet acked in its redrive subscription ``consumer`` (all of
+    them while it has no cursor), as ``bucketq dlq list`` counts them."""
+    async with Bucketq(settings) as bq:
+        if consumer in await bq.catalog.consumers(dlq):
+            [s] = await bq.stats(dlq, consumer)
+            return s.backlog + s.in_flight
+        return (await bq.describe_topic(dlq)).messages
+
+
+def redrive_without_spark(
+    settings: Settings, dlq: str, topic: str, *, consumer: str = "redrive", limit: int = SMALL_REDRIVE
+) -> RedriveReport | None:
+    """A small redrive done by the engine (``bucketq dlq redrive``'s path), or None when it is not
+    small: more than ``limit`` dead letters wait, or a Spark redrive round of a run that died
+    must be finished first (only the Spark redrive finishes those).
+
+    Both keep their bookkeeping in the same subscription of the dead-letter topic (``redrive``),
+    so neither moves a dead letter the other moved.
+    """
+    from bucketq.core.redrive import REDRIVE_CONSUMER, RedriveFilter
+
+    if consumer != REDRIVE_CONSUMER or limit <= 0:
+        return None
+    asyncio.run(_check_topics(settings, dlq, topic))
+    if asyncio.run(cursor_ops.open_intents(settings, dlq, consumer)):
+        return None
+    if asyncio.run(waiting_dead_letters(settings, dlq, consumer)) > limit:
+        return None
+
+    async def move() -> RedriveReport:
+        async with Bucketq(settings) as bq:
+            done = await bq.redrive(dlq, to=topic, where=RedriveFilter(source_topic=topic))
+        report = RedriveReport(dlq, topic, consumer, rounds=1, spark=False)
+        report.selected, report.claimed = done.selected, done.moved + done.duplicates + done.lost
+        report.moved, report.acked, report.lost = done.moved, done.acked, done.lost
+        return report
+
+    return asyncio.run(move())
 
 
 def redrive(
@@ -381,7 +493,13 @@ def _copy_claimed(
     ).otherwise(kept)
     df = df.withColumn("headers", headers).select(*FIELD_COLUMNS)
     return write_topic(
-        df, settings, topic, description=f"redrive {dlq} → {topic} (round {round_no})", show=show, job=job
+        df,
+        settings,
+        topic,
+        description=f"redrive {dlq} → {topic} (round {round_no})",
+        show=show,
+        job=job,
+        derived_job=True,  # named after the claimed positions: a committed round is not run again
     )
 
 

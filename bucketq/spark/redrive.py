@@ -17,8 +17,18 @@ from bucketq.core.cursor_log import CursorLog
 from bucketq.core.keys import Keys
 from bucketq.core.redrive import ack_positions, claim_positions
 from bucketq.core.subscriptions import start_cursor
+from bucketq.core.topics import TopicCatalog, TopicFence
 from bucketq.spark.planning import Pos
-from bucketq.storage import open_storage
+from bucketq.storage import Storage, open_storage
+
+
+async def _topic_fence(storage: Storage, keys: Keys, dlq: str) -> TopicFence:
+    """The dead-letter topic's fence as it is now (I6): the cursor's deltas carry its incarnation
+    (format 4), a write into a topic deleted meanwhile is refused, and deltas another
+    incarnation left in the prefix are passed over, as the engine's redrive does."""
+    catalog = TopicCatalog(storage, keys)
+    marker = await catalog.marker(dlq, fresh=True)
+    return catalog.fence(dlq, marker.incarnation)
 
 
 @dataclass
@@ -42,9 +52,10 @@ async def claim(
     storage = await open_storage(settings)
     try:
         keys = Keys(settings.root)
+        fence = await _topic_fence(storage, keys, dlq)
         for p, positions in sorted(wanted.items()):
             if positions:
-                cursor = CursorLog(storage, keys, dlq, consumer, p, member=member)
+                cursor = CursorLog(storage, keys, dlq, consumer, p, member=member, topic_fence=fence)
                 await start_cursor(cursor, "earliest")
                 claims.tokens[p] = await claim_positions(
                     cursor, sorted(positions), member=member, lease_s=lease_s
@@ -62,8 +73,9 @@ async def ack(settings: Settings, dlq: str, consumer: str, claims: Claims) -> tu
     storage = await open_storage(settings)
     try:
         keys = Keys(settings.root)
+        fence = await _topic_fence(storage, keys, dlq)
         for p, tokens in sorted(claims.tokens.items()):
-            cursor = CursorLog(storage, keys, dlq, consumer, p, member=claims.member)
+            cursor = CursorLog(storage, keys, dlq, consumer, p, member=claims.member, topic_fence=fence)
             good, bad = await ack_positions(cursor, tokens)
             acked += good
             lost += bad

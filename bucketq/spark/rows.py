@@ -29,24 +29,13 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from bucketq.core.chunks import COLUMNS
 from bucketq.core.segment import Record, build_record
 from bucketq.errors import InvalidMessage
 from bucketq.spark.options import WriteConfig, parse_time
 from bucketq.spark.schema import POSITION_COLUMNS
 
-FIELD_COLUMNS = (
-    "id",
-    "key",
-    "headers",
-    "payload",
-    "data",
-    "content_type",
-    "created_at",
-    "producer_id",
-    "priority",
-    "not_before",
-    "dedup_id",
-)
+FIELD_COLUMNS = COLUMNS  # a message's fields: the columns of a chunk
 Convert = Callable[[Any], Any]
 
 
@@ -89,7 +78,8 @@ def _seconds(value: Any, what: str) -> float | None:
     raise InvalidMessage(f"column {what} must be a timestamp or unix seconds, got {type(value).__name__}")
 
 
-def _headers(dt: DataType) -> Convert:
+def headers_converter(dt: DataType) -> Convert:
+    """Turns a ``headers`` value (map, struct or JSON object text) into a string dict."""
     if isinstance(dt, StringType):
 
         def parse(v: Any) -> dict[str, str]:
@@ -124,7 +114,7 @@ class RowMapper:
         self.row_convert = {n: json_converter(types[n]) for n in self.row_columns}
         self.payload = self._payload(types["payload"]) if "payload" in self.present else None
         self.data = self._data(types["data"]) if "data" in self.present else None
-        self.headers = _headers(types["headers"]) if "headers" in self.present else None
+        self.headers = headers_converter(types["headers"]) if "headers" in self.present else None
 
     def _payload(self, dt: DataType) -> Convert:
         if isinstance(dt, StringType) and self.cfg.payload_format == "json":

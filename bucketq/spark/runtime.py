@@ -37,22 +37,41 @@ async def storage_for(data: dict[str, Any], *, strategy: str | None = None) -> A
 
 
 @contextmanager
-def paused_gc() -> Iterator[None]:
+def paused_gc(enabled: bool = True) -> Iterator[None]:
     """No cyclic garbage collection inside the block (a task's hot loop), one collection after.
 
     A task creates and drops millions of short-lived objects while tens of thousands stay alive
     (publishes in flight, decoded segments); Python's generational collector would then spend
     about half the task walking them. Reference counting still frees almost everything at once.
     """
-    enabled = gc.isenabled()
+    if not enabled:  # nothing per message in Python here: nothing to spare the collector
+        yield
+        return
+    was = gc.isenabled()
     gc.disable()
     try:
         yield
     finally:
-        if enabled:
+        if was:
             gc.enable()
             gc.collect()
 
 
 def keys_of(data: dict[str, Any]) -> Keys:
     return Keys(str(data.get("root") or "").strip("/"))
+
+
+async def delete_prefix(storage: Storage, prefix: str) -> int:
+    """Delete every object under ``prefix`` (batches of 1000); returns how many."""
+    batch: list[str] = []
+    deleted = 0
+    async for info in storage.store.list(prefix):
+        batch.append(info.key)
+        if len(batch) >= 1000:
+            await storage.delete(batch)
+            deleted += len(batch)
+            batch = []
+    if batch:
+        await storage.delete(batch)
+        deleted += len(batch)
+    return deleted

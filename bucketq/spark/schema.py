@@ -44,12 +44,20 @@ _FIELDS = [
 ]
 
 
-def message_schema(with_state: bool = False) -> StructType:
-    """One row per message; with ``state`` (pending, in_flight, acked, dead) for a consumer."""
+def message_schema(with_state: bool = False, columns: tuple[str, ...] | None = None) -> StructType:
+    """One row per message; with ``state`` (pending, in_flight, acked, dead) for a consumer;
+    only ``columns`` (in the schema's order) when given."""
     fields = list(_FIELDS)
     if with_state:
         fields.append(StructField(STATE_COLUMN, StringType(), False))
+    if columns is not None:
+        fields = [f for f in fields if f.name in columns]
     return StructType(fields)
+
+
+def column_names(with_state: bool = False) -> list[str]:
+    """Every column a read can return, in order."""
+    return [f.name for f in _FIELDS] + ([STATE_COLUMN] if with_state else [])
 
 
 def arrow_schema(schema: StructType) -> pa.Schema:
@@ -66,7 +74,11 @@ def _micros(ts: float) -> int:
     return round(ts * 1_000_000)
 
 
-def _payload_text(value: Any) -> str:
+def _payload_text(value: Any) -> str | None:
+    """A JSON payload as text; JSON ``null`` (or no payload) is SQL NULL, so ``payload IS NULL``
+    finds it, and writing the row back stores ``null`` again."""
+    if value is None:
+        return None
     return json.dumps(value, separators=(",", ":"), ensure_ascii=False)
 
 
@@ -87,29 +99,34 @@ class BatchBuilder:
     def add(self, segment: Segment, keep: list[int] | None = None, states: list[str] | None = None) -> None:
         """Append the segment's messages (only indexes in ``keep`` when given)."""
         h = segment.header
-        c = self.cols
         indexes = range(len(segment.records)) if keep is None else keep
-        for n, i in enumerate(indexes):
-            r = segment.records[i]
-            c["id"].append(r.id)
-            c["topic"].append(self.topic)
-            c["partition"].append(h.partition)
-            c["seq"].append(h.seq)
-            c["index"].append(i)
-            c["offset"].append(h.base + i)
-            c["key"].append(r.key)
-            c["headers"].append(list(r.headers.items()))
-            c["payload"].append(_payload_text(r.payload) if r.data is None else None)
-            c["data"].append(r.data)
-            c["content_type"].append(r.content_type)
-            c["created_at"].append(_micros(r.created_at))
-            c["producer_id"].append(r.producer_id)
-            c["priority"].append(r.priority)
-            c["not_before"].append(_micros(r.not_before) if r.not_before is not None else None)
-            c["dedup_id"].append(r.dedup_id)
-            if self.with_state:
-                c[STATE_COLUMN].append(states[n] if states is not None else "pending")
+        for name, values in self.cols.items():
+            if name == STATE_COLUMN:
+                values.extend(states if states is not None else ["pending"] * len(indexes))
+                continue
+            value = self._VALUES[name]
+            values.extend(value(self, h, i, segment.records[i]) for i in indexes)
         self.rows += len(indexes)
+
+    # each column's value for message ``i`` of a segment with header ``h``
+    _VALUES: dict[str, Any] = {
+        "id": lambda b, h, i, r: r.id,
+        "topic": lambda b, h, i, r: b.topic,
+        "partition": lambda b, h, i, r: h.partition,
+        "seq": lambda b, h, i, r: h.seq,
+        "index": lambda b, h, i, r: i,
+        "offset": lambda b, h, i, r: h.base + i,
+        "key": lambda b, h, i, r: r.key,
+        "headers": lambda b, h, i, r: list(r.headers.items()),
+        "payload": lambda b, h, i, r: _payload_text(r.payload) if r.data is None else None,
+        "data": lambda b, h, i, r: r.data,
+        "content_type": lambda b, h, i, r: r.content_type,
+        "created_at": lambda b, h, i, r: _micros(r.created_at),
+        "producer_id": lambda b, h, i, r: r.producer_id,
+        "priority": lambda b, h, i, r: r.priority,
+        "not_before": lambda b, h, i, r: _micros(r.not_before) if r.not_before is not None else None,
+        "dedup_id": lambda b, h, i, r: r.dedup_id,
+    }
 
     def flush(self) -> pa.RecordBatch | None:
         """The accumulated rows as one batch (None when empty)."""

@@ -23,13 +23,13 @@ from bucketq.core.topics import TopicCatalog
 from bucketq.errors import ConfigError
 from bucketq.spark import stream
 from bucketq.spark.commit import abort_job, commit_job, prepare_job
-from bucketq.spark.options import ReadConfig, WriteConfig
+from bucketq.spark.options import ReadConfig, WriteConfig, read_columns
 from bucketq.spark.planning import SegmentSplit, plan_read
 from bucketq.spark.reader import read_split
 from bucketq.spark.rows import RowMapper
 from bucketq.spark.runtime import READ_STRATEGY, keys_of, settings_of, storage_for
 from bucketq.spark.schema import message_schema
-from bucketq.spark.staging import TaskCommit, stage_task
+from bucketq.spark.writing import TaskCommit, skip_task, write_task
 from bucketq.storage.strategies import probe_strategy
 
 PRODUCER_NAME = "spark"
@@ -51,7 +51,8 @@ class BucketqDataSource(DataSource):
 
     def schema(self) -> StructType:
         opts = {str(k).lower(): v for k, v in self.options.items()}
-        return message_schema(with_state=bool(opts.get("consumer")))
+        with_state = bool(opts.get("consumer"))
+        return message_schema(with_state=with_state, columns=read_columns(opts, with_state=with_state))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return BucketqReader(ReadConfig.from_options(self.options), schema)
@@ -107,12 +108,12 @@ class BucketqReader(DataSourceReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, SegmentSplit)
-        if partition.segments:
+        if partition.items:
             yield from read_split(self.cfg, self.schema, partition)
 
 
 class BucketqWriter(DataSourceArrowWriter):
-    """Tasks stage chunks; the job commit appends them as one transaction; abort removes them."""
+    """Tasks write chunks; the job commit references them in one transaction; abort removes them."""
 
     def __init__(self, cfg: WriteConfig, schema: StructType) -> None:
         self.cfg = cfg
@@ -123,11 +124,9 @@ class BucketqWriter(DataSourceArrowWriter):
 
         ctx = TaskContext.get()
         task, attempt = (ctx.partitionId(), ctx.attemptNumber()) if ctx is not None else (0, 0)
-        if self.cfg.done is not None:
-            for _ in iterator:  # the job was committed before: write nothing again
-                pass
-            return TaskCommit(task, "")
-        return stage_task(self.cfg, self.schema, task, attempt, iterator)
+        if self.cfg.done is not None:  # the job was committed before: write nothing again
+            return skip_task(task, iterator)
+        return write_task(self.cfg, self.schema, task, attempt, iterator)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         asyncio.run(commit_job(self.cfg, [m if isinstance(m, TaskCommit) else None for m in messages]))

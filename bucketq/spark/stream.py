@@ -5,6 +5,10 @@ below 7 of partition 1 has been read". Segments are immutable and their seqs con
 micro-batch ``[start, end)`` always reads the same messages: a query restarted from its
 checkpoint continues without gaps or duplicates. A partition added to the topic later starts
 at its first segment.
+
+Job commits: an end offset never lies past a segment of an unresolved transaction, nor inside a
+committed one (some of its segments below the ends, some above): :func:`~bucketq.core.txn.stream_ends`.
+So a micro-batch holds only resolved segments, and a job arrives whole in one micro-batch.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
 from pyspark.sql.types import StructType
 
 from bucketq.core.topics import find_tail, first_segment
-from bucketq.core.txn import stable_limits
+from bucketq.core.txn import TxnSnapshot, stream_ends, take_snapshot, whole_transactions
 from bucketq.errors import ConfigError
 from bucketq.spark.options import ReadConfig, offsets_json, parse_offsets
 from bucketq.spark.planning import SegmentSplit, plan_read, selected_partitions, topic_partitions
@@ -47,6 +51,7 @@ class BucketqStreamReader(DataSourceStreamReader, _AvailableNow):
         self.cfg = cfg
         self.schema = schema
         self._target: dict[int, int] | None = None  # availableNow: never read past this
+        self._snapshot = TxnSnapshot()  # the records read with the last tails (I17)
 
     # -- offsets ---------------------------------------------------------------------------------
 
@@ -62,11 +67,10 @@ class BucketqStreamReader(DataSourceStreamReader, _AvailableNow):
                 else:
                     out[p] = (await find_tail(storage, keys, self.cfg.topic, p))[0]
             if not first:
-                # Job commits: an offset never passes an unresolved transaction, so every batch
-                # [start, end) holds only resolved segments and reads the same on every replay.
-                # The limits are read after the tails: a transaction begun later starts above them.
-                limits = await stable_limits(storage, keys, self.cfg.topic)
-                out = {p: min(seq, limits.get(p, seq)) for p, seq in out.items()}
+                # Job commits: the records are read after the tails (a transaction begun later
+                # starts above them); see the module docstring.
+                self._snapshot = await take_snapshot(storage, keys, self.cfg.topic)
+                out = stream_ends(self._snapshot, out)
             return out
 
     def initialOffset(self) -> dict[str, Any]:
@@ -99,7 +103,8 @@ class BucketqStreamReader(DataSourceStreamReader, _AvailableNow):
             getattr(limit, "max_files", None) if _ReadMaxFiles and isinstance(limit, _ReadMaxFiles) else None
         )
         if budget is not None:
-            end = _cap(begin, end, budget)
+            # a cap may fall inside a job: the batch then takes the whole job (never part of it)
+            end = whole_transactions(self._snapshot, _cap(begin, end, budget), end)
         return offsets_json(self.cfg.topic, end)
 
     # -- reading ---------------------------------------------------------------------------------

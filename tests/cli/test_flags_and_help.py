@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from bucketq.cli import app
 from bucketq.cli.errors import CliError
-from bucketq.cli.formats import parse_duration, parse_time
+from bucketq.cli.formats import TIME_HELP, parse_duration, parse_time
 
 runner = CliRunner()
 NOW = 1_795_650_000.0
@@ -103,10 +103,24 @@ def test_short_flags_mean_one_thing_everywhere() -> None:
 
 def test_no_command_takes_its_topic_as_an_option() -> None:
     for path, cmd in commands():
-        if path.startswith("spark"):
-            continue  # the Spark commands follow once their pipelines settle (docs/spark.md)
         for option in _options(cmd):
             assert "--topic" not in option.opts, f"bucketq {path} takes --topic; topics are arguments"
+            assert "--dlq" not in option.opts, f"bucketq {path} takes --dlq; topics are arguments"
+
+
+def test_every_time_flag_takes_the_one_time_syntax() -> None:
+    """``--since``/``--until`` take what ``peek --since`` takes everywhere (``spark export`` took
+    ISO-8601 or Unix seconds only), and ``--consumer`` is a subscription whose messages a
+    command reads or settles, never the bookkeeping subscription of a redrive."""
+    seen = set()
+    for path, cmd in commands():
+        for option in _options(cmd):
+            if {"--since", "--until"} & set(option.opts):
+                seen.add(path)
+                assert TIME_HELP in (option.help or ""), f"bucketq {path} {option.opts[0]}: {option.help}"
+    assert {"peek", "spark export"} <= seen
+    spark_redrive = dict(commands())["spark redrive"]
+    assert not any("--consumer" in o.opts for o in _options(spark_redrive))
 
 
 # -- help text ----------------------------------------------------------------------------------

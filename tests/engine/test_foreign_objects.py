@@ -15,6 +15,7 @@ import pytest
 from bucketq.core import foreign
 from bucketq.core.keys import Keys, heartbeat_member, is_topic_object, seq_of
 from bucketq.core.membership import Membership
+from bucketq.core.txn import TxnPartition, TxnRecord, create_txn, list_txns, take_snapshot
 from tests.support.engine_helpers import Backend, drain, poll_one
 
 FOREIGN_NAMES = [".keep", "README.txt", "0000000000000001.jsonl.bak", "notes/", "7.json"]
@@ -118,3 +119,34 @@ async def test_foreign_objects_in_every_data_prefix_are_skipped_and_kept(backend
     assert (await poll_one(again)).payload == "more"
     view = Membership(bq.storage, keys, "t", "c", "probe", 20.0)
     assert again.member in await view.refresh()
+
+
+async def test_foreign_names_among_job_commits_are_skipped_and_kept(backend: Backend) -> None:
+    """A foreign ``x.json`` under ``txn/`` is no record: readers' snapshots, GC's pass over the
+    job commits and a job's own listing skip it (before, it was read as a record and every one of
+    them raised). A foreign name under ``chunk/`` is never collected, however old."""
+    store = backend.time_travel()
+    bq = await backend.connect()
+    await bq.create_topic("t")
+    keys = bq.keys
+    record = TxnRecord("job-1.000001", "t", job="job-1", owner="run", partitions={0: TxnPartition(0)})
+    await create_txn(bq.storage, keys, record)
+    junk = [
+        keys.txn_prefix("t") + "x.json",
+        keys.txn_prefix("t") + "job-1.json",  # a job's prefix, no commit number
+        keys.chunks_prefix("t") + "README.txt",
+        keys.chunks_prefix("t") + "job-1/run/notes.txt",
+    ]
+    for key in junk:
+        await bq.storage.overwrite(key, b"someone else's\n")
+
+    assert await list_txns(bq.storage, keys, "t") == [record.id]
+    assert await list_txns(bq.storage, keys, "t", "job-1") == [record.id]
+    snapshot = await take_snapshot(bq.storage, keys, "t")
+    assert list(snapshot.records) == [record.id]
+
+    store.advance(3 * 86_400)  # older than any leftover chunk's time to live, on the store's clock
+    report = await bq.collect_garbage(["t"])
+    assert set(junk) <= set(report.foreign_keys)
+    for key in junk:
+        assert await bq.storage.get(key) is not None, f"GC deleted {key}, which it did not write"

@@ -25,8 +25,10 @@ from bucketq.core.txn import (
     abort_txn,
     create_txn,
     read_txn,
+    resolver_for,
     rewrite_txn,
     stable_limits,
+    take_snapshot,
 )
 from bucketq.errors import AlreadyExists
 from bucketq.storage import FileStore, Storage
@@ -227,6 +229,40 @@ async def test_gc_aborts_expired_keeps_resolved_records_and_collects_staging(tmp
         assert await storage.head(dead_src) is None  # abandoned staging of a dead run
         assert await storage.head(live_src) is not None  # named by a pending transaction
         assert report.transactions >= 1
+
+
+async def test_a_pending_record_expires_on_the_stores_clock_not_the_committers(tmp_path: Path) -> None:
+    """I15: a pending record's age is the store's time minus its Last-Modified. A committer whose
+    clock runs an hour behind (its ``updated_at`` an hour old: the same as a reader whose clock
+    runs an hour ahead) wrote the record a moment ago: no reader, consumer or GC aborts it.
+    Once it is older than its timeout on the store's clock, a reader does. Before, readers
+    compared their own clock with ``updated_at`` and aborted a live commit."""
+    store = TimeTravelStore(FileStore(tmp_path / "bucket"))
+    async with Bucketq(_settings(tmp_path), store=store) as bq:
+        await bq.create_topic("jobs", partitions=1)
+        storage, keys = bq.storage, Keys(bq.settings.root)
+        record = TxnRecord(
+            "job-s.000001",
+            "jobs",
+            job="job-s",
+            owner="run-1",
+            created_at=time.time() - 3600,
+            timeout_s=900,
+            partitions={0: TxnPartition(0, [Chunk(3, 0, "src-0")])},
+        )
+        await create_txn(storage, keys, record)
+        assert [r.state for r in (await take_snapshot(storage, keys, "jobs")).records.values()] == ["pending"]
+        assert (await resolver_for(storage, keys, "jobs").record(record.id)).state == "pending"  # type: ignore[union-attr]
+        assert (await abort_txn(storage, keys, "jobs", record.id, "test")).state == "pending"  # type: ignore[union-attr]
+        await collect_garbage(storage, keys)
+        found = await read_txn(storage, keys, "jobs", record.id)
+        assert found is not None and found[0].state == "pending" and found[0].modified is not None
+
+        store.advance(901)  # past its timeout on the store's clock
+        async with Bucketq(_settings(tmp_path), store=store) as reader:  # a reader starting now
+            snapshot = await take_snapshot(reader.storage, keys, "jobs")
+            [aborted] = snapshot.records.values()
+            assert aborted.state == "aborted" and "timed out" in (aborted.reason or "")
 
 
 def test_segment_header_fields_are_optional() -> None:

@@ -23,6 +23,10 @@ or dead-lettered for it. Over the quiesced run:
 * **job_no_pending_delivery** — readers never deliver a message of a transaction that is not
   committed: each delivered job message comes from a chunk that a record of its job, written
   ``committed`` (journal) before the delivery, names at that very seq.
+* **job_chunks_kept** — (format 5: a job commit references columnar chunks) no chunk that a
+  record written ``committed`` names is deleted while the reference segment naming it is still
+  stored (journal ``del`` events): GC takes a job's chunks only with their segment, never a
+  running or committing job's chunks.
 """
 
 from __future__ import annotations
@@ -67,6 +71,7 @@ class Index:
         self.pauses: dict[str, list[tuple[float, float]]] = defaultdict(list)
         self.crashes: dict[str, list[float]] = defaultdict(list)
         self.txns: list[Event] = []  # the store's journal of transaction records (job commits)
+        self.deletes: list[Event] = []  # the store's journal of deleted chunks and segments
         self.clocks: dict[str, Event] = {}  # proc -> what it learnt of its clock at its open (I15)
         self.app_pauses: dict[str, list[tuple[float, float]]] = defaultdict(list)
         self.outages: dict[str, list[tuple[float, float]]] = defaultdict(list)
@@ -85,6 +90,8 @@ class Index:
                 self.crashes[e["proc"]].append(e["t"])
             elif kind == "txn":
                 self.txns.append(e)
+            elif kind == "del":
+                self.deletes.append(e)
             elif kind == "clock":
                 self.clocks.setdefault(e["proc"], e)
             elif kind == "app_pause":
@@ -912,6 +919,43 @@ def job_no_pending_delivery(ix: Index) -> list[Violation]:
     return out
 
 
+def job_chunks_kept(ix: Index) -> list[Violation]:
+    """A committed job's chunk is deleted only after the reference segment that names it.
+
+    For every chunk a record written ``committed`` names (at any point of the history) under a
+    reference segment at (partition, seq): a deletion of the chunk comes after a deletion of that
+    segment. A chunk deleted earlier (while its job ran, committed, or was read) loses messages a
+    committed job promised.
+    """
+    owner: dict[tuple[str, str], list[tuple[int, int, Event]]] = defaultdict(list)
+    for e in ix.txns:
+        if e["state"] != "committed":
+            continue
+        for p, entries in (e.get("refs") or {}).items():
+            seqs = e.get("partitions", {}).get(p, [])
+            for seq, names in zip(seqs, entries, strict=False):
+                for name in names:
+                    if seq is not None:
+                        owner[(e["topic"], name)].append((int(p), int(seq), e))
+    gone: dict[tuple[str, int, int], int] = {}
+    out = []
+    for d in ix.deletes:
+        if "seq" in d:
+            gone.setdefault((d["topic"], int(d["partition"]), int(d["seq"])), d["i"])
+            continue
+        for p, seq, commit in owner.get((d["topic"], d["chunk"]), []):
+            if gone.get((d["topic"], p, seq), d["i"] + 1) > d["i"]:
+                out.append(
+                    Violation(
+                        "job_chunks_kept",
+                        f"chunk {d['chunk']} of committed job {commit.get('job')} was deleted at t={d['t']:.3f} "
+                        f"while its reference segment p{p}/{seq} was stored",
+                        [d, commit],
+                    )
+                )
+    return out
+
+
 # Offsets the clock check must report: beyond the margin by more than the store's whole-second
 # resolution and a round trip can explain. Within half the margin it must stay quiet.
 CLOCK_CLEAR_S = 1.5
@@ -1092,6 +1136,7 @@ INVARIANTS: dict[str, Callable[[Index], list[Violation]]] = {
     "job_one_copy": job_one_copy,
     "job_committed_delivered": job_committed_delivered,
     "job_no_pending_delivery": job_no_pending_delivery,
+    "job_chunks_kept": job_chunks_kept,
     "clock_reported": clock_reported,
     "foreign_objects_kept": foreign_objects_kept,
     "lease_redelivered": lease_redelivered,

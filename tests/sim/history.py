@@ -12,7 +12,7 @@ Event kinds (fields beyond i/t/ev):
   ordered), ``leave``, ``ack``/``nack``/``extend`` (the delivery's receipt and position),
   ``gc``, ``grow`` (topic, partitions), ``create_topic``/``delete_topic`` (topic), ``job`` (job,
   topic, run, tags: one run of a write job, from its driver's ``prepare_job`` through its tasks'
-  staging to ``commit_job``), ``job_abort`` (job, topic, run: ``abort_job`` after a failed run);
+  chunks to ``commit_job``), ``job_abort`` (job, topic, run: ``abort_job`` after a failed run);
 * ``ret``      cid, outcome (``ok`` | ``error`` | ``bug`` | ``crashed`` | ``cancelled``), error,
   and the op's result (publish: partition, seq, index, duplicate; join: member; extend: until;
   job: txn, recovered, messages);

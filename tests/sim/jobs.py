@@ -6,13 +6,13 @@ engine's own code for everything that touches the bucket:
 
 1. **driver, before the tasks**: ``prepare_job`` settles what earlier runs of the job left (the
    job may already be committed, or a dead run's pending commit is finished or aborted);
-2. **tasks** (concurrently, as Spark runs them): each stages its chunks as objects under
-   ``_spark/staging/{job}/{run}/t{task}-a0/`` the way ``bucketq/spark/staging.py`` does (a
-   segment body behind a placeholder header; compressed when the topic's segments are, since
-   inflating runs in a worker thread that the single-threaded virtual loop cannot host), then
-   checks the run's abort marker, and reports a ``TaskCommit`` of ``StagedChunk``\\ s;
-3. **driver**: ``commit_job(cfg, commits, storage=...)`` appends the chunks as one transaction;
-   when a task or the commit fails, ``abort_job`` (what Spark calls on a failed job).
+2. **tasks** (concurrently, as Spark runs them): each writes its chunks (Arrow IPC files, the
+   engine's own encoder) at their final keys ``R/{topic}/chunk/{job}/{run}/t{task}-a0/`` the way
+   ``bucketq/spark/writing.py`` does, then checks the run's abort marker, and reports a
+   ``TaskCommit`` of ``ChunkRef``\\ s (names, ETags, counts, time ranges);
+3. **driver**: ``commit_job(cfg, commits, storage=...)`` appends one reference segment per
+   partition naming the chunks, as one transaction; when a task or the commit fails,
+   ``abort_job`` (what Spark calls on a failed job).
 
 The whole run is one app call ``job`` in the history (with the job's tags); ``abort_job`` is a
 call ``job_abort``. The user then runs the same ``jobId`` again (a new run id) after a gap, up to
@@ -36,14 +36,17 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import pyarrow as pa
+
+from bucketq.core.chunks import ChunkRef, encode_chunk
 from bucketq.core.ids import message_id, stable_id
 from bucketq.core.keys import Keys
-from bucketq.core.segment import Record, SegmentHeader, compress_body, encode_header, encode_record
 from bucketq.core.txn import TxnRecord
 from bucketq.errors import BucketqError, StorageError
 from bucketq.spark.commit import abort_job, commit_job, prepare_job
 from bucketq.spark.options import WriteConfig
-from bucketq.spark.staging import StagedChunk, TaskCommit, delete_prefix
+from bucketq.spark.runtime import delete_prefix
+from bucketq.spark.writing import TaskCommit
 from bucketq.storage import MemoryStore, Storage
 
 from .actors import Role, Sim
@@ -57,6 +60,8 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 _TXN_KEY = re.compile(r"^(?P<topic>[^/_][^/]*)/txn/(?P<id>[^/]+)\.json$")
+_CHUNK_KEY = re.compile(r"^(?P<topic>[^/_][^/]*)/chunk/(?P<name>.+)$")
+_SEGMENT_KEY = re.compile(r"^(?P<topic>[^/_][^/]*)/p(?P<partition>\d+)/seg/(?P<seq>\d+)\.jsonl$")
 PRODUCER_ID = stable_id("producer", "spark")  # what the data source's driver registers
 MAX_KILLS = 3  # planned kills per role: a job that keeps dying still ends
 
@@ -72,8 +77,11 @@ class TxnJournal(MemoryStore):
     """The simulation's bucket: a ``MemoryStore`` that records each applied transaction-record write.
 
     ``txn`` events carry topic, id, job, owner, state (``pending`` | ``committed`` | ``aborted`` |
-    ``deleted``), reason, and per partition the seq of each chunk (None: not landed). They are
-    recorded when the write is applied, whatever then happens to its response.
+    ``deleted``), reason, and per partition the seq of each reference segment (None: not landed)
+    and the names of the chunks each one names (``refs``). They are recorded when the write is
+    applied, whatever then happens to its response. Deletions of chunks and segments are recorded
+    as ``del`` events (topic, and ``chunk`` name or ``partition``/``seq``): GC must never delete a
+    committed job's chunk while the reference segment naming it is stored.
     """
 
     def __init__(self, history: History) -> None:
@@ -101,6 +109,10 @@ class TxnJournal(MemoryStore):
                     partitions={
                         str(p): [c.seq for c in part.chunks] for p, part in sorted(record.partitions.items())
                     },
+                    refs={
+                        str(p): [[r.name for r in c.refs] for c in part.chunks]
+                        for p, part in sorted(record.partitions.items())
+                    },
                 )
         return etag
 
@@ -109,6 +121,10 @@ class TxnJournal(MemoryStore):
         for key in keys:
             if "/txn/" in key and (m := _TXN_KEY.match(key)) is not None:
                 self.history.record("txn", topic=m["topic"], id=m["id"], state="deleted")
+            elif "/chunk/" in key and (m := _CHUNK_KEY.match(key)) is not None:
+                self.history.record("del", topic=m["topic"], chunk=m["name"])
+            elif "/seg/" in key and (m := _SEGMENT_KEY.match(key)) is not None:
+                self.history.record("del", topic=m["topic"], partition=int(m["partition"]), seq=int(m["seq"]))
 
 
 # -- the committer's view of the store: planned kills ---------------------------------------------
@@ -209,7 +225,7 @@ class JobRole(Role):
                 await asyncio.sleep(rng.uniform(0.0, 0.05))
                 raise TaskFailed(f"task {i} of run {run} failed")
             if cfg.done is not None:
-                return TaskCommit(i, "")  # the job was committed before: its tasks write nothing
+                return TaskCommit(i)  # the job was committed before: its tasks write nothing
             return await self._stage(storage, keys, cfg, i, plan.tasks[i], first[i])
 
         async def job() -> dict[str, Any]:
@@ -257,48 +273,36 @@ class JobRole(Role):
         chunks: list[tuple[int, int]],
         first: int,
     ) -> TaskCommit:
-        """What ``staging.stage_task`` does for one task attempt, with the messages of the plan."""
-        root = keys.spark_staging(cfg.job, cfg.run, f"t{task:05d}-a0")
-        staged: dict[int, list[StagedChunk]] = {}
+        """What ``writing.write_task`` does for one task attempt, with the messages of the plan."""
+        folder = f"{cfg.job}/{cfg.run}/t{task:05d}-a0"
+        written: dict[int, list[ChunkRef]] = {}
         payload = 0
         i = first
         try:
             for partition, count in chunks:
-                n = len(staged.setdefault(partition, []))
-                lines = [
-                    encode_record(
-                        Record(
-                            message_id(),
-                            payload=f"{self.plan.name}.{j}",
-                            created_at=time.time(),
-                            producer_id=cfg.producer_id,
+                n = len(written.setdefault(partition, []))
+                now = round(time.time() * 1_000_000)
+                table = pa.table(
+                    {
+                        "id": pa.array([message_id() for _ in range(count)], pa.string()),
+                        "payload": pa.array(
+                            [f'"{self.plan.name}.{j}"' for j in range(i, i + count)], pa.string()
                         ),
-                        cfg.max_message_bytes,
-                    )
-                    for j in range(i, i + count)
-                ]
-                i += count
-                plain = b"\n".join(lines) + b"\n"
-                header = SegmentHeader(
-                    cfg.topic,
-                    partition,
-                    n,
-                    count,
-                    0,
-                    cfg.producer_id,
-                    time.time(),
-                    f"{cfg.run}-{partition}-{n}",
-                    codec=cfg.compression,
+                        "content_type": pa.array(["application/json"] * count, pa.string()),
+                        "created_at": pa.array([now] * count, pa.int64()).cast(pa.timestamp("us", tz="UTC")),
+                        "producer_id": pa.array([cfg.producer_id] * count, pa.string()),
+                    }
                 )
-                data = encode_header(header) + b"\n" + compress_body(plain, cfg.compression)
-                key = f"{root}/p{partition:04d}/{n:08d}.seg"
-                await storage.overwrite(key, data)
-                staged[partition].append(StagedChunk(key, count, len(data)))
-                payload += len(plain)
+                i += count
+                body = encode_chunk(table, compression=cfg.compression)
+                name = f"{folder}/p{partition:04d}-{n:06d}.arrow"
+                etag = await storage.overwrite(keys.chunk(cfg.topic, name), body)
+                written[partition].append(ChunkRef(name, etag, count, len(body), now, now))
+                payload += table.nbytes
             if await storage.head(keys.spark_aborted(cfg.job, cfg.run)) is not None:
                 raise TaskFailed(f"write job {cfg.job} (run {cfg.run}) was aborted while this task ran")
         except BucketqError:
             with contextlib.suppress(BucketqError):
-                await delete_prefix(storage, root + "/")
+                await delete_prefix(storage, keys.chunk(cfg.topic, folder) + "/")
             raise
-        return TaskCommit(task, root, staged, i - first, {}, 0.0, payload)
+        return TaskCommit(task, folder, written, i - first, {}, 0.0, payload, i - first)

@@ -32,7 +32,7 @@ from typing import Any
 from bucketq.core.cursor_log import CursorLog
 from bucketq.core.keys import Keys
 from bucketq.core.models import TopicConfig
-from bucketq.core.segment import decode_segment
+from bucketq.core.refsegment import load_segment
 from bucketq.core.topics import TopicCatalog
 from bucketq.storage import Storage
 
@@ -301,7 +301,7 @@ async def _final(sim: Sim, members: list[MemberRole]) -> None:
         if blob is None:
             continue
         try:
-            seg = decode_segment(blob.data)
+            seg = await load_segment(storage, keys, blob.data)  # a job's chunks, too
         except Exception as exc:
             history.record(
                 "stored",

@@ -124,7 +124,7 @@ class JobPlan:
     name: str  # the Spark jobId (letters, digits, '-'); message i is tagged "{name}.{i}"
     topic: str
     start: float = 0.0
-    # per task, its chunks in staging order: (partition, messages); tags are numbered in this order
+    # per task, its chunks in the order it writes them: (partition, messages); tags are numbered so
     tasks: list[list[tuple[int, int]]] = field(default_factory=list)
     txn_timeout_s: float = 60.0
     runs: int = 3  # runs of the job the user starts at most (a crashed run counts)
@@ -133,8 +133,8 @@ class JobPlan:
     gap: tuple[float, float] = (1.0, 30.0)  # seconds before the user runs it again
     kill: float = 0.0  # probability that an incarnation is killed at one of its store calls
     kill_calls: tuple[int, int] = (1, 40)  # that call's number is drawn from this range (a run makes about
-    # 10 + 3 * chunks + tasks + 12 * partitions calls: staging, begin, appends, commit, cleanup)
-    compression: str | None = None  # the topic's segments: plain or "zlib" (staged the same way)
+    # 12 + chunks + tasks + 10 * partitions calls: chunks, begin, reference segments, commit, cleanup)
+    compression: str | None = None  # the chunks' buffers: uncompressed or "zstd"
 
     @property
     def count(self) -> int:
@@ -363,7 +363,7 @@ def _job(rng: random.Random, name: str, topic: TopicPlan, chaos_s: float, **over
         gap=(1.0, rng.choice([10.0, 60.0, 240.0])),
         kill=rng.choice([0.0, 0.3, 0.6]),
         kill_calls=(1, 10 + 3 * nchunks + ntasks + 12 * len({p for chunks in tasks for p, _ in chunks})),
-        compression=rng.choice([None, "zlib"]),
+        compression=rng.choice([None, "zstd"]),
     )
     for k, v in over.items():
         setattr(plan, k, v)
@@ -772,8 +772,11 @@ def _jobs_gc(rng: random.Random, seed: int) -> Schedule:
     """A job is committed, its segments are consumed and collected (tiny retention) while GC runs
     often, and the same jobId is run again later. Found by the simulation: GC deleted a committed
     record once its segments were collected, so the rerun found no record and committed the job a
-    second time, under the same transaction id (``job_one_copy``). Records are now kept."""
-    s = _base(rng, seed, "jobs_gc", chaos_s=rng.uniform(60.0, 90.0), level=0.0)
+    second time, under the same transaction id (``job_one_copy``). Records are now kept. Format 5:
+    the job's chunks are collected after its reference segments, never before."""
+    # long enough for retention to free the job's reference segments (the floor fence's grace is
+    # 300 s) and GC to collect their chunks after them (``job_chunks_kept``)
+    s = _base(rng, seed, "jobs_gc", chaos_s=rng.uniform(400.0, 500.0), level=0.0)
     topic = TopicPlan("t0", partitions=rng.choice([1, 2]), retention_s=0.001)
     s.topics.append(topic)
     group = GroupPlan("g0", "t0", "earliest")
@@ -801,7 +804,7 @@ def _jobs_gc(rng: random.Random, seed: int) -> Schedule:
 
 def _jobs_latest(rng: random.Random, seed: int) -> Schedule:
     """A job's committer dies in the middle of its commit (the transaction stays pending with some
-    chunks appended); a ``latest`` group subscribes meanwhile; the rerun finishes the commit.
+    reference segments appended); a ``latest`` group subscribes meanwhile; the rerun finishes it.
     Found by the simulation: the group's cursors started at the tails, past the chunks already
     appended, so it received only the rest of the job (``job_all_or_nothing``). A ``latest``
     start now begins at a pending transaction's ``start`` (core/subscriptions.py)."""
@@ -822,8 +825,8 @@ def _jobs_latest(rng: random.Random, seed: int) -> Schedule:
         txn_timeout_s=300.0,
     )
     chunks = sum(len(c) for c in job.tasks)
-    first_append = 3 + chunks + len(job.tasks) + 4 * topic.partitions  # after the record was written
-    job.kill_calls = (first_append, first_append + 2 * chunks + 7 * topic.partitions)  # while it is pending
+    first_append = 5 + chunks + len(job.tasks) + 4 * topic.partitions  # after the record was written
+    job.kill_calls = (first_append, first_append + 7 * topic.partitions)  # while it is pending
     s.jobs.append(job)
     earliest = GroupPlan("g0", "t0", "earliest")
     latest = GroupPlan("g1", "t0", "latest")

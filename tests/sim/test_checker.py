@@ -512,6 +512,22 @@ def test_a_message_of_a_pending_transaction_delivered_is_a_violation() -> None:
     assert names(h) == []
 
 
+def test_a_committed_jobs_chunk_deleted_before_its_segment_is_a_violation() -> None:
+    """I18 in the checker: ``job_chunks_kept``."""
+    h = _committed_job("j.0")
+    h.events[-3]["refs"] = {"0": [["j/r/t0-a0/p0000-000000.arrow"]]}  # the committed record's chunks
+    h.at(3).deliver("j.0", 0)
+    h.at(5).add("del", topic="t", partition=0, seq=0)  # retention frees the reference segment...
+    h.at(6).add("del", topic="t", chunk="j/r/t0-a0/p0000-000000.arrow")  # ...then its chunks
+    h.at(7).add("del", topic="t", chunk="j/r/t0-a1/p0000-000000.arrow")  # a failed attempt's: any time
+    assert names(h) == []
+    h = _committed_job("j.0")
+    h.events[-3]["refs"] = {"0": [["j/r/t0-a0/p0000-000000.arrow"]]}
+    h.at(3).add("del", topic="t", chunk="j/r/t0-a0/p0000-000000.arrow")  # while the segment is stored
+    h.at(4).deliver("j.0", 0)
+    assert "job_chunks_kept" in names(h)
+
+
 def test_histories_are_json_lines() -> None:
     h = H().topic().join().at(1).publish("a", 0)
     h.at(2).deliver("a", 0)

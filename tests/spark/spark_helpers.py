@@ -10,7 +10,9 @@ from typing import Any
 
 from bucketq import Bucketq, PublishResult, Settings
 from bucketq.core.keys import Keys
-from bucketq.core.segment import Record, decode_segment
+from bucketq.core.refsegment import load_segment
+from bucketq.core.segment import Record, decode_header
+from bucketq.core.txn import take_snapshot
 from bucketq.spark.planning import list_segments
 from bucketq.storage import open_storage
 
@@ -40,18 +42,22 @@ async def publish_many(
 
 
 async def topic_records(settings: Settings, topic: str) -> list[tuple[int, int, int, Record]]:
-    """Every message of the topic as (partition, seq, index, record), read by the engine."""
+    """Every visible message of the topic as (partition, seq, index, record), read by the engine's
+    loaders (a job commit's segments only when its committed record names them)."""
     storage = await open_storage(settings)
     keys = Keys(settings.root)
     out = []
     try:
         async with Bucketq(settings) as bq:
             partitions = (await bq.catalog.config(topic)).partitions
+        shown = (await take_snapshot(storage, keys, topic, abort_expired=False)).shown()
         for p in range(partitions):
             for ref in await list_segments(storage, keys, topic, p, 0, None):
                 blob = await storage.get(keys.segment(topic, p, ref.seq))
                 assert blob is not None
-                for i, r in enumerate(decode_segment(blob.data).records):
+                if decode_header(blob.data).txn is not None and (p, ref.seq) not in shown:
+                    continue
+                for i, r in enumerate((await load_segment(storage, keys, blob.data)).records):
                     out.append((p, ref.seq, i, r))
     finally:
         await storage.close()

@@ -94,7 +94,7 @@ def test_refused_commit_leaves_nothing_visible_and_the_rerun_writes_once(
     asyncio.run(_create(bucket, "ledger", 4))
     n = 4000
     with RefusingProxy(moto_server.endpoint_url) as proxy:
-        # S3 refuses every segment PUT of partition 1 (the staging PUTs go through)
+        # S3 refuses every segment PUT of partition 1 (the chunk PUTs go through)
         proxy.refuse("PUT", rf"/{bucket.s3_bucket}/ledger/p0001/seg/")
         with pytest.raises(Exception, match="nothing of it is visible"):
             _save(
@@ -111,7 +111,7 @@ def test_refused_commit_leaves_nothing_visible_and_the_rerun_writes_once(
     assert appended
     assert _visible(spark, bucket, "ledger") == []
     assert asyncio.run(_txns(bucket, "ledger")) == [("ledger-1.000001", "aborted")]
-    assert asyncio.run(keys_under(bucket, "_spark/staging/")) == []
+    assert asyncio.run(keys_under(bucket, "ledger/chunk/")) == []  # the aborted run's chunks went
     assert asyncio.run(read_report(resolve_settings(options), "ledger-1")) is None
 
     # the same job again, S3 healthy: everything, exactly once, for Spark and for consumers
@@ -149,8 +149,8 @@ def test_driver_killed_during_commit_then_rerun_leaves_exactly_one_copy(
     script = tmp_path / "job.py"
     script.write_text(KILLED_JOB)
     with RefusingProxy(moto_server.endpoint_url) as proxy:
-        # every segment append of the commit takes a while: the kill lands in the middle of it
-        proxy.delay("PUT", rf"/{bucket.s3_bucket}/orders/p\d+/seg/", 0.5)
+        # partition 2's reference segment takes long: the kill lands after partition 0's is in
+        proxy.delay("PUT", rf"/{bucket.s3_bucket}/orders/p0002/seg/", 5)
         job_options = options | {
             "endpoint": proxy.url,
             "topic": "orders",
@@ -169,9 +169,8 @@ def test_driver_killed_during_commit_then_rerun_leaves_exactly_one_copy(
             deadline = time.monotonic() + 240
             while time.monotonic() < deadline and proc.poll() is None:
                 # the commit has begun (record written) and some of its segments are in
-                if (
-                    asyncio.run(keys_under(bucket, "orders/txn/"))
-                    and len(asyncio.run(keys_under(bucket, "orders/p"))) >= 3
+                if asyncio.run(keys_under(bucket, "orders/txn/")) and asyncio.run(
+                    keys_under(bucket, "orders/p0000/seg/")
                 ):
                     break
                 time.sleep(0.1)
@@ -184,17 +183,18 @@ def test_driver_killed_during_commit_then_rerun_leaves_exactly_one_copy(
     assert asyncio.run(_txns(bucket, "orders")) == [("nightly.000001", "pending")]
     landed = [k for k in asyncio.run(keys_under(bucket, "orders/p")) if "/seg/" in k]
     assert landed, "the commit had appended segments when the driver died"
-    assert asyncio.run(keys_under(bucket, "_spark/staging/nightly/"))  # the dead run's chunks
+    assert asyncio.run(keys_under(bucket, "orders/chunk/nightly/"))  # the dead run's chunks
     # readers stop before the unfinished transaction: nothing of the job is visible
     assert _visible(spark, bucket, "orders") == []
 
-    # the same job again: the dead run's commit is finished from its staged chunks, exactly once
+    # the same job again: the dead run's commit is finished from its chunks, exactly once
     _save(_rows(spark, n), options, "orders", jobId="nightly", batchMessages=150)
     assert _visible(spark, bucket, "orders") == list(range(n))
     assert asyncio.run(_txns(bucket, "orders")) == [("nightly.000001", "committed")]
     report = asyncio.run(read_report(resolve_settings(options), "nightly"))
     assert report is not None and report["recovered"] and report["messages"] == n
-    assert asyncio.run(keys_under(bucket, "_spark/staging/")) == []
+    # the dead run's chunks are the job's; the rerun wrote none of its own that stayed
+    assert len(asyncio.run(keys_under(bucket, "orders/chunk/"))) == report["chunks"] > 0
     # and once more: a no-op
     _save(_rows(spark, n), options, "orders", jobId="nightly", batchMessages=150)
     assert len(_visible(spark, bucket, "orders")) == n
@@ -206,9 +206,22 @@ def test_job_id_is_idempotent_after_success_and_after_failure(
     asyncio.run(_create(bucket, "events", 2))
     _save(_rows(spark, 1000), options, "events", jobId="daily")
     first = asyncio.run(read_report(resolve_settings(options), "daily"))
+    assert first is not None and not first.get("skipped")
     _save(_rows(spark, 1000), options, "events", jobId="daily")  # success before: nothing again
     assert _visible(spark, bucket, "events") == list(range(1000))
-    assert asyncio.run(read_report(resolve_settings(options), "daily")) == first
+    again = asyncio.run(read_report(resolve_settings(options), "daily"))
+    assert again is not None and {k: again[k] for k in first} == first  # the committed run's report
+    assert again["skipped"] and not again["input_changed"]
+
+    # finding 6: the same jobId with other rows wrote nothing and said nothing; now it is reported
+    other = spark.range(1000, 1500, numPartitions=2).selectExpr("to_json(named_struct('n', id)) AS payload")
+    _save(other, options, "events", jobId="daily")
+    changed = asyncio.run(read_report(resolve_settings(options), "daily"))
+    assert changed is not None and changed["skipped"] and changed["input_changed"]
+    assert changed["rerun_input"]["rows"] == 500 and changed["input"]["rows"] == 1000
+    with pytest.raises(Exception, match="committed before with other input"):
+        _save(other, options, "events", jobId="daily", changedInput="fail")
+    assert _visible(spark, bucket, "events") == list(range(1000))
 
     # a job whose task fails is aborted; the same jobId then runs normally (the abort is per run)
     bad = spark.range(3000, numPartitions=2).selectExpr(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -77,18 +78,17 @@ def test_export_then_backfill_is_lossless(
 ) -> None:
     asyncio.run(publish_many(bucket, "source", 500, partitions=3, make=_message))
     out = tmp_path / "archive"
-    result = _cli(moto_server, bucket, "export", "--topic", "source", "--to", str(out), "--format", fmt, "-q")
+    result = _cli(moto_server, bucket, "export", "source", "--to", str(out), "--format", fmt, "-q")
     assert "exported 500 messages" in result.output
     result = _cli(
         moto_server,
         bucket,
         "backfill",
+        "copy",
         "--from",
         str(out),
         "--format",
         fmt,
-        "--topic",
-        "copy",
         "--create",
         "2",
         "-q",
@@ -173,8 +173,9 @@ def test_redrive_moves_every_dead_letter_exactly_once(spark: Any, moto_server: S
     assert {r["reason"]: r["count"] for r in stats["dead_letter_reasons"]} == {"timeout": 12, "invalid": 8}
     assert sum(p["messages"] for p in stats["partitions"]) == 42
 
-    result = _cli(moto_server, settings, "redrive", "--dlq", "orders.dlq", "--topic", "orders", "-q")
-    assert "redrove 8 dead letters" in result.output
+    # finding 8: a few dead letters are moved without Spark (seconds, not a Spark job's 45 s)
+    result = _cli(moto_server, settings, "redrive", "orders", "-q")
+    assert "redrove 8 dead letters from orders.dlq to orders without Spark" in result.output
     again = pipelines.redrive(spark, settings, "orders.dlq", "orders", show=False)
     assert (again.moved, again.rounds) == (0, 0)
 
@@ -199,6 +200,71 @@ def test_redrive_moves_every_dead_letter_exactly_once(spark: Any, moto_server: S
 
 def test_stats_command_prints_tables(moto_server: S3Server, bucket: Settings, spark: Any) -> None:
     asyncio.run(publish_many(bucket, "metrics", 50, partitions=2))
-    result = _cli(moto_server, bucket, "stats", "--topic", "metrics")
+    result = _cli(moto_server, bucket, "stats", "metrics")
     assert "metrics: 50 messages" in result.output
     assert "payload bytes" in result.output
+
+
+def test_backfill_keeps_each_json_payload_as_the_dataset_has_it(
+    spark: Any, bucket: Settings, tmp_path: Path
+) -> None:
+    """Finding 3: a JSON ``payload`` field mixing strings, numbers and objects is inferred as a
+    string column; each string was then parsed as JSON ("42" became 42, "hello" failed the job)."""
+    values: list[Any] = [
+        "42",
+        42,
+        "true",
+        True,
+        "null",
+        None,
+        "[1, 2]",
+        [1, 2],
+        {"a": "é"},
+        "hello",
+        1.5,
+        'q"',
+    ]
+    path = tmp_path / "mixed.json"
+    lines = [json.dumps({"key": str(i), "payload": v}) for i, v in enumerate(values)]
+    path.write_text("\n".join([*lines, json.dumps({"key": "missing"})]) + "\n")
+    report = pipelines.backfill(spark, bucket, str(path), "json", "mixed", partitions=1, show=False)
+    assert report["messages"] == len(values) + 1
+    stored = {r.key: r.payload for *_, r in asyncio.run(topic_records(bucket, "mixed"))}
+    assert stored == {**{str(i): v for i, v in enumerate(values)}, "missing": None}
+    assert all(type(stored[str(i)]) is type(v) for i, v in enumerate(values))
+
+
+def test_backfill_spreads_unkeyed_rows_evenly_and_counts_skipped_ids(
+    spark: Any, moto_server: S3Server, bucket: Settings, tmp_path: Path
+) -> None:
+    """Finding 7: 10,023 unkeyed rows went 9,998 / 5 into 2 partitions, and the 20 rows skipped as
+    ids already present were not mentioned."""
+    ids = [f"00000000-0000-7000-8000-{i:012d}" for i in range(10_023)]
+    rows = spark.createDataFrame(
+        [(i, f'{{"n": {n}}}') for n, i in enumerate(ids)], "id STRING, payload STRING"
+    )
+    rows.limit(20).write.parquet(str(tmp_path / "first"))
+    rows.write.parquet(str(tmp_path / "all"))
+    first = pipelines.backfill(
+        spark, bucket, str(tmp_path / "first"), "parquet", "spread", partitions=2, show=False
+    )
+    assert first["messages"] == 20
+    result = _cli(
+        moto_server,
+        bucket,
+        "backfill",
+        "spread",
+        "--from",
+        str(tmp_path / "all"),
+        "--format",
+        "parquet",
+        "-q",
+    )
+    assert "published 10003 messages" in result.output
+    assert "skipped 20 rows whose id the topic already had" in result.output
+    counts = {p: 0 for p in range(2)}
+    for p, *_ in asyncio.run(topic_records(bucket, "spread")):
+        counts[p] += 1
+    assert sum(counts.values()) == 10_023
+    # each task's partitions differ by one row at most (the dedup's sort runs up to 8 tasks)
+    assert abs(counts[0] - counts[1]) <= 10

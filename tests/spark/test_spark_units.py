@@ -4,22 +4,29 @@ from __future__ import annotations
 
 import json
 import uuid
+from concurrent.futures import Future
 from dataclasses import FrozenInstanceError
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
 from pyspark.sql.types import MapType, StringType, StructField, StructType, TimestampType
 
+from bucketq import Bucketq, Settings
+from bucketq.core.chunks import chunk_records, decode_chunk, encode_chunk
 from bucketq.core.producer import partition_for_key
-from bucketq.core.segment import Record, decode_segment
-from bucketq.errors import ConfigError, InvalidMessage
+from bucketq.core.segment import Record
+from bucketq.errors import ConfigError, InvalidMessage, MessageTooLarge
+from bucketq.spark import redrive
+from bucketq.spark.encoding import ChunkEncoder
 from bucketq.spark.options import ReadConfig, WriteConfig, offsets_json, parse_offsets
-from bucketq.spark.planning import SegmentRef, group, target_size
+from bucketq.spark.planning import Item, SegmentItem, group, list_segments, target_size
 from bucketq.spark.rows import RowMapper
 from bucketq.spark.schema import arrow_schema, message_schema
-from bucketq.spark.staging import ChunkWriter, LineEncoder
 from bucketq.spark.stream import _cap
+from bucketq.spark.writing import ChunkWriter
+from bucketq.storage import MemoryStore
 
 pytestmark = [pytest.mark.spark]
 
@@ -76,44 +83,44 @@ def test_read_config_is_immutable() -> None:
         cfg.partitions = frozenset({1})  # type: ignore[misc]
 
 
-def test_fast_lines_decode_like_the_engine_and_reject_what_it_rejects() -> None:
-    cfg = WriteConfig.from_options({**CONN, "topic": "t"})
+def _encoder(schema: StructType, **options: str) -> ChunkEncoder:
+    cfg = WriteConfig.from_options({**CONN, "topic": "t", **options})
     cfg.partitions, cfg.producer_id, cfg.run = 4, "pid", "run"
+    return ChunkEncoder(schema, cfg, 0)
+
+
+def _records(encoder: ChunkEncoder, batch: pa.RecordBatch) -> list[tuple[int, Record]]:
+    """(partition, record) of every message, read back through the chunk format."""
+    out = []
+    for partition, table in encoder.encode(batch):
+        chunk = encode_chunk(table, defaults=encoder.defaults())
+        out += [(partition, r) for r in chunk_records(decode_chunk(chunk))]
+    return out
+
+
+def test_payload_texts_are_kept_exactly_and_validated_in_bulk() -> None:
     schema = StructType([StructField("payload", StringType()), StructField("key", StringType())])
-    encoder = LineEncoder(schema, cfg, 0)
-    assert encoder.fast
-    texts = ['{"n": 1}', "[1, 2.5, null]", '"s\\u00e9"', "7", None, '{"nested": {"a": [true]}}']
-    keys = ["k-1", None, 'q"uote', "k-1", None, "é"]
+    encoder = _encoder(schema)
+    texts = ['{"n": 1}', "[1, 2.5, null]", '"s\\u00e9"', "7", None, '{"nested": {"a": [true]}}', " null "]
+    keys = ["k-1", None, 'q"uote', "k-1", None, "é", None]
     batch = pa.RecordBatch.from_pylist(
         [{"payload": t, "key": k} for t, k in zip(texts, keys, strict=True)], schema=arrow_schema(schema)
     )
-    records = []
-    for partition, lines in encoder.encode(batch):  # mixed payload types: message by message
-        for line in _lines(lines):
-            record = Record.from_json(json.loads(line))
-            records.append(record)
-            if record.key is not None:
-                assert partition == partition_for_key(record.key, 4)
-    by_key = sorted((r.key or "", json.dumps(r.payload)) for r in records)
+    tables = list(encoder.encode(batch))
+    stored = sorted(x for _, table in tables for x in table.column("payload").to_pylist() if x is not None)
+    # exactly the given text (spaces and escapes kept); SQL NULL and JSON null are both null
+    assert stored == sorted(t for t in texts if t is not None and t.strip() != "null")
+    records = [(p, r) for p, r in _records(encoder, batch)]
+    for partition, record in records:
+        if record.key is not None:
+            assert partition == partition_for_key(record.key, 4)
     want = sorted(
-        (
-            (k or "", json.dumps(json.loads(t) if t is not None else None))
-            for t, k in zip(texts, keys, strict=True)
-        )
+        (k or "", json.dumps(json.loads(t) if t else None)) for t, k in zip(texts, keys, strict=True)
     )
-    assert by_key == want
-    ids = [r.id for r in records]
+    assert sorted((r.key or "", json.dumps(r.payload)) for _, r in records) == want
+    ids = [r.id for _, r in records]
     assert len(set(ids)) == len(ids) and all(uuid.UUID(i).version == 7 for i in ids)
-    assert all(r.producer_id == "pid" and r.content_type == "application/json" for r in records)
-    uniform = pa.RecordBatch.from_pylist(
-        [{"payload": f'{{"n": {i}}}', "key": f"k{i}"} for i in range(50)], schema=arrow_schema(schema)
-    )
-    out = list(encoder.encode(uniform))
-    assert all(isinstance(lines, pa.Array) for _, lines in out)  # the bulk path
-    got = sorted(
-        Record.from_json(json.loads(line)).payload["n"] for _, lines in out for line in _lines(lines)
-    )
-    assert got == list(range(50))
+    assert all(r.producer_id == "pid" and r.content_type == "application/json" for _, r in records)
     # what is not exactly one JSON value fails the task as the engine's encoder would
     for bad in ['1}{"p":2', '1,"q":2', "NaN", '{"a":1,}', "", "[1", "1 2", '{\n"a": NaN}']:
         broken = pa.RecordBatch.from_pylist(
@@ -121,16 +128,70 @@ def test_fast_lines_decode_like_the_engine_and_reject_what_it_rejects() -> None:
         )
         with pytest.raises(InvalidMessage, match="not JSON"):
             list(encoder.encode(broken))
-    # line breaks inside a payload are valid JSON: stored re-encoded on one line
+    # a batch of objects is checked without building columns: two objects in one text still fail
+    for bad in ['{"a":1}{"b":2}', '{"a":1} {"b":2}', '{"a":1},{"b":2}', '{"a": [1,}', '{"a":NaN}']:
+        objects = pa.RecordBatch.from_pylist(
+            [{"payload": '{"ok":1}', "key": None}, {"payload": bad, "key": None}], schema=arrow_schema(schema)
+        )
+        with pytest.raises(InvalidMessage, match="not JSON"):
+            list(encoder.encode(objects))
+    # line breaks inside a payload are valid JSON, kept as they are
     multi = pa.RecordBatch.from_pylist(
         [{"payload": '{\n "a": 1\n}', "key": None}], schema=arrow_schema(schema)
     )
-    ((_, lines),) = list(encoder.encode(multi))
-    assert [Record.from_json(json.loads(line)).payload for line in _lines(lines)] == [{"a": 1}]
+    ((_, table),) = list(encoder.encode(multi))
+    assert table.column("payload").to_pylist() == ['{\n "a": 1\n}']
+    strings = _encoder(StructType([StructField("payload", StringType())]), payloadFormat="string")
+    plain = pa.RecordBatch.from_pylist(
+        [{"payload": 'a "q"'}, {"payload": None}], schema=pa.schema([("payload", pa.string())])
+    )
+    assert [r.payload for _, r in _records(strings, plain)] == ['a "q"', None]
 
 
-def _lines(lines: pa.Array | list[bytes]) -> list[str | bytes]:
-    return list(lines.to_pylist()) if isinstance(lines, pa.Array) else list(lines)
+def test_unkeyed_rows_spread_evenly_whatever_the_batches() -> None:
+    """Finding 7: 10,023 unkeyed rows into 2 partitions went 9,998 / 5 (a whole batch to one)."""
+    schema = StructType([StructField("payload", StringType())])
+    counts: dict[int, int] = {}
+    for task in range(2):
+        encoder = _encoder(schema)
+        encoder.spread = task % 4
+        for size in (10_000, 7, 1, 3, 12):
+            batch = pa.RecordBatch.from_pylist([{"payload": "1"}] * size, schema=arrow_schema(schema))
+            for partition, table in encoder.encode(batch):
+                counts[partition] = counts.get(partition, 0) + table.num_rows
+    assert sum(counts.values()) == 2 * 10_023
+    assert max(counts.values()) - min(counts.values()) <= 2  # at most one row per task
+
+
+def test_headers_ids_and_times_become_chunk_columns() -> None:
+    schema = StructType(
+        [
+            StructField("payload", StringType()),
+            StructField("headers", MapType(StringType(), StringType())),
+            StructField("id", StringType()),
+            StructField("created_at", TimestampType()),
+        ]
+    )
+    when = datetime(2024, 1, 1, tzinfo=UTC)
+    given = str(uuid.uuid4())
+    batch = pa.RecordBatch.from_pylist(
+        [
+            {"payload": "1", "headers": [("h", 'v"1')], "id": given, "created_at": when},
+            {"payload": "2", "headers": [], "id": None, "created_at": None},
+        ],
+        schema=arrow_schema(schema),
+    )
+    records = [r for _, r in _records(_encoder(schema), batch)]
+    by_payload = {r.payload: r for r in records}
+    assert dict(by_payload[1].headers) == {"h": 'v"1'} and dict(by_payload[2].headers) == {}
+    assert by_payload[1].id == given and uuid.UUID(by_payload[2].id).version == 7
+    assert by_payload[1].created_at == when.timestamp() and by_payload[2].created_at > when.timestamp()
+    too_big = pa.RecordBatch.from_pylist(
+        [{"payload": '"' + "x" * 300_000 + '"', "headers": [], "id": None, "created_at": None}],
+        schema=arrow_schema(schema),
+    )
+    with pytest.raises(MessageTooLarge):
+        list(_encoder(schema).encode(too_big))
 
 
 def test_chunks_respect_message_and_byte_limits() -> None:
@@ -141,37 +202,80 @@ def test_chunks_respect_message_and_byte_limits() -> None:
         def __init__(self) -> None:
             self.objects: dict[str, bytes] = {}
 
-        def put(self, key: str, body: bytes) -> None:
+        def put(self, key: str, body: bytes) -> Future[str]:
             self.objects[key] = body
+            done: Future[str] = Future()
+            done.set_result(f"etag-{len(self.objects)}")
+            return done
 
         def wait(self) -> None:
             pass
 
     store = Store()
-    writer = ChunkWriter(cfg, "root", store)  # type: ignore[arg-type]
-    lines = pa.array([f'{{"id":"{i}","payload":"{"x" * (i % 400)}"}}\n' for i in range(100)])
-    writer.add(0, lines)
-    writer.finish()
-    chunks = writer.chunks[0]
-    assert sum(c.count for c in chunks) == 100
-    numbers = []
-    for chunk in chunks:
-        segment = decode_segment(store.objects[chunk.key])
-        assert segment.header.count == chunk.count <= 7
-        assert len(store.objects[chunk.key]) == chunk.bytes
-        body = sum(len(json.dumps(r.to_json())) for r in segment.records)
-        assert chunk.count == 1 or body <= 2000 * 2
-        numbers += [int(r.id) for r in segment.records]
-    assert numbers == list(range(100))  # in order, each once
+    writer = ChunkWriter(cfg, "job/run/t00000-a0", store)
+    encoder = ChunkEncoder(StructType([StructField("payload", StringType())]), cfg, 0)
+    payloads = [f'"{"x" * (i % 400)}"' for i in range(100)]
+    batch = pa.RecordBatch.from_pylist(
+        [{"payload": p} for p in payloads], schema=pa.schema([("payload", pa.string())])
+    )
+    for partition, table in encoder.encode(batch):
+        writer.add(partition, table)
+    refs = writer.finish()[0]
+    assert sum(r.count for r in refs) == 100
+    got = []
+    for ref in refs:
+        (key,) = [k for k in store.objects if k.endswith(ref.name)]
+        chunk = decode_chunk(store.objects[key])
+        assert chunk.rows == ref.count <= 7 and len(store.objects[key]) == ref.bytes
+        assert ref.count == 1 or chunk.table.nbytes <= 2000 * 4
+        got += chunk.table.column("payload").to_pylist()
+    assert got == payloads  # in order, each once
 
 
 def test_segments_are_grouped_by_size() -> None:
-    segs = [SegmentRef(p, s, 10) for p in range(2) for s in range(5)]
+    segs: list[Item] = [SegmentItem(p, s, 10) for p in range(2) for s in range(5)]
     groups = group(segs, 25)
     assert [len(g) for g in groups] == [2, 2, 2, 2, 2]
     assert [s for g in groups for s in g] == segs
     cfg = ReadConfig.from_options({**CONN, "topic": "t", "minPartitions": "4"})
     assert target_size(100, cfg) == 25
+
+
+async def test_planning_lists_only_segment_names_bucketq_writes() -> None:
+    """I8: a foreign ``1.jsonl`` in ``seg/`` is no segment 1 (it sorts after the real ones and
+    was planned as seq 1 again: its rows read twice), and ``README.txt`` after them ends nothing."""
+    async with Bucketq(Settings.from_dict({"backend": "memory"}), store=MemoryStore()) as bq:
+        await bq.create_topic("t", partitions=1)
+        for i in range(3):
+            await bq.publish("t", i)
+        prefix = bq.keys.segments_prefix("t", 0)
+        for name in ("1.jsonl", ".keep", "README.txt", "0000000000000001.jsonl.bak"):
+            await bq.storage.overwrite(prefix + name, b"someone else's\n")
+        refs = await list_segments(bq.storage, bq.keys, "t", 0, 0, None)
+        assert [r.seq for r in refs] == [0, 1, 2]
+        assert [r.seq for r in await list_segments(bq.storage, bq.keys, "t", 0, 1, 3)] == [1, 2]
+
+
+async def test_redrive_cursor_writes_carry_the_dead_letter_topics_incarnation(tmp_path: Path) -> None:
+    """I6 (format 4): the Spark redrive's claims and acks on the dead-letter topic's cursor are
+    deltas stamped with the topic's incarnation, like every other cursor write, so a log left by
+    another incarnation of the topic never takes them (they were unstamped)."""
+    settings = Settings.from_dict(
+        {"backend": "file", "file_path": str(tmp_path / "bucket"), "strategy": "conditional_write"}
+    )
+    async with Bucketq(settings) as bq:
+        await bq.create_topic("orders.dlq", partitions=1)
+        for i in range(2):
+            await bq.publish("orders.dlq", i)
+        incarnation = (await bq.catalog.marker("orders.dlq")).incarnation
+        claims = await redrive.claim(
+            settings, "orders.dlq", "redrive", {0: [(0, 0), (1, 0)]}, lease_s=60, member="m"
+        )
+        assert claims.count == 2
+        assert await redrive.ack(settings, "orders.dlq", "redrive", claims) == (2, 0)
+        prefix = bq.keys.deltas_prefix("orders.dlq", "redrive", 0)
+        deltas = [json.loads((await bq.storage.get(i.key)).data) async for i in bq.storage.list(prefix)]  # type: ignore[union-attr]
+        assert len(deltas) >= 2 and {d.get("inc") for d in deltas} == {incarnation}
 
 
 def test_stream_offsets_and_caps() -> None:

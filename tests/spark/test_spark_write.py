@@ -12,7 +12,7 @@ import pytest
 from bucketq import Bucketq, Settings
 from bucketq.spark.commit import read_report
 from bucketq.spark.options import resolve_settings, settings_options
-from tests.spark.spark_helpers import keys_under, topic_records
+from tests.spark.spark_helpers import keys_under, publish_many, topic_records
 
 pytestmark = [pytest.mark.spark, pytest.mark.s3]
 
@@ -58,7 +58,8 @@ def test_write_then_read_back(spark: Any, bucket: Settings, options: dict[str, s
     from bucketq.core.producer import partition_for_key
 
     assert all(r["partition"] == partition_for_key(r["key"], 3) for r in got if r["key"] is not None)
-    assert asyncio.run(keys_under(bucket, "_spark/staging/")) == []
+    # chunks written once, at their final keys: every stored chunk is one the commit references
+    assert len(asyncio.run(keys_under(bucket, "orders/chunk/job-1/"))) == report["chunks"] > 0
 
 
 def test_write_maps_rows_data_and_times(spark: Any, bucket: Settings, options: dict[str, str]) -> None:
@@ -94,7 +95,7 @@ def test_failed_write_task_leaves_nothing_visible(
     with pytest.raises(Exception, match="InvalidMessage"):
         _writer(df, options, "ledger", batchMessages=500, jobId="job-bad").save()
     assert asyncio.run(topic_records(bucket, "ledger")) == []
-    assert asyncio.run(keys_under(bucket, "_spark/staging/")) == []
+    assert asyncio.run(keys_under(bucket, "ledger/chunk/")) == []  # the aborted run's chunks are gone
     assert asyncio.run(read_report(resolve_settings(options), "job-bad")) is None
     # a clean rerun then publishes everything once
     good = spark.range(5000, numPartitions=2).selectExpr("to_json(named_struct('n', id)) AS payload")
@@ -116,3 +117,48 @@ def test_bad_input_is_rejected_before_any_task(spark: Any, bucket: Settings, opt
             "overwrite"
         ).save()
     assert settings_options(bucket)["bucket"] == bucket.s3_bucket
+
+
+def test_null_payload_stays_null(spark: Any, bucket: Settings, options: dict[str, str]) -> None:
+    """Finding 4: a NULL payload read back as the text 'null', so ``payload IS NULL`` never matched."""
+    asyncio.run(_create(bucket, "nulls", 1))
+    rows = spark.createDataFrame([('{"n": 1}',), (None,), ("null",)], "payload STRING")
+    _writer(rows, options, "nulls").save()
+    asyncio.run(publish_many(bucket, "nulls", 1, create=False, make=lambda i: {"payload": None}))
+    df = spark.read.format("bucketq").options(**options).option("topic", "nulls").load()
+    assert df.where("payload IS NULL").count() == 3  # SQL NULL, JSON null, and the engine's None
+    assert [r["payload"] for r in df.where("payload IS NOT NULL").collect()] == ['{"n": 1}']
+    # written back as it was read: NULL stays NULL
+    _writer(df.select("payload"), options, "nulls").save()
+    assert [r.payload for *_, r in asyncio.run(topic_records(bucket, "nulls"))].count(None) == 6
+
+
+def test_writes_and_reads_from_another_driver_thread(
+    spark: Any, bucket: Settings, options: dict[str, str]
+) -> None:
+    """Finding 5: a second driver thread got DATA_SOURCE_NOT_FOUND (Spark looks Python data sources
+    up through the thread's active session, which a new thread does not have)."""
+    import threading
+
+    from bucketq.spark import register
+    from bucketq.spark.pipelines import read_topic, write_topic
+
+    asyncio.run(_create(bucket, "threads", 1))
+    failures: list[BaseException] = []
+    counts: list[int] = []
+
+    def work() -> None:
+        try:
+            rows = spark.range(10).selectExpr("to_json(named_struct('n', id)) AS payload")
+            write_topic(rows, bucket, "threads", description="thread", show=False)  # the pipelines' way
+            register(spark)  # a program's own: once in each thread
+            _writer(rows, options, "threads").save()
+            counts.append(read_topic(spark, bucket, "threads").count())
+        except BaseException as exc:
+            failures.append(exc)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert not failures, failures
+    assert counts == [20]
