@@ -31,6 +31,13 @@ def _env() -> dict[str, str]:
     return env | {"COLUMNS": "100"}
 
 
+def _interruptible() -> None:
+    """In the child before exec: Ctrl-C (SIGINT) is delivered as Python's KeyboardInterrupt. A child
+    inherits an ignored SIGINT (as a shell's background job does), and Python then never installs
+    its handler: the watch would run on through the test's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _store(tmp_path: Path) -> list[str]:
     flags = ["--backend", "file", "--file-path", str(tmp_path / "bucket")]
     for args in (
@@ -61,7 +68,7 @@ def test_stats_watch_piped_prints_a_timestamped_table_per_refresh_until_ctrl_c(t
     flags = _store(tmp_path)
     proc = subprocess.Popen(
         [sys.executable, "-m", "bucketq.cli", *flags, "stats", "--watch", "--interval", "200ms"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(), preexec_fn=_interruptible,
     )  # fmt: skip
     assert proc.stdout is not None
     text = _read_until(proc.stdout.fileno(), proc, lambda t: t.count("TOPIC") >= 3)
@@ -79,7 +86,7 @@ def test_stats_watch_json_is_one_line_per_refresh(tmp_path: Path) -> None:
     flags = _store(tmp_path)
     proc = subprocess.Popen(
         [sys.executable, "-m", "bucketq.cli", *flags, "stats", "--watch", "--interval", "0.2", "--json"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=_env(), preexec_fn=_interruptible,
     )  # fmt: skip
     assert proc.stdout is not None
     lines = [json.loads(proc.stdout.readline()) for _ in range(2)]
@@ -97,6 +104,7 @@ def test_stats_watch_on_a_terminal_redraws_in_place(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "bucketq.cli", *flags, "stats", "--watch", "--interval", "0.2"],
         stdin=slave, stdout=slave, stderr=slave, env=_env() | {"TERM": "xterm"}, close_fds=True,
+        preexec_fn=_interruptible,
     )  # fmt: skip
     os.close(slave)
     try:
