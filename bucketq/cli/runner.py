@@ -37,6 +37,7 @@ import typer
 import yaml
 from typer.core import TyperCommand
 
+from bucketq.bench.servers import die_with_parent
 from bucketq.cli.connection import connection
 from bucketq.cli.errors import EXIT_ERROR, CliError, fail, stderr
 from bucketq.cli.formats import DURATION_HELP, parse_duration
@@ -139,12 +140,6 @@ def engine_config(settings: Any) -> dict[str, Any]:
     return data
 
 
-def _die_with_parent() -> None:
-    from bucketq.bench.servers import die_with_parent as die
-
-    die()
-
-
 def _pump(stream: IO[bytes], prefix: str) -> None:
     """Copy the sidecar's log to stderr, each line prefixed (like dapr run's)."""
     for raw in iter(stream.readline, b""):
@@ -214,7 +209,7 @@ def run_app(
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,  # Ctrl-C reaches the app; the sidecar is stopped after it
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
         )
         assert sidecar.stdout is not None
         pump = threading.Thread(target=_pump, args=(sidecar.stdout, "sidecar | "), daemon=True)
@@ -263,7 +258,7 @@ def _run_app(argv: list[str], url: str, app_port: int | None, sidecar: subproces
     if app_port is not None:
         env["BUCKETQ_APP_PORT"] = str(app_port)
     try:
-        app = subprocess.Popen(argv, env=env, preexec_fn=_die_with_parent)
+        app = subprocess.Popen(argv, env=env, preexec_fn=die_with_parent)
     except OSError as exc:
         stderr().print(f"[bold red]error:[/] cannot start {argv[0]}: {exc.strerror}", highlight=False)
         return 127 if isinstance(exc, FileNotFoundError) else 126
