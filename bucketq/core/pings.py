@@ -26,7 +26,7 @@ Invariants:
   looks, never what any member may claim or commit (correctness rests on the segments and the
   cursor logs; pickup without pings rests on the wake poll, I13).
 * **A ping costs a receiver at most one GET a second per topic.** Looks caused by pings are at
-  least ``PING_LOOK_GAP_S`` apart (a ping inside the gap is answered at its end, not dropped), so
+  least ``cadence.PING_LOOK_GAP_S`` apart (a ping inside the gap is answered at its end, not dropped), so
   a flood of forged datagrams costs a member at most 60 GETs a minute per topic.
 * **Sending never blocks or fails a publish.** The producer pings in the background after its
   touch landed, and rings from the directory it has (a listing runs in the background); the
@@ -52,7 +52,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 from urllib.parse import urlsplit
 
-from bucketq.core.cadence import PING_LOOK_GAP_S as PING_LOOK_GAP_S  # looks caused by pings
 from bucketq.core.keys import Keys
 from bucketq.core.membership import BALANCED, MAX_TTL_S, balanced_owners, rendezvous_owner
 from bucketq.errors import StorageError

@@ -9,7 +9,8 @@ idle readers within one wake poll; a ``seek`` touches it too, so an idle group r
 A member joining or leaving the group touches it too, marked ``"why": "members"``: the idle
 members then re-read the member list and look at the partitions once, on their next turn, without
 turning the topic active (a touch of either kind may hide the other, so each kind looks at every
-partition once).
+partition once). Whose turn it is to read the object (one member a slot, ``next_wake_turn``)
+is decided in ``core/cadence.py``, with every other "when next".
 
 The object is advisory: a lost or failed touch only delays pickup until the fallback poll, never
 loses or duplicates anything (correctness rests on the segments and cursor logs alone).
@@ -22,8 +23,6 @@ import logging
 import time
 from typing import Literal
 
-from bucketq.core.cadence import WAKE_SHARE_MAX as WAKE_SHARE_MAX  # the turns: core/cadence.py
-from bucketq.core.cadence import next_wake_turn as next_wake_turn
 from bucketq.core.keys import Keys
 from bucketq.errors import PreconditionFailed, StorageError
 from bucketq.storage import Storage

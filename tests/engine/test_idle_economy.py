@@ -15,10 +15,11 @@ import time
 from collections import Counter
 
 from bucketq.bench.metered import MeteredStore, key_kind
+from bucketq.core.cadence import WAKE_SHARE_MAX, next_wake_turn
 from bucketq.core.membership import Membership, owned_partitions
 from bucketq.core.producer import partition_for_key
 from bucketq.core.stats import live_members
-from bucketq.core.wake import WAKE_SHARE_MAX, WakeWatch, next_wake_turn, touch_wake
+from bucketq.core.wake import WakeWatch, touch_wake
 from bucketq.errors import StorageError
 from bucketq.storage.memory import MemoryStore
 from tests.support.engine_helpers import Backend

@@ -22,7 +22,8 @@ import pytest
 
 from bucketq import Bucketq, Settings
 from bucketq.bench.metered import MeteredStore
-from bucketq.core.pings import PING_LOOK_GAP_S, ping_payload, valid_address
+from bucketq.core.cadence import PING_LOOK_GAP_S
+from bucketq.core.pings import ping_payload, valid_address
 from bucketq.core.udp_pings import UdpPings, advertised_host, udp_pings
 from bucketq.errors import StorageError
 from bucketq.storage import Storage
