@@ -138,6 +138,7 @@ def test_sigterm_lets_the_running_handler_finish(app_dir: Path) -> None:
     assert ledger(app_dir / "ledger.jsonl") == [{"payload": "x", "deliveries": 1, "what": "done"}]
 
 
+@pytest.mark.e2e  # three bucketq processes
 def test_a_bad_handler_is_a_usage_error(app_dir: Path) -> None:
     store = app_dir / "store"
     for spec, fragment in (

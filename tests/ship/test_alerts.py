@@ -60,6 +60,7 @@ def groups() -> list[Doc]:
 # -- the object -------------------------------------------------------------------------------------------
 
 
+@pytest.mark.e2e  # helm / promtool processes
 def test_prometheus_rule_only_where_the_api_exists_and_when_enabled() -> None:
     assert not find(render(), "PrometheusRule"), "rendered without monitoring.coreos.com"
     rule = one(render(api_versions=RULE_APIS), "PrometheusRule")
@@ -69,6 +70,7 @@ def test_prometheus_rule_only_where_the_api_exists_and_when_enabled() -> None:
     )
 
 
+@pytest.mark.e2e  # helm / promtool processes
 def test_every_alert_has_severity_summary_description_and_runbook(groups: list[Doc]) -> None:
     found = alerts(groups)
     assert set(found) == ALERTS
@@ -88,6 +90,7 @@ def _slug(heading: str) -> str:
     return text.replace(" ", "-")
 
 
+@pytest.mark.e2e  # helm / promtool processes
 def test_runbooks_are_sections_of_the_operations_guide(groups: list[Doc]) -> None:
     anchors = {
         _slug(line.lstrip("#")) for line in OPERATIONS.read_text().splitlines() if line.startswith("#")
@@ -102,6 +105,7 @@ def test_runbooks_are_sections_of_the_operations_guide(groups: list[Doc]) -> Non
         assert anchor in anchors, f"{name}: docs/operations.md has no section #{anchor}"
 
 
+@pytest.mark.e2e  # helm / promtool processes
 def test_rule_values_reach_the_rules() -> None:
     values = {
         "metrics": {
@@ -142,6 +146,7 @@ def test_rule_values_reach_the_rules() -> None:
         ({"prometheusRule": {"lagGrowing": True}}, "lagGrowing"),
     ],
 )
+@pytest.mark.e2e  # helm / promtool processes
 def test_rule_values_are_checked(values: dict[str, Any], complaint: str) -> None:
     result = template({"metrics": values}, check=False)
     assert result.returncode != 0, f"the chart accepted {values}"
@@ -151,6 +156,7 @@ def test_rule_values_are_checked(values: dict[str, Any], complaint: str) -> None
 # -- promtool ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.e2e  # helm / promtool processes
 def test_promtool_accepts_the_rules(groups: list[Doc], tmp_path: Path) -> None:
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
     result = promtool("check", "rules", "rules.yaml", cwd=tmp_path)
@@ -158,6 +164,7 @@ def test_promtool_accepts_the_rules(groups: list[Doc], tmp_path: Path) -> None:
     assert f"SUCCESS: {len(ALERTS)} rules found" in result.stdout
 
 
+@pytest.mark.e2e  # helm / promtool processes
 @pytest.mark.parametrize("case", sorted(p.name for p in ALERT_TESTS.glob("*.yaml")))
 def test_alert_unit_tests(case: str, groups: list[Doc], tmp_path: Path) -> None:
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}))
@@ -269,6 +276,7 @@ def referenced_queries() -> dict[str, str]:
     return out
 
 
+@pytest.mark.e2e  # helm / promtool processes
 def test_every_metric_named_by_dashboard_alerts_and_keda_is_exported(tmp_path: Path) -> None:
     known = exported_names()
     queries = referenced_queries()

@@ -48,6 +48,10 @@ from tests.ship.chart_tools import (
 )
 from tests.support import tools
 
+# helm (and kubernetes-validate) run as real processes: a quarter of `make test-fast`'s CPU when it
+# ran them, so they run in `make test` only (e2e: real processes)
+pytestmark = pytest.mark.e2e
+
 FULLNAME = f"{RELEASE}-bucketq"
 # what the downward API gives an operator replica (its Lease identity and namespace)
 POD_FIELDS = {"metadata.name": f"{FULLNAME}-6d9f8-abcde", "metadata.namespace": NAMESPACE}

@@ -198,6 +198,7 @@ def test_the_files_kubeconform_reads_refuse_what_the_api_server_refuses(case: st
 # -- make check-manifests ----------------------------------------------------------------------------
 
 
+@pytest.mark.e2e  # make and python processes (the documented command)
 def test_check_manifests_passes_the_examples_and_says_what_it_skipped() -> None:
     result = check_manifests([REPO / "examples"])
     out = result.stdout
@@ -215,6 +216,7 @@ def test_check_manifests_passes_the_examples_and_says_what_it_skipped() -> None:
     assert re.search(r"^\d+ resources: \d+ valid, 0 invalid, \d+ skipped$", out, re.MULTILINE), out
 
 
+@pytest.mark.e2e  # make and python processes (the documented command)
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_check_manifests_refuses_a_bad_resource_saying_why(case: str, tmp_path: Path) -> None:
     doc, complaint = BAD[case]
@@ -230,6 +232,7 @@ def test_check_manifests_refuses_a_bad_resource_saying_why(case: str, tmp_path: 
     assert f"{good}#2: Consumer billing is valid" in result.stdout
 
 
+@pytest.mark.e2e  # make and python processes (the documented command)
 def test_check_manifests_reads_stdin_and_refuses_broken_yaml(tmp_path: Path) -> None:
     broken = tmp_path / "broken.yaml"
     broken.write_text("kind: Topic\n  spec: [\n")

@@ -244,6 +244,7 @@ def test_the_doc_names_the_charts_image_version() -> None:
 # -- validation ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.e2e  # helm / kubernetes-validate processes
 @pytest.mark.parametrize("kube_version", [OLDEST_KUBE, NEWEST_KUBE])
 def test_builtin_objects_are_valid_kubernetes(kube_version: str, tmp_path: Path) -> None:
     docs = [d for d in all_objects() if not d["apiVersion"].startswith("bucketq.io/")]
@@ -333,6 +334,7 @@ def injecting_container(docs: list[Doc]) -> str:
     return "webhook" if "webhook" in names else "operator"
 
 
+@pytest.mark.e2e  # helm / kubernetes-validate processes
 def test_the_install_renders_with_the_docs_values_and_secrets() -> None:
     command = install_command()
     namespace = option(command, "--namespace", "-n")
@@ -357,6 +359,7 @@ def test_the_install_renders_with_the_docs_values_and_secrets() -> None:
     assert f"get configmap {dashboard['metadata']['name']}" in DOC.read_text()
 
 
+@pytest.mark.e2e  # helm / kubernetes-validate processes
 def test_the_charts_webhook_receives_the_worker_pods() -> None:
     """The MutatingWebhookConfiguration sends the worker's pods to the handler that serves them."""
     from bucketq.operator.webhook import SELECTORS
@@ -378,6 +381,7 @@ def test_the_charts_webhook_receives_the_worker_pods() -> None:
     assert {w["failurePolicy"] for w in config["webhooks"]} == {"Fail"}, "the doc says Fail"
 
 
+@pytest.mark.e2e  # helm / kubernetes-validate processes
 def test_the_keda_upgrade_scales_the_worker_on_its_consumer() -> None:
     (upgrade,) = [c for c in helm_installs() if c[1] == "upgrade"]
     assert files_of(install_command()) == files_of(upgrade)[: len(files_of(install_command()))], (
