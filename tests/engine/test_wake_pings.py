@@ -3,7 +3,8 @@ members of the topic over UDP, and they look at the wake object at once instead 
 wake poll. Pings decide nothing: lost, forged or garbage datagrams change only when a member
 looks, and a flood of them costs a member at most one look a second.
 
-These run over real UDP sockets on 127.0.0.1.
+These run over real UDP sockets on 127.0.0.1; those on the in-memory store wait on the virtual clock
+(``@on_virtual_clock_over_loopback``: the datagrams are real, the seconds between them are not).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import socket
 import time
 from collections import Counter
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +31,7 @@ from bucketq.errors import StorageError
 from bucketq.storage import Storage
 from bucketq.storage.memory import MemoryStore
 from tests.support.engine_helpers import Backend
-from tests.support.virtual_tests import on_virtual_clock
+from tests.support.virtual_tests import on_virtual_clock, on_virtual_clock_over_loopback
 
 # an idle member whose own looks are far apart: only a ping brings a message within seconds
 SLOW_LOOKS = {
@@ -75,13 +77,15 @@ class Idle:
         return _member_port(self.member)
 
 
-@pytest.fixture
-async def idle() -> AsyncIterator[Idle]:
+@asynccontextmanager
+async def idle_member() -> AsyncIterator[Idle]:
     store = MeteredStore(MemoryStore())
     b = Backend("memory", MEMORY, store)
     bq, member = await _idle_member(b)
-    yield Idle(store, b, bq, member)
-    await b.close_all()
+    try:
+        yield Idle(store, b, bq, member)
+    finally:
+        await b.close_all()
 
 
 async def _delivered(producer: Any, member: Any, payload: str) -> None:
@@ -140,6 +144,7 @@ class _DroppingUdp(UdpPings):
         return None
 
 
+@on_virtual_clock_over_loopback
 async def test_lost_pings_only_delay_pickup_to_the_wake_poll() -> None:
     store = MemoryStore()
     b = Backend("memory", MEMORY, store)
@@ -157,77 +162,78 @@ async def test_lost_pings_only_delay_pickup_to_the_wake_poll() -> None:
         await b.close_all()
 
 
-async def test_a_flood_of_forged_pings_costs_at_most_one_look_a_second(
-    idle: Idle,
-) -> None:
-    store, bq, port = idle.store, idle.bq, idle.port
-    forged = ping_payload(bq.keys.wake("t"))
-    before, claims_before = _wake_gets(store), _calls(store, "PUT delta")
-    seconds = 3.0
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        deadline = time.monotonic() + seconds
-        while time.monotonic() < deadline:
-            for _ in range(50):
-                sock.sendto(forged, ("127.0.0.1", port))
-            await asyncio.sleep(0.01)
-    await asyncio.sleep(0.2)
-    looks = _wake_gets(store) - before
-    assert bq._pings is not None and bq._pings.received > 1000  # the flood arrived
-    # one look at once, then one per gap; nothing else was due (the wake poll is a minute)
-    assert PING_LOOK_GAP_S == 1.0
-    assert 1 <= looks <= 5, looks  # 1 + 3 s / 1 s, and one the wait above may have let in
-    # and nothing was claimed: the looks found the wake object unchanged
-    assert _calls(store, "PUT delta") == claims_before
+@on_virtual_clock_over_loopback
+async def test_a_flood_of_forged_pings_costs_at_most_one_look_a_second() -> None:
+    async with idle_member() as idle:
+        store, bq, port = idle.store, idle.bq, idle.port
+        forged = ping_payload(bq.keys.wake("t"))
+        before, claims_before = _wake_gets(store), _calls(store, "PUT delta")
+        seconds = 3.0
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                for _ in range(50):
+                    sock.sendto(forged, ("127.0.0.1", port))
+                await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        looks = _wake_gets(store) - before
+        assert bq._pings is not None and bq._pings.received > 1000  # the flood arrived
+        # one look at once, then one per gap; nothing else was due (the wake poll is a minute)
+        assert PING_LOOK_GAP_S == 1.0
+        assert 1 <= looks <= 5, looks  # 1 + 3 s / 1 s, and one the wait above may have let in
+        # and nothing was claimed: the looks found the wake object unchanged
+        assert _calls(store, "PUT delta") == claims_before
 
 
-async def test_garbage_and_foreign_datagrams_are_ignored_and_a_real_ping_still_works(
-    idle: Idle,
-) -> None:
-    store, bq, port = idle.store, idle.bq, idle.port
-    before = _wake_gets(store)
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
-        for junk in (
-            b"",
-            b"\xff" * 64,
-            b"bucketq-wake/1\n\xff\xfe",  # not UTF-8
-            ping_payload("other-root/t/.wake"),  # another root's topic
-            ping_payload(bq.keys.wake("t")) + b"x" * 2000,  # oversized
-            b"bucketq-wake/9\n" + bq.keys.wake("t").encode(),  # a later version
-        ):
-            sock.sendto(junk, ("127.0.0.1", port))
-    await asyncio.sleep(0.5)
-    assert _wake_gets(store) == before, "a datagram that is not this topic's ping caused a look"
-    took = await _pickup_s(idle.backend, idle.member, "still pinged", within=5.0)
-    assert took is not None and took < 3.0, took
+@on_virtual_clock_over_loopback
+async def test_garbage_and_foreign_datagrams_are_ignored_and_a_real_ping_still_works() -> None:
+    async with idle_member() as idle:
+        store, bq, port = idle.store, idle.bq, idle.port
+        before = _wake_gets(store)
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+            for junk in (
+                b"",
+                b"\xff" * 64,
+                b"bucketq-wake/1\n\xff\xfe",  # not UTF-8
+                ping_payload("other-root/t/.wake"),  # another root's topic
+                ping_payload(bq.keys.wake("t")) + b"x" * 2000,  # oversized
+                b"bucketq-wake/9\n" + bq.keys.wake("t").encode(),  # a later version
+            ):
+                sock.sendto(junk, ("127.0.0.1", port))
+        await asyncio.sleep(0.5)
+        assert _wake_gets(store) == before, "a datagram that is not this topic's ping caused a look"
+        took = await _pickup_s(idle.backend, idle.member, "still pinged", within=5.0)
+        assert took is not None and took < 3.0, took
 
 
-async def test_a_heartbeat_advertises_the_address_and_each_body_is_read_once(
-    idle: Idle,
-) -> None:
-    store, b, bq, member = idle.store, idle.backend, idle.bq, idle.member
-    blob = await store.get(bq.keys.member("t", "c", member.member))
-    assert blob is not None
-    address = json.loads(blob.data)["wake"]
-    assert address == member._subs["t"].membership.wake_address
-    assert valid_address(address) == address
-    producer_bq = await b.connect()
-    pings = producer_bq._pings
-    assert pings is not None
-    calls = Counter(store.calls)
-    assert await pings.ping("t") == 1
-    first = Counter(store.calls) - calls
-    assert _calls_in(first, "LIST") == 1 and _calls_in(first, "GET member") == 1, first
-    calls = Counter(store.calls)
-    assert await pings.ping("t") == 1
-    second = Counter(store.calls) - calls
-    # the member's heartbeat body is not read again: its address is fixed for its life
-    assert _calls_in(second, "LIST") == 1 and _calls_in(second, "GET") == 0, second
+@on_virtual_clock_over_loopback
+async def test_a_heartbeat_advertises_the_address_and_each_body_is_read_once() -> None:
+    async with idle_member() as idle:
+        store, b, bq, member = idle.store, idle.backend, idle.bq, idle.member
+        blob = await store.get(bq.keys.member("t", "c", member.member))
+        assert blob is not None
+        address = json.loads(blob.data)["wake"]
+        assert address == member._subs["t"].membership.wake_address
+        assert valid_address(address) == address
+        producer_bq = await b.connect()
+        pings = producer_bq._pings
+        assert pings is not None
+        calls = Counter(store.calls)
+        assert await pings.ping("t") == 1
+        first = Counter(store.calls) - calls
+        assert _calls_in(first, "LIST") == 1 and _calls_in(first, "GET member") == 1, first
+        calls = Counter(store.calls)
+        assert await pings.ping("t") == 1
+        second = Counter(store.calls) - calls
+        # the member's heartbeat body is not read again: its address is fixed for its life
+        assert _calls_in(second, "LIST") == 1 and _calls_in(second, "GET") == 0, second
 
 
 def _calls_in(calls: Counter[str], prefix: str) -> int:
     return sum(n for call, n in calls.items() if call.startswith(prefix))
 
 
+@on_virtual_clock_over_loopback
 async def test_a_producer_whose_touch_failed_sends_no_ping() -> None:
     class RefusingWakes(MeteredStore):
         async def put(self, key: str, data: bytes, **kw):  # type: ignore[no-untyped-def]
@@ -334,19 +340,19 @@ class _FailingMemberLists(MeteredStore):
         return super().list(prefix, start_after=start_after)
 
 
-async def test_a_directory_that_cannot_be_listed_sends_the_known_addresses_and_fails_nothing(
-    idle: Idle,
-) -> None:
-    store, b, member = idle.store, idle.backend, idle.member
-    producer_bq = await b.connect()
-    pings = producer_bq._pings
-    assert pings is not None
-    assert await pings.ping("t") == 1  # learns the member's address
-    failing = _FailingMemberLists(store.inner)
-    pings.storage = Storage(failing)
-    assert await pings.ping("t") == 1  # the LIST failed: the address it knew still gets its ping
-    got = await member.poll(1, 0.5)
-    assert got == []  # nothing was published: the ping's look found no change
+@on_virtual_clock_over_loopback
+async def test_a_directory_that_cannot_be_listed_sends_the_known_addresses_and_fails_nothing() -> None:
+    async with idle_member() as idle:
+        store, b, member = idle.store, idle.backend, idle.member
+        producer_bq = await b.connect()
+        pings = producer_bq._pings
+        assert pings is not None
+        assert await pings.ping("t") == 1  # learns the member's address
+        failing = _FailingMemberLists(store.inner)
+        pings.storage = Storage(failing)
+        assert await pings.ping("t") == 1  # the LIST failed: the address it knew still gets its ping
+        got = await member.poll(1, 0.5)
+        assert got == []  # nothing was published: the ping's look found no change
 
 
 async def test_a_ping_to_a_gone_member_is_dropped_and_the_socket_keeps_working() -> None:
@@ -374,32 +380,34 @@ async def test_a_ping_to_a_gone_member_is_dropped_and_the_socket_keeps_working()
     network.send(address, b"after close")  # dropped, no error
 
 
+@on_virtual_clock_over_loopback
 async def test_a_producer_pings_after_a_quiet_spell_not_on_every_touch(
-    monkeypatch: pytest.MonkeyPatch, idle: Idle
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """While a producer keeps appending, its refresh touches go without pings (the readers of its
     partitions are finding messages); after a quiet spell, the next touch pings again."""
-    monkeypatch.setattr("bucketq.core.producer.WAKE_REFRESH_S", 0.5)
-    monkeypatch.setattr("bucketq.core.producer.PING_AFTER_QUIET_S", 0.4)
-    store = idle.store
-    producer_bq = await idle.backend.connect()
-    producer = await producer_bq.register_producer("p")
-    pings = producer_bq._pings
-    assert pings is not None
-    deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline:  # an append every 0.1 s: touches every 0.5 s
-        await producer.publish("t", "stream")
+    async with idle_member() as idle:
+        monkeypatch.setattr("bucketq.core.producer.WAKE_REFRESH_S", 0.5)
+        monkeypatch.setattr("bucketq.core.producer.PING_AFTER_QUIET_S", 0.4)
+        store = idle.store
+        producer_bq = await idle.backend.connect()
+        producer = await producer_bq.register_producer("p")
+        pings = producer_bq._pings
+        assert pings is not None
+        deadline = time.monotonic() + 2.0
+        while time.monotonic() < deadline:  # an append every 0.1 s: touches every 0.5 s
+            await producer.publish("t", "stream")
+            await asyncio.sleep(0.1)
+        await producer.flush()
         await asyncio.sleep(0.1)
-    await producer.flush()
-    await asyncio.sleep(0.1)
-    touches = sum(n for call, n in store.calls.items() if call.startswith("PUT wake"))
-    assert touches >= 3, store.calls
-    assert pings.sent == 1  # the stream's first touch only
-    await asyncio.sleep(0.6)  # quiet
-    await producer.publish("t", "after a quiet spell")
-    await producer.flush()
-    for _ in range(100):
-        if pings.sent == 2:
-            break
-        await asyncio.sleep(0.01)
-    assert pings.sent == 2
+        touches = sum(n for call, n in store.calls.items() if call.startswith("PUT wake"))
+        assert touches >= 3, store.calls
+        assert pings.sent == 1  # the stream's first touch only
+        await asyncio.sleep(0.6)  # quiet
+        await producer.publish("t", "after a quiet spell")
+        await producer.flush()
+        for _ in range(100):
+            if pings.sent == 2:
+                break
+            await asyncio.sleep(0.01)
+        assert pings.sent == 2

@@ -124,13 +124,13 @@ class VirtualSelector(selectors.BaseSelector):
 class SimLoop(asyncio.SelectorEventLoop):
     """The simulation's event loop: FIFO ready queue, timers on the virtual clock."""
 
-    def __init__(self, clock: VirtualClock) -> None:
+    def __init__(self, clock: VirtualClock, selector: VirtualSelector | None = None) -> None:
         self.clock = clock
         # When the code of the current context may run again (a stopped process's); set by the
         # process registry. Every callback is checked when it is about to run, so a stopped
         # process's tasks, timers and future callbacks all wait, as under SIGSTOP.
         self.frozen_until: Callable[[], float] | None = None
-        super().__init__(VirtualSelector(clock))
+        super().__init__(selector if selector is not None else VirtualSelector(clock))
 
     def time(self) -> float:
         return self.clock.now

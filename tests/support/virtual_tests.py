@@ -24,3 +24,13 @@ def on_virtual_clock(test: Callable[P, Coroutine[Any, Any, None]]) -> Callable[P
         run_virtual(lambda: test(*args, **kwargs))
 
     return run
+
+
+def on_virtual_clock_over_loopback(test: Callable[P, Coroutine[Any, Any, None]]) -> Callable[P, None]:
+    """``@on_virtual_clock`` with real sockets on 127.0.0.1 (``run_virtual(..., loopback=True)``)."""
+
+    @functools.wraps(test)
+    def run(*args: P.args, **kwargs: P.kwargs) -> None:
+        run_virtual(lambda: test(*args, **kwargs), loopback=True)
+
+    return run
