@@ -13,6 +13,7 @@ import asyncio
 import json
 import logging
 import time
+from pathlib import Path
 
 import pytest
 
@@ -22,7 +23,8 @@ from bucketq.core.models import TopicConfig
 from bucketq.core.store_clock import StoreClock
 from bucketq.errors import NotSupported
 from bucketq.storage import MemoryStore, Storage
-from tests.support.engine_helpers import Backend, drain
+from tests.support.engine_helpers import Backend, _backend_for, drain
+from tests.support.virtual_tests import on_virtual_clock
 
 SKEW_S = 600.0  # the GC host's clock runs ten minutes ahead
 
@@ -85,10 +87,32 @@ async def test_gc_with_a_clock_far_ahead_passes_no_live_group_and_frees_nothing_
     assert len(await drain(member, 30)) == 30
 
 
-async def test_a_dedup_marker_young_on_the_stores_clock_is_not_taken_over(gc_backend: Backend) -> None:
+@on_virtual_clock
+async def test_a_dedup_marker_young_on_the_stores_clock_is_not_taken_over() -> None:
     """A pending dedup marker written a moment ago by a producer whose clock runs an hour behind
     (its ``at`` an hour old) is another publish in flight: it is not taken over (a second copy
-    would be stored when that publish lands). Once it is old on the store's clock, it is."""
+    would be stored when that publish lands). Once it is old on the store's clock, it is.
+    On the in-memory store and the virtual clock: the producer's waits for the publish in flight
+    are logic, and take no real time (the moto case below runs the same on the real clock)."""
+    b = Backend("memory", {"backend": "memory", "strategy": "conditional_write"}, MemoryStore())
+    try:
+        await _a_young_marker_is_not_taken_over(b)
+    finally:
+        await b.close_all()
+
+
+@pytest.mark.s3
+async def test_a_dedup_marker_young_on_the_stores_clock_is_not_taken_over_on_moto(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    b = _backend_for("moto", request, tmp_path)
+    try:
+        await _a_young_marker_is_not_taken_over(b)
+    finally:
+        await b.close_all()
+
+
+async def _a_young_marker_is_not_taken_over(gc_backend: Backend) -> None:
     store = gc_backend.time_travel()
     bq = await gc_backend.connect(producer={"publish_timeout_s": 5.0})
     await bq.create_topic("t")
