@@ -25,6 +25,7 @@ from bucketq.errors import LeaseLost, TopicDeleted, TopicNotFound
 from bucketq.storage import MemoryStore
 from bucketq.storage.faults import FaultyStore
 from tests.support.engine_helpers import Backend, poll_one
+from tests.support.virtual_tests import on_virtual_clock
 
 FENCE_S = 0.4  # TOPIC_FENCE_S for these tests; deletions wait DELETE_WAIT_S > FENCE_S
 DELETE_WAIT_S = 0.8
@@ -49,12 +50,35 @@ async def _log_objects(bq: Bucketq, topic: str, group: str) -> dict[str, dict[in
     return out
 
 
+@pytest.mark.parametrize(
+    "backend",
+    ["file", pytest.param("moto", marks=pytest.mark.s3), pytest.param("seaweedfs", marks=pytest.mark.s3)],
+    indirect=True,
+)
 async def test_a_member_running_across_deletion_and_recreation_never_forks_the_new_log(
     backend: Backend, short_topic_fence: None
 ) -> None:
     """r9: the member holds a lease when its topic is deleted and created again; another member
     joins the new topic; the first acks. The ack is refused (the topic is gone), nothing of the old
-    incarnation lands in the new log, and the two members then never share a message."""
+    incarnation lands in the new log, and the two members then never share a message.
+    (The in-memory store's case is the next test, on the virtual clock.)"""
+    await _a_member_across_deletion_never_forks_the_new_log(backend)
+
+
+@on_virtual_clock
+async def test_a_member_running_across_deletion_and_recreation_never_forks_the_new_log_in_memory(
+    short_topic_fence: None,
+) -> None:
+    """The same on the in-memory store, where the fence's age, the deletion's wait and the polls
+    are logic on the virtual clock."""
+    b = Backend("memory", {"backend": "memory", "strategy": "conditional_write"}, MemoryStore())
+    try:
+        await _a_member_across_deletion_never_forks_the_new_log(b)
+    finally:
+        await b.close_all()
+
+
+async def _a_member_across_deletion_never_forks_the_new_log(backend: Backend) -> None:
     blind = await backend.connect(consumer={"checkpoint_every": 2, "heartbeat_interval_s": 60})
     await blind.create_topic("t")
     p = await blind.register_producer("p")
@@ -101,12 +125,14 @@ async def test_a_member_running_across_deletion_and_recreation_never_forks_the_n
     assert state.counters.acked == 10
 
 
+@on_virtual_clock
 async def test_a_delta_landing_after_the_purge_is_refused_and_never_applied(
     short_topic_fence: None,
 ) -> None:
     """A cursor write paused across the deletion and re-creation lands in the new incarnation's
     log: its writer is told the topic is gone, and the new log's replicas apply it as an empty
-    delta (its number taken, none of its ops)."""
+    delta (its number taken, none of its ops). On the virtual clock (in-memory store): the pause,
+    the fence's age and the deletion's wait are the order of events, not real seconds."""
     faulty = FaultyStore(MemoryStore())
     old = Bucketq.builder().memory().build(store=faulty)
     await old.open()
