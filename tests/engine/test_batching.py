@@ -21,6 +21,7 @@ from bucketq.core.batching import AT_ONCE, PROBE_EVERY_S, SILENCE_GAPS, Batcher,
 from bucketq.storage.memory import MemoryStore
 from tests.support.engine_helpers import Backend
 from tests.support.virtual import run_virtual
+from tests.support.virtual_tests import on_virtual_clock
 
 WRITE_S = 0.005  # what one write takes in these clocks
 
@@ -264,6 +265,7 @@ async def test_awaiting_callers_that_started_as_two_cohorts_share_one_segment() 
     )
 
 
+@on_virtual_clock
 async def test_an_open_loop_stream_shares_segments() -> None:
     """Publishes launched every 20 ms without awaiting each other: far fewer segments than messages."""
     store = MeteredStore(MemoryStore())
@@ -281,6 +283,7 @@ async def test_an_open_loop_stream_shares_segments() -> None:
     assert len(segments) <= 25, f"{len(segments)} segments for 60 paced messages: no batching"
 
 
+@on_virtual_clock
 async def test_acks_of_parallel_handlers_share_deltas() -> None:
     """Acks arriving while a delta is open or in flight ride together (and with claims)."""
     store = MeteredStore(MemoryStore())
