@@ -189,6 +189,7 @@ def chart_values() -> dict[str, Any]:
 # -- checked everywhere (no cluster needed), since the kind e2e runs rarely --------------------------------
 
 
+@pytest.mark.e2e  # a kubernetes-validate process
 def test_kind_manifests_are_valid_kubernetes(tmp_path: Path) -> None:
     """The quickstart files the kind test applies: every manifest file, valid for the oldest Kubernetes."""
     runs = [s.run for s in quickstart_steps() if s.run is not None]
@@ -205,6 +206,7 @@ def test_kind_manifests_are_valid_kubernetes(tmp_path: Path) -> None:
     assert {d["kind"] for d in docs} >= {"Namespace", "Secret", "Deployment", "Service", "ConfigMap"}
 
 
+@pytest.mark.e2e  # a helm process (the overridden install renders)
 def test_kind_steps_are_the_quickstarts_commands() -> None:
     """The kind test runs every doc command verbatim but the listed overrides and the KEDA ones."""
     steps = quickstart_steps()
