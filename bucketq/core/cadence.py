@@ -174,18 +174,28 @@ def discovery_after_miss(
     topic_idle: bool,
     quiet_for: float,
     rung: bool = False,
+    topic_rung: bool = False,
 ) -> float:
     """The tail poll's backoff after a look that found nothing. The whole topic idle: only the
     fallback (the wake object wakes it); rings arriving: the rung poll at once; otherwise it
-    doubles, to a slowest active poll, or to a wake poll on a partition quiet for
-    ``idle_after_s`` (the cost of an idle queue)."""
+    doubles, to a slowest active poll, or to a wake poll (``rung_poll_s``) on a partition quiet
+    for ``idle_after_s`` (the cost of an idle queue) or one of a topic whose other partitions
+    rings reach (``topic_rung``).
+
+    Why the last: rings on the topic prove that its producers' path to this member works, so a
+    partition no ring reaches is one nobody appends to, and polling it every slowest active poll
+    finds nothing (the latency profile's 25 ms polls of such partitions were most of its
+    requests one message at a time). Bound: a producer that cannot ring (another network, an
+    older release) is still read within a wake poll, as on a rung partition or a quiet one; a
+    find makes the partition's polls fast again (``discovery_after_find``).
+    """
     if topic_idle:
         return max(settings.poll_max_ms, settings.poll_idle_ms) / 1000
     if rung:
         return rung_poll_s(settings)
     ceiling = settings.poll_max_ms / 1000
-    if quiet_for > settings.idle_after_s:
-        ceiling = max(ceiling, settings.wake_poll_ms / 1000)
+    if topic_rung or quiet_for > settings.idle_after_s:
+        ceiling = max(ceiling, rung_poll_s(settings))
     return min(backoff * 2, ceiling)
 
 

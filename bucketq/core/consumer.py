@@ -275,6 +275,9 @@ class Consumer:
             subscription_started=siblings_started,
             incarnation=lambda: sub.incarnation,
             topic_idle=lambda: time.monotonic() >= sub.active_until,
+            # rings found segments on some partition of the topic: its producers reach this
+            # member, so partitions no ring reaches are polled only at the rung poll (cadence)
+            topic_rung=lambda now: any(cadence.rung_lately(w.rung_at, now) for w in sub.workers.values()),
             # I6: the worker's cursor writes are fenced by the incarnation it was made for; a
             # re-created topic gets new workers (_refresh_topic)
             topic_fence=self.catalog.fence(sub.topic, sub.incarnation),

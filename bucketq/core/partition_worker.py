@@ -135,6 +135,7 @@ class PartitionWorker:
         subscription_started: Callable[[], bool] = lambda: False,
         incarnation: Callable[[], str] = lambda: "",
         topic_idle: Callable[[], bool] = lambda: False,
+        topic_rung: Callable[[float], bool] = lambda now: False,
         topic_fence: TopicFence | None = None,
     ) -> None:
         self.storage = storage
@@ -149,6 +150,8 @@ class PartitionWorker:
         self.subscription_started = subscription_started
         self.incarnation = incarnation
         self.topic_idle = topic_idle
+        # whether rings lately found segments on any partition of the topic here (monotonic now)
+        self.topic_rung = topic_rung
         # the oldest settlement waiting for company (monotonic; None: none waits)
         self.settle_opened: float | None = None
         self.log = CursorLog(
@@ -460,6 +463,7 @@ class PartitionWorker:
                     topic_idle=self.topic_idle(),
                     quiet_for=now - self.last_found,
                     rung=cadence.rung_lately(self.rung_at, now),
+                    topic_rung=self.topic_rung(now),
                 )
                 self.next_discovery = now + self.discovery_backoff
         await self._ensure_window()

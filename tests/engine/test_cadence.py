@@ -149,6 +149,44 @@ def test_discovery_after_miss(
     assert got == pytest.approx(expected)
 
 
+@pytest.mark.parametrize(
+    ("name", "backoff", "quiet_for", "topic_rung", "expected"),
+    [
+        # rings reach other partitions of the topic: a partition no ring reached backs off on
+        # towards a wake poll at once, not only after idle_after_s of quiet
+        ("balanced", 0.1, 1.0, True, 0.2),
+        ("balanced", 4.0, 1.0, True, 5.0),
+        ("balanced", 0.1, 1.0, False, 0.1),  # no ring anywhere: today's slowest active poll
+        ("latency", 0.025, 1.0, True, 0.05),
+        ("latency", 0.4, 1.0, True, 0.5),  # the bound: the latency profile's wake poll
+        ("latency", 0.4, 1.0, False, 0.025),  # no ring anywhere: every 25 ms, as before
+        ("latency", 0.4, 11.0, False, 0.5),  # ... until quiet for idle_after_s
+        ("economy", 8.0, 1.0, True, 15.0),
+    ],
+)
+def test_unrung_partition_of_a_rung_topic_slows_to_a_wake_poll(
+    name: Profile, backoff: float, quiet_for: float, topic_rung: bool, expected: float
+) -> None:
+    got = cadence.discovery_after_miss(
+        profile(name), backoff, topic_idle=False, quiet_for=quiet_for, topic_rung=topic_rung
+    )
+    assert got == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("name", ["latency", "balanced", "economy"])
+def test_a_producer_that_cannot_ring_is_polled_within_a_wake_poll(name: Profile) -> None:
+    """The bound: however long rings prove the path on the topic's other partitions, a partition
+    no ring reaches is read at least every wake poll (what rung partitions' fallback polls get)."""
+    settings = profile(name)
+    backoff = cadence.discovery_woken(settings)
+    for _ in range(40):
+        backoff = cadence.discovery_after_miss(
+            settings, backoff, topic_idle=False, quiet_for=0.0, topic_rung=True
+        )
+        assert backoff <= cadence.rung_poll_s(settings)
+    assert backoff == pytest.approx(cadence.rung_poll_s(settings))
+
+
 @pytest.mark.parametrize(("name", "expected"), [("latency", 0.5), ("balanced", 5.0), ("economy", 15.0)])
 def test_the_rung_fallback_is_a_wake_poll(name: Profile, expected: float) -> None:
     assert cadence.rung_poll_s(profile(name)) == pytest.approx(expected)
