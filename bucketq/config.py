@@ -158,7 +158,9 @@ PROFILES: dict[Profile, dict[str, dict[str, float]]] = {
     "latency": {
         "producer": {"linger_ms": 0.0},
         "consumer": {
-            "commit_linger_ms": 0.0,
+            # acks ride the next claim delta of a stream of segments at most 100 ms apart
+            # (cadence.settle_at): one cursor write a segment instead of two
+            "commit_linger_ms": 100.0,
             # a paced stream's next segment is looked for every 12.5 ms once it is due
             "poll_max_ms": 25.0,
             "poll_idle_ms": 30_000.0,

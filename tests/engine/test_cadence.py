@@ -314,3 +314,34 @@ def test_ring_looks_are_half_a_slowest_poll_apart(name: Profile, expected: float
 
 def test_ring_looks_wait_a_quarter_second_at_most_however_slow_the_polls() -> None:
     assert cadence.ring_look_gap(ConsumerSettings(poll_max_ms=60_000)) == pytest.approx(0.25)
+
+
+# -- settlements riding along with the next claim delta -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "opened", "now", "find_gap", "last_found", "expected"),
+    [
+        # balanced: acks wait up to commit_linger_ms (600 ms) while segments keep arriving
+        ("balanced", 10.0, 10.1, 0.4, 9.9, 10.6),
+        ("balanced", 10.0, 10.1, 0.7, 9.9, 10.0),  # finds further apart than the linger: at once
+        ("balanced", 10.0, 10.8, 0.4, 10.0, 10.0),  # the last find too long ago: the stream stopped
+        ("balanced", 10.0, 10.1, math.inf, 9.9, 10.0),  # no stream (a batch read once): at once
+        # latency: acks ride the next claim of a stream of segments at most 100 ms apart, and wait
+        # for it at most 100 ms (they were written at once, as a delta of their own)
+        ("latency", 10.0, 10.01, 0.08, 9.95, 10.1),
+        ("latency", 10.0, 10.01, 0.2, 9.95, 10.0),  # a slower stream: a delta of their own
+        ("latency", 10.0, 10.2, 0.08, 10.05, 10.0),  # no find for longer than the linger: at once
+        ("economy", 10.0, 10.1, 2.0, 9.5, 13.0),
+    ],
+)
+def test_settle_at(
+    name: Profile, opened: float, now: float, find_gap: float, last_found: float, expected: float
+) -> None:
+    got = cadence.settle_at(profile(name), opened, now=now, find_gap=find_gap, last_found=last_found)
+    assert got == pytest.approx(expected)
+
+
+def test_settlements_wait_at_most_a_tenth_of_the_visibility_timeout() -> None:
+    settings = ConsumerSettings(commit_linger_ms=5000, visibility_timeout_s=10)
+    assert cadence.settle_at(settings, 0.0, now=0.1, find_gap=0.5, last_found=0.0) == pytest.approx(1.0)
