@@ -7,6 +7,10 @@ SHELL := /bin/bash
 PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 	if command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; \
 	then echo $$p; break; fi; done)
+# Let Python cache bytecode: a machine that sets PYTHONDONTWRITEBYTECODE makes every process
+# (each pytest worker, and every bucketq, sidecar and operator process the tests start) compile
+# bucketq again and pytest rewrite every test module again: ~0.2 CPU-s a process, ~5 s a worker.
+unexport PYTHONDONTWRITEBYTECODE
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
