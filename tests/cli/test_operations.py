@@ -77,6 +77,7 @@ def _sub(cli: Cli, topic: str, consumer: str) -> dict[str, Any]:
 SCENARIO_MESSAGES = {"seaweedfs": 10_000, "moto": 2_000}
 
 
+@pytest.mark.slow  # half a minute to a minute and a half: dealt first on the xdist workers
 def test_the_operations_walkthrough(cli: Cli) -> None:
     """publish 10,000 (2,000 on moto); consume half with group A; peek 5 messages 10 times;
     dead-letter 20 via nack; redrive them at 50 msg/s; seek group A to earliest; delete group B;
