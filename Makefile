@@ -7,6 +7,10 @@ SHELL := /bin/bash
 PYTHON ?= $(shell for p in python3.13 python3.12 python3.11 python3; do \
 	if command -v $$p >/dev/null 2>&1 && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null; \
 	then echo $$p; break; fi; done)
+# Let Python cache bytecode: a machine that sets PYTHONDONTWRITEBYTECODE makes every process
+# (each pytest worker, and every bucketq, sidecar and operator process the tests start) compile
+# bucketq again and pytest rewrite every test module again: ~0.2 CPU-s a process, ~5 s a worker.
+unexport PYTHONDONTWRITEBYTECODE
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -80,17 +84,19 @@ tools: $(HELM) $(KUBECTL) ## Install what the tests use beyond .venv: helm and k
 # another, each in order (they share one SparkSession, or one emulated API server and operator,
 # stopped after its last test), everything else on TEST_JOBS xdist workers (most tests wait on
 # servers and timers, so the two cores stay busy). The ordered runs' output is printed after the
-# others'. TEST_JOBS=0: one process.
+# others'. TEST_JOBS=0: one process. Each run ends with its TEST_DURATIONS slowest tests (setup,
+# call and teardown apart), so a CI log shows where the time went.
 TEST_JOBS ?= 2
+TEST_DURATIONS ?= 20
 SERIAL_TESTS := tests/spark tests/operator
 test: lint tools ## Lint, type-check, then run the whole test suite (Spark and operator beside TEST_JOBS workers)
 ifeq ($(TEST_JOBS),0)
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=$(TEST_DURATIONS)
 else
 	@pids=""; for t in $(SERIAL_TESTS); do \
-		$(BIN)/pytest -q $$t > .pytest-$$(basename $$t).log 2>&1 & pids="$$pids $$!"; \
+		$(BIN)/pytest -q --durations=$(TEST_DURATIONS) $$t > .pytest-$$(basename $$t).log 2>&1 & pids="$$pids $$!"; \
 	done; \
-	$(BIN)/pytest -q -n $(TEST_JOBS) $(foreach t,$(SERIAL_TESTS),--ignore=$(t)); rest=$$?; \
+	$(BIN)/pytest -q --durations=$(TEST_DURATIONS) -n $(TEST_JOBS) $(foreach t,$(SERIAL_TESTS),--ignore=$(t)); rest=$$?; \
 	failed=0; for pid in $$pids; do wait $$pid || failed=1; done; \
 	for t in $(SERIAL_TESTS); do echo "== $$t"; cat .pytest-$$(basename $$t).log; done; \
 	test $$rest = 0 && test $$failed = 0

@@ -38,8 +38,9 @@ class ProducerSettings(BaseModel):
 
     linger_ms: float = Field(350.0, ge=0)
     # a batch stops lingering once it holds this many messages: its segment PUT (and the claim
-    # delta that reads it) are then shared enough; waiting on would cost latency for cents
-    linger_fill_messages: int = Field(32, ge=1)
+    # delta that reads it) are then shared enough; waiting on would cost latency for cents (40:
+    # what keeps 500 msg/s over 4 producers within $0.39 a million, docs/benchmarks.md)
+    linger_fill_messages: int = Field(40, ge=1)
     max_batch_messages: int = Field(1000, ge=1, le=100_000)
     max_batch_bytes: int = Field(4 * 1024 * 1024, ge=1024)
     max_attempts: int = Field(50, ge=1)
@@ -158,7 +159,9 @@ PROFILES: dict[Profile, dict[str, dict[str, float]]] = {
     "latency": {
         "producer": {"linger_ms": 0.0},
         "consumer": {
-            "commit_linger_ms": 0.0,
+            # acks ride the next claim delta of a stream of segments at most 100 ms apart
+            # (cadence.settle_at): one cursor write a segment instead of two
+            "commit_linger_ms": 100.0,
             # a paced stream's next segment is looked for every 12.5 ms once it is due
             "poll_max_ms": 25.0,
             "poll_idle_ms": 30_000.0,
@@ -168,7 +171,7 @@ PROFILES: dict[Profile, dict[str, dict[str, float]]] = {
     },
     # the default: p50 publish->receive around 0.2-0.3 s at light load, cents per idle month
     "balanced": {
-        "producer": {"linger_ms": 350.0, "linger_fill_messages": 32},
+        "producer": {"linger_ms": 350.0, "linger_fill_messages": 40},
         "consumer": {
             "commit_linger_ms": 600.0,
             "poll_max_ms": 100.0,

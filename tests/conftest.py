@@ -60,13 +60,20 @@ def pytest_configure(config: pytest.Config) -> None:
 @pytest.hookimpl(tryfirst=True)  # before -m deselects by marker
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that uses the moto or SeaweedFS server fixture starts an S3 server: it is an ``s3``
-    test even where its module forgot the mark (``make test-fast`` must never start one)."""
+    test even where its module forgot the mark (``make test-fast`` must never start one).
+
+    On xdist workers, the tests marked ``slow`` come first (otherwise in collection order): xdist's
+    ``load`` scheduling deals tests in this order, so a minute-long test never starts near the end
+    and finishes alone on one worker while the other idles. Every worker sorts the same way, as
+    xdist requires."""
     for item in items:
         if (
             S3_SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))
             and item.get_closest_marker("s3") is None
         ):
             item.add_marker(pytest.mark.s3)
+    if hasattr(config, "workerinput"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: False first
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

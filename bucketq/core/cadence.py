@@ -174,24 +174,70 @@ def discovery_after_miss(
     topic_idle: bool,
     quiet_for: float,
     rung: bool = False,
+    topic_rung: bool = False,
 ) -> float:
     """The tail poll's backoff after a look that found nothing. The whole topic idle: only the
     fallback (the wake object wakes it); rings arriving: the rung poll at once; otherwise it
-    doubles, to a slowest active poll, or to a wake poll on a partition quiet for
-    ``idle_after_s`` (the cost of an idle queue)."""
+    doubles, to a slowest active poll, or to a wake poll (``rung_poll_s``) on a partition quiet
+    for ``idle_after_s`` (the cost of an idle queue) or one of a topic whose other partitions
+    rings reach (``topic_rung``).
+
+    Why the last: rings on the topic prove that its producers' path to this member works, so a
+    partition no ring reaches is one nobody appends to, and polling it every slowest active poll
+    finds nothing (the latency profile's 25 ms polls of such partitions were most of its
+    requests one message at a time). Bound: a producer that cannot ring (another network, an
+    older release) is still read within a wake poll, as on a rung partition or a quiet one; a
+    find makes the partition's polls fast again (``discovery_after_find``).
+    """
     if topic_idle:
         return max(settings.poll_max_ms, settings.poll_idle_ms) / 1000
     if rung:
         return rung_poll_s(settings)
     ceiling = settings.poll_max_ms / 1000
-    if quiet_for > settings.idle_after_s:
-        ceiling = max(ceiling, settings.wake_poll_ms / 1000)
+    if topic_rung or quiet_for > settings.idle_after_s:
+        ceiling = max(ceiling, rung_poll_s(settings))
     return min(backoff * 2, ceiling)
 
 
 def discovery_woken(settings: ConsumerSettings) -> float:
     """The tail poll's backoff when the topic's wake object changed: from the start."""
     return settings.poll_min_ms / 1000
+
+
+# -- settlements ---------------------------------------------------------------------------------------
+
+
+def settle_linger(settings: ConsumerSettings) -> float:
+    """The longest settlements (acks, nacks, extends) wait to ride along with the next claim
+    delta: ``commit_linger_ms``, and at most a tenth of the visibility timeout."""
+    return min(settings.commit_linger_ms / 1000, settings.visibility_timeout_s / 10)
+
+
+def claims_expected(*, now: float, find_gap: float, last_found: float, within: float) -> bool:
+    """Is a claim delta likely within ``within`` seconds? Only while segments keep arriving: the
+    last two finds were that close and the last is that recent. A batch read once and settled one
+    awaited ack after another gets none, so its settlements are written at once."""
+    return find_gap <= within and now - last_found <= within
+
+
+def settle_at(
+    settings: ConsumerSettings, opened: float, *, now: float, find_gap: float, last_found: float
+) -> float:
+    """When (monotonic) the settlements waiting since ``opened`` are committed, unless a delta
+    the partition writes anyway (the claim of its next segment) takes them first.
+
+    While the partition receives a stream of segments at most ``settle_linger`` apart, they wait
+    up to that linger for the next claim delta: one cursor write then carries the claim of the
+    new segment and the acks of the last (the latency profile's 100 ms lets its acks ride the
+    next claim at 50 msg/s instead of each taking a delta of its own). Otherwise no company is
+    coming and waiting would only delay the app: at once. ``ack()`` still returns only once its
+    delta is durable; the linger changes when, never whether (the consumer also writes at once
+    when the app waits on its settlements with nothing else in hand, ``Consumer._settle_due``).
+    """
+    linger = settle_linger(settings)
+    if not claims_expected(now=now, find_gap=find_gap, last_found=last_found, within=linger):
+        return opened
+    return opened + linger
 
 
 # -- work stealing -----------------------------------------------------------------------------------

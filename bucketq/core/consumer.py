@@ -275,6 +275,12 @@ class Consumer:
             subscription_started=siblings_started,
             incarnation=lambda: sub.incarnation,
             topic_idle=lambda: time.monotonic() >= sub.active_until,
+            # rings found segments on a partition of the topic this member owns: its producers
+            # reach this member, so owned partitions no ring reaches are polled only at the rung
+            # poll (cadence). A partition owned no more does not count: its rings go elsewhere.
+            topic_rung=lambda now: any(
+                cadence.rung_lately(w.rung_at, now) for p, w in sub.workers.items() if p in sub.owned
+            ),
             # I6: the worker's cursor writes are fenced by the incarnation it was made for; a
             # re-created topic gets new workers (_refresh_topic)
             topic_fence=self.catalog.fence(sub.topic, sub.incarnation),

@@ -135,6 +135,7 @@ class PartitionWorker:
         subscription_started: Callable[[], bool] = lambda: False,
         incarnation: Callable[[], str] = lambda: "",
         topic_idle: Callable[[], bool] = lambda: False,
+        topic_rung: Callable[[float], bool] = lambda now: False,
         topic_fence: TopicFence | None = None,
     ) -> None:
         self.storage = storage
@@ -149,6 +150,8 @@ class PartitionWorker:
         self.subscription_started = subscription_started
         self.incarnation = incarnation
         self.topic_idle = topic_idle
+        # whether rings lately found segments on any partition of the topic here (monotonic now)
+        self.topic_rung = topic_rung
         # the oldest settlement waiting for company (monotonic; None: none waits)
         self.settle_opened: float | None = None
         self.log = CursorLog(
@@ -354,26 +357,22 @@ class PartitionWorker:
         self.log_read = float("-inf")
 
     def settle_at(self) -> float:
-        """When the waiting settlements should be committed (monotonic; inf: none wait): at most
-        ``commit_linger_ms`` (and a tenth of the visibility timeout) after the oldest arrived.
-        Until then they ride along with any delta the partition writes (claims of new segments)."""
+        """When the waiting settlements should be committed (monotonic; inf: none wait): dead
+        letters at once, settlements as ``cadence.settle_at`` says (riding along with the claims
+        of a stream of segments for at most the settlement linger)."""
         if self._dead_ready:
             return 0.0
         if not self.intents:
             return float("inf")
         if self.settle_opened is None:
             return 0.0
-        linger = min(self.settings.commit_linger_ms / 1000, self.settings.visibility_timeout_s / 10)
-        if not self._claims_expected(linger):
-            return self.settle_opened  # no company is coming: waiting would only delay the app
-        return self.settle_opened + linger
-
-    def _claims_expected(self, within: float) -> bool:
-        """Is a claim delta likely within ``within`` seconds? Only while segments keep arriving:
-        the last two finds were that close and the last is that recent. A batch read once and
-        settled one awaited ack after another (``for m in batch: await m.ack()``) gets none, so
-        its settlements are written at once, as the group commit of one."""
-        return self.find_gap <= within and time.monotonic() - self.last_found <= within
+        return cadence.settle_at(
+            self.settings,
+            self.settle_opened,
+            now=time.monotonic(),
+            find_gap=self.find_gap,
+            last_found=self.last_found,
+        )
 
     async def cycle(self, demand: int, look: Look = Look()) -> CycleResult:
         """One group commit: pending intents, dead letters, new segments and up to ``demand`` claims.
@@ -460,6 +459,7 @@ class PartitionWorker:
                     topic_idle=self.topic_idle(),
                     quiet_for=now - self.last_found,
                     rung=cadence.rung_lately(self.rung_at, now),
+                    topic_rung=self.topic_rung(now),
                 )
                 self.next_discovery = now + self.discovery_backoff
         await self._ensure_window()

@@ -149,6 +149,44 @@ def test_discovery_after_miss(
     assert got == pytest.approx(expected)
 
 
+@pytest.mark.parametrize(
+    ("name", "backoff", "quiet_for", "topic_rung", "expected"),
+    [
+        # rings reach other partitions of the topic: a partition no ring reached backs off on
+        # towards a wake poll at once, not only after idle_after_s of quiet
+        ("balanced", 0.1, 1.0, True, 0.2),
+        ("balanced", 4.0, 1.0, True, 5.0),
+        ("balanced", 0.1, 1.0, False, 0.1),  # no ring anywhere: today's slowest active poll
+        ("latency", 0.025, 1.0, True, 0.05),
+        ("latency", 0.4, 1.0, True, 0.5),  # the bound: the latency profile's wake poll
+        ("latency", 0.4, 1.0, False, 0.025),  # no ring anywhere: every 25 ms, as before
+        ("latency", 0.4, 11.0, False, 0.5),  # ... until quiet for idle_after_s
+        ("economy", 8.0, 1.0, True, 15.0),
+    ],
+)
+def test_unrung_partition_of_a_rung_topic_slows_to_a_wake_poll(
+    name: Profile, backoff: float, quiet_for: float, topic_rung: bool, expected: float
+) -> None:
+    got = cadence.discovery_after_miss(
+        profile(name), backoff, topic_idle=False, quiet_for=quiet_for, topic_rung=topic_rung
+    )
+    assert got == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("name", ["latency", "balanced", "economy"])
+def test_a_producer_that_cannot_ring_is_polled_within_a_wake_poll(name: Profile) -> None:
+    """The bound: however long rings prove the path on the topic's other partitions, a partition
+    no ring reaches is read at least every wake poll (what rung partitions' fallback polls get)."""
+    settings = profile(name)
+    backoff = cadence.discovery_woken(settings)
+    for _ in range(40):
+        backoff = cadence.discovery_after_miss(
+            settings, backoff, topic_idle=False, quiet_for=0.0, topic_rung=True
+        )
+        assert backoff <= cadence.rung_poll_s(settings)
+    assert backoff == pytest.approx(cadence.rung_poll_s(settings))
+
+
 @pytest.mark.parametrize(("name", "expected"), [("latency", 0.5), ("balanced", 5.0), ("economy", 15.0)])
 def test_the_rung_fallback_is_a_wake_poll(name: Profile, expected: float) -> None:
     assert cadence.rung_poll_s(profile(name)) == pytest.approx(expected)
@@ -276,3 +314,34 @@ def test_ring_looks_are_half_a_slowest_poll_apart(name: Profile, expected: float
 
 def test_ring_looks_wait_a_quarter_second_at_most_however_slow_the_polls() -> None:
     assert cadence.ring_look_gap(ConsumerSettings(poll_max_ms=60_000)) == pytest.approx(0.25)
+
+
+# -- settlements riding along with the next claim delta -----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "opened", "now", "find_gap", "last_found", "expected"),
+    [
+        # balanced: acks wait up to commit_linger_ms (600 ms) while segments keep arriving
+        ("balanced", 10.0, 10.1, 0.4, 9.9, 10.6),
+        ("balanced", 10.0, 10.1, 0.7, 9.9, 10.0),  # finds further apart than the linger: at once
+        ("balanced", 10.0, 10.8, 0.4, 10.0, 10.0),  # the last find too long ago: the stream stopped
+        ("balanced", 10.0, 10.1, math.inf, 9.9, 10.0),  # no stream (a batch read once): at once
+        # latency: acks ride the next claim of a stream of segments at most 100 ms apart, and wait
+        # for it at most 100 ms (they were written at once, as a delta of their own)
+        ("latency", 10.0, 10.01, 0.08, 9.95, 10.1),
+        ("latency", 10.0, 10.01, 0.2, 9.95, 10.0),  # a slower stream: a delta of their own
+        ("latency", 10.0, 10.2, 0.08, 10.05, 10.0),  # no find for longer than the linger: at once
+        ("economy", 10.0, 10.1, 2.0, 9.5, 13.0),
+    ],
+)
+def test_settle_at(
+    name: Profile, opened: float, now: float, find_gap: float, last_found: float, expected: float
+) -> None:
+    got = cadence.settle_at(profile(name), opened, now=now, find_gap=find_gap, last_found=last_found)
+    assert got == pytest.approx(expected)
+
+
+def test_settlements_wait_at_most_a_tenth_of_the_visibility_timeout() -> None:
+    settings = ConsumerSettings(commit_linger_ms=5000, visibility_timeout_s=10)
+    assert cadence.settle_at(settings, 0.0, now=0.1, find_gap=0.5, last_found=0.0) == pytest.approx(1.0)

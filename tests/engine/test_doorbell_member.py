@@ -19,8 +19,11 @@ import pytest
 
 from bucketq import Bucketq, Settings
 from bucketq.bench.metered import MeteredStore
+from bucketq.config import PROFILES, ConsumerSettings
+from bucketq.core import cadence
 from bucketq.core.cadence import PING_LOOK_GAP_S, rung_poll_s
 from bucketq.core.pings import RING_VERSION, ring_payload
+from bucketq.core.producer import partition_for_key
 from bucketq.storage.memory import MemoryStore
 from tests.support.virtual import run_virtual
 
@@ -209,3 +212,135 @@ def test_a_ring_brings_each_message_at_once_however_slow_the_polls() -> None:
     )
     assert_each_once_in_order(run, 6)
     assert max(run.latencies) < 0.01
+
+
+def keys_for(partition: int, partitions: int, count: int) -> list[str]:
+    """``count`` keys that hash to ``partition`` of ``partitions``."""
+    found = (f"k{i}" for i in range(10_000))
+    return [k for k in found if partition_for_key(k, partitions) == partition][:count]
+
+
+async def rung_topic_with_a_silent_producer(stream_s: float, quiet_at: float) -> tuple[int, float]:
+    """A ringing producer streams on partition 0 of 4 (every 0.1 s for ``stream_s``); a second
+    producer that cannot ring (pings disabled: another network, an older release) publishes one
+    message on partition 1 ``quiet_at`` seconds in. Returns (segment GETs that found nothing
+    during the stream, the silent producer's message's latency)."""
+    hub = Loopback("deliver")
+    store = MeteredStore(MemoryStore())
+    ringing = Bucketq(settings(), store=store, ping_network=hub.endpoint())
+    silent = Bucketq(
+        Settings.from_dict(
+            {"backend": "memory", "strategy": "conditional_write", "ping": {"enabled": False}}
+        ),
+        store=store,
+    )
+    member_bq = Bucketq(settings(), store=store, ping_network=hub.endpoint())
+    for bq in (ringing, silent, member_bq):
+        await bq.open()
+    await ringing.create_topic("t", partitions=4)
+    consumer = await member_bq.register_consumer("g", "t")
+    loud = await ringing.register_producer("loud")
+    quiet = await silent.register_producer("quiet")
+    await asyncio.sleep(2.0)
+    loop = asyncio.get_running_loop()
+    arrived: dict[str, float] = {}
+
+    async def handler(msg: Any) -> None:
+        arrived[str(msg.payload)] = loop.time()
+
+    stop = asyncio.Event()
+    listening = loop.create_task(consumer.listen(handler, stop=stop))
+    before = store.calls["GET segment miss"]
+    started = loop.time()
+    sent_quiet = -1.0
+    steps = int(stream_s / 0.1)
+    for n, key in enumerate(keys_for(0, 4, steps)):
+        await loop.create_task(loud.publish("t", f"loud{n}", key=key))
+        if sent_quiet < 0 and loop.time() - started >= quiet_at:
+            sent_quiet = loop.time()
+            await quiet.publish("t", "quiet", key=keys_for(1, 4, 1)[0])
+        await asyncio.sleep(0.1)
+    misses = store.calls["GET segment miss"] - before
+    while "quiet" not in arrived:
+        await asyncio.sleep(0.1)
+    assert all(f"loud{n}" in arrived for n in range(steps))
+    stop.set()
+    await listening
+    await consumer.close()
+    for bq in (ringing, silent, member_bq):
+        await bq.close()
+    return misses, arrived["quiet"] - sent_quiet
+
+
+def test_partitions_no_ring_reaches_slow_to_a_wake_poll_and_a_silent_producer_is_read_within_it() -> None:
+    """Rings reaching one partition prove the producers' path to the member: the partitions no
+    ring reaches are then polled towards a wake poll at once (not every poll_max_ms for
+    idle_after_s), and a producer that cannot ring is still read within a wake poll (the bound,
+    cadence.discovery_after_miss)."""
+    misses, latency = run_virtual(lambda: rung_topic_with_a_silent_producer(stream_s=8.0, quiet_at=1.0))
+    wake = rung_poll_s(settings().consumer)
+    assert latency <= wake + 0.2
+    # each of the 4 partitions: the doubling from poll_min to a wake poll (10 looks), then a look
+    # per wake poll; at the active cadence the 3 partitions nobody rings cost 8 s / 0.1 s each
+    assert misses <= 4 * (10 + 8.0 / wake + 2)
+
+
+async def latency_profile_stream(messages: int, gap: float) -> tuple[int, int, list[float]]:
+    """The latency profile, a stream of one-message segments ``gap`` apart on one partition, a
+    member polling and acking each batch while the next poll waits (the bench's consumer).
+    Returns (cursor deltas written, messages acked, each ack's wait)."""
+    hub = Loopback("deliver")
+    store = MeteredStore(MemoryStore())
+    latency = {"backend": "memory", "strategy": "conditional_write", "profile": "latency"}
+    producer_bq = Bucketq(Settings.from_dict(latency), store=store, ping_network=hub.endpoint())
+    member_bq = Bucketq(Settings.from_dict(latency), store=store, ping_network=hub.endpoint())
+    await producer_bq.open()
+    await member_bq.open()
+    await producer_bq.create_topic("t", partitions=1)
+    consumer = await member_bq.register_consumer("g", "t")
+    producer = await producer_bq.register_producer("p")
+    await asyncio.sleep(2.0)
+    loop = asyncio.get_running_loop()
+    ack_waits: list[float] = []
+    acks: set[asyncio.Task[None]] = set()
+
+    async def ack(msg: Any) -> None:
+        started = loop.time()
+        await msg.ack()
+        ack_waits.append(loop.time() - started)
+
+    async def consume() -> None:
+        received = 0
+        while received < messages:
+            for msg in await consumer.poll(max_messages=100, wait=0.1):
+                received += 1
+                task = loop.create_task(ack(msg))
+                acks.add(task)
+                task.add_done_callback(acks.discard)
+
+    consuming = loop.create_task(consume())
+    before = consumer.counters.commits
+    publishes = []
+    for n in range(messages):
+        publishes.append(loop.create_task(producer.publish("t", n)))
+        await asyncio.sleep(gap)
+    await asyncio.gather(*publishes)
+    await consuming
+    while acks:
+        await asyncio.sleep(0.01)
+    deltas = consumer.counters.commits - before
+    await consumer.close()
+    await producer_bq.close()
+    await member_bq.close()
+    return deltas, len(ack_waits), ack_waits
+
+
+def test_latency_profile_acks_ride_the_next_claim_delta() -> None:
+    """Each message its own segment, 80 ms apart (50 msg/s over 4 producers): the acks of one
+    segment ride the claim delta of the next, so the stream costs about one cursor write a
+    message, not two; an ack waits for that delta at most the profile's settlement linger."""
+    deltas, acked, waits = run_virtual(lambda: latency_profile_stream(messages=50, gap=0.08))
+    assert acked == 50
+    assert deltas <= 50 * 1.2, f"{deltas} cursor deltas for 50 messages: acks took deltas of their own"
+    linger = cadence.settle_linger(ConsumerSettings(**PROFILES["latency"]["consumer"]))
+    assert max(waits) <= linger + 0.05

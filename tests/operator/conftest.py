@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,6 +12,7 @@ import pytest
 
 from bucketq.config import Settings
 from tests.operator.harness import (
+    ApiFailure,
     Kube,
     RunningOperator,
     fast_settings,
@@ -93,9 +95,17 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
 
 
 @pytest.fixture
-def shared_ns(kube: Kube, shared_operator: RunningOperator) -> str:
-    """A fresh namespace served by the shared operator."""
-    return kube.namespace("shared")
+def shared_ns(kube: Kube, shared_operator: RunningOperator) -> Iterator[str]:
+    """A fresh namespace served by the shared operator; its bucketq resources are deleted after
+    the test. Left behind, every one keeps a status timer of the shared operator firing each
+    `status_interval_s` (an S3 read and a status patch): by the last operator test that was well
+    over a hundred timers a second, which made every later test's waits longer."""
+    ns = kube.namespace("shared")
+    yield ns
+    for plural in ("consumers", "topics", "deadletterpolicies"):
+        for obj in kube.list(plural, ns):
+            with contextlib.suppress(ApiFailure):  # gone already (the test deleted it)
+                kube.delete(plural, ns, obj["metadata"]["name"])
 
 
 @pytest.fixture

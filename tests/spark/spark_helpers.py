@@ -27,13 +27,15 @@ async def publish_many(
     partitions: int = 1,
     make: Callable[[int], dict[str, Any]] | None = None,
     create: bool = True,
+    segment_messages: int = BULK["max_batch_messages"],
 ) -> list[PublishResult]:
-    """Publish ``count`` messages with the engine's producer in big group commits."""
+    """Publish ``count`` messages with the engine's producer in big group commits (segments of up
+    to ``segment_messages``)."""
     make = make or (lambda i: {"payload": {"n": i}})
     async with Bucketq(settings) as bq:
         if create:
             await bq.create_topic(topic, partitions=partitions)
-        producer = await bq.register_producer("bulk", **BULK)
+        producer = await bq.register_producer("bulk", **BULK | {"max_batch_messages": segment_messages})
         results: list[PublishResult] = []
         for start in range(0, count, 20_000):
             chunk = range(start, min(count, start + 20_000))
@@ -73,19 +75,27 @@ async def keys_under(settings: Settings, prefix: str) -> list[str]:
 
 
 class RefusingProxy:
-    """An HTTP proxy in front of an S3 server, in its own thread, that refuses or slows chosen requests.
+    """An HTTP proxy in front of an S3 server, in its own thread, that refuses or holds chosen requests.
 
     ``refuse(method, pattern)``: requests whose method matches and whose path matches the regex
-    get 403 AccessDenied without reaching the server. ``delay(method, pattern, seconds)``: such
-    requests are forwarded after a pause. ``seen`` counts the refused requests.
+    get 403 AccessDenied without reaching the server; ``refused`` counts them. ``hold(method,
+    pattern)``: such requests wait until the proxy stops, then get 503 without ever reaching the
+    server (a request in flight when its client died). ``answered`` lists (method,
+    path, status) of every request the server answered and ``held`` those waiting;
+    ``wait_until(check)`` blocks the calling thread until ``check()`` holds after such an event
+    (no polling of the store: the proxy says when the request of interest went through).
     """
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream
         self.url = ""
         self.refusals: list[tuple[str, re.Pattern[str]]] = []
-        self.delays: list[tuple[str, re.Pattern[str], float]] = []
+        self.holds: list[tuple[str, re.Pattern[str]]] = []
         self.refused = 0
+        self.answered: list[tuple[str, str, int]] = []
+        self.held: list[tuple[str, str]] = []
+        self._changed = threading.Condition()
+        self._release: asyncio.Event | None = None
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._runner: Any = None
@@ -94,11 +104,21 @@ class RefusingProxy:
     def refuse(self, method: str, pattern: str) -> None:
         self.refusals.append((method, re.compile(pattern)))
 
-    def delay(self, method: str, pattern: str, seconds: float) -> None:
-        self.delays.append((method, re.compile(pattern), seconds))
+    def hold(self, method: str, pattern: str) -> None:
+        self.holds.append((method, re.compile(pattern)))
 
     def clear(self) -> None:
-        self.refusals, self.delays = [], []
+        self.refusals, self.holds = [], []
+
+    def wait_until(self, check: Callable[[], bool], timeout: float) -> bool:
+        """Whether ``check()`` came true (re-checked on every answered or held request) in time."""
+        with self._changed:
+            return self._changed.wait_for(check, timeout)
+
+    def _note(self, into: list[Any], entry: tuple[Any, ...]) -> None:
+        with self._changed:
+            into.append(entry)
+            self._changed.notify_all()
 
     def __enter__(self) -> RefusingProxy:
         self._thread.start()
@@ -116,6 +136,7 @@ class RefusingProxy:
 
         from tests.support.servers import free_ports
 
+        self._release = asyncio.Event()
         self._session = aiohttp.ClientSession(auto_decompress=False)
         app = web.Application(client_max_size=256 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", self._handle)
@@ -126,6 +147,8 @@ class RefusingProxy:
         self.url = f"http://127.0.0.1:{port}"
 
     async def _stop(self) -> None:
+        assert self._release is not None
+        self._release.set()  # held requests are answered 503, never forwarded
         await self._runner.cleanup()
         await self._session.close()
 
@@ -142,9 +165,11 @@ class RefusingProxy:
                     "<Message>Access Denied</Message></Error>"
                 )
                 return web.Response(status=403, body=xml.encode(), content_type="application/xml")
-        for method, pattern, seconds in self.delays:
-            if request.method == method and pattern.search(path):
-                await asyncio.sleep(seconds)
+        for method, pattern in self.holds:
+            if request.method == method and pattern.search(path) and self._release is not None:
+                self._note(self.held, (request.method, path))
+                await self._release.wait()
+                return web.Response(status=503, text="held until the proxy stopped")
         hop = {"host", "content-length", "transfer-encoding", "connection"}
         headers = {k: v for k, v in request.headers.items() if k.lower() not in hop}
         async with self._session.request(
@@ -152,4 +177,5 @@ class RefusingProxy:
         ) as upstream:
             payload = await upstream.read()
             out = {k: v for k, v in upstream.headers.items() if k.lower() not in hop}
+            self._note(self.answered, (request.method, path, upstream.status))
             return web.Response(status=upstream.status, body=payload, headers=out)

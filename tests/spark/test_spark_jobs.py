@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -92,7 +93,7 @@ def test_refused_commit_leaves_nothing_visible_and_the_rerun_writes_once(
     spark: Any, moto_server: S3Server, bucket: Settings, options: dict[str, str]
 ) -> None:
     asyncio.run(_create(bucket, "ledger", 4))
-    n = 4000
+    n = 800  # two tasks, four partitions, batches of 50: about two chunks per task and partition
     with RefusingProxy(moto_server.endpoint_url) as proxy:
         # S3 refuses every segment PUT of partition 1 (the chunk PUTs go through)
         proxy.refuse("PUT", rf"/{bucket.s3_bucket}/ledger/p0001/seg/")
@@ -102,7 +103,7 @@ def test_refused_commit_leaves_nothing_visible_and_the_rerun_writes_once(
                 options | {"endpoint": proxy.url},
                 "ledger",
                 jobId="ledger-1",
-                batchMessages=250,
+                batchMessages=50,
                 txnTimeout=12,
             )
         assert proxy.refused > 0
@@ -115,7 +116,7 @@ def test_refused_commit_leaves_nothing_visible_and_the_rerun_writes_once(
     assert asyncio.run(read_report(resolve_settings(options), "ledger-1")) is None
 
     # the same job again, S3 healthy: everything, exactly once, for Spark and for consumers
-    _save(_rows(spark, n), options, "ledger", jobId="ledger-1", batchMessages=250)
+    _save(_rows(spark, n), options, "ledger", jobId="ledger-1", batchMessages=50)
     assert _visible(spark, bucket, "ledger") == list(range(n))
     assert asyncio.run(_consume_all(bucket, "ledger", n)) == list(range(n))
     assert asyncio.run(_txns(bucket, "ledger")) == [
@@ -145,18 +146,30 @@ def test_driver_killed_during_commit_then_rerun_leaves_exactly_one_copy(
     spark: Any, moto_server: S3Server, bucket: Settings, options: dict[str, str], tmp_path: Path
 ) -> None:
     asyncio.run(_create(bucket, "orders", 3))
-    n = 3000
+    n = 600  # two tasks, three partitions, batches of 50: about two chunks per task and partition
     script = tmp_path / "job.py"
     script.write_text(KILLED_JOB)
+    seg = rf"/{bucket.s3_bucket}/orders/p000(\d)/seg/"
     with RefusingProxy(moto_server.endpoint_url) as proxy:
-        # partition 2's reference segment takes long: the kill lands after partition 0's is in
-        proxy.delay("PUT", rf"/{bucket.s3_bucket}/orders/p0002/seg/", 5)
+        # partition 2's reference segments never get through: the kill lands after partition
+        # 0's is in and while partition 2's is on its way, whatever the machine's speed
+        proxy.hold("PUT", rf"/{bucket.s3_bucket}/orders/p0002/seg/")
         job_options = options | {
             "endpoint": proxy.url,
             "topic": "orders",
             "jobId": "nightly",
-            "batchMessages": "150",
+            "batchMessages": "50",
         }
+
+        def mid_commit() -> bool:
+            """Partition 0's segment is stored and partition 2's PUT is held."""
+            stored = {
+                found[1]
+                for method, path, status in proxy.answered
+                if method == "PUT" and status == 200 and (found := re.search(seg, path))
+            }
+            return "0" in stored and bool(proxy.held)
+
         env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYTHONPATH": os.getcwd()}
         proc = subprocess.Popen(
             [sys.executable, str(script), json.dumps(job_options), str(n)],
@@ -167,13 +180,8 @@ def test_driver_killed_during_commit_then_rerun_leaves_exactly_one_copy(
         )
         try:
             deadline = time.monotonic() + 240
-            while time.monotonic() < deadline and proc.poll() is None:
-                # the commit has begun (record written) and some of its segments are in
-                if asyncio.run(keys_under(bucket, "orders/txn/")) and asyncio.run(
-                    keys_under(bucket, "orders/p0000/seg/")
-                ):
-                    break
-                time.sleep(0.1)
+            while not proxy.wait_until(mid_commit, timeout=1) and proc.poll() is None:
+                assert time.monotonic() < deadline, "the commit never reached partition 2"
             assert proc.poll() is None, proc.stdout.read().decode()[-3000:] if proc.stdout else ""
             os.killpg(proc.pid, signal.SIGKILL)  # the driver and its JVM, mid-commit
         finally:
@@ -188,7 +196,7 @@ def test_driver_killed_during_commit_then_rerun_leaves_exactly_one_copy(
     assert _visible(spark, bucket, "orders") == []
 
     # the same job again: the dead run's commit is finished from its chunks, exactly once
-    _save(_rows(spark, n), options, "orders", jobId="nightly", batchMessages=150)
+    _save(_rows(spark, n), options, "orders", jobId="nightly", batchMessages=50)
     assert _visible(spark, bucket, "orders") == list(range(n))
     assert asyncio.run(_txns(bucket, "orders")) == [("nightly.000001", "committed")]
     report = asyncio.run(read_report(resolve_settings(options), "nightly"))
@@ -196,7 +204,7 @@ def test_driver_killed_during_commit_then_rerun_leaves_exactly_one_copy(
     # the dead run's chunks are the job's; the rerun wrote none of its own that stayed
     assert len(asyncio.run(keys_under(bucket, "orders/chunk/"))) == report["chunks"] > 0
     # and once more: a no-op
-    _save(_rows(spark, n), options, "orders", jobId="nightly", batchMessages=150)
+    _save(_rows(spark, n), options, "orders", jobId="nightly", batchMessages=50)
     assert len(_visible(spark, bucket, "orders")) == n
 
 
@@ -224,16 +232,17 @@ def test_job_id_is_idempotent_after_success_and_after_failure(
     assert _visible(spark, bucket, "events") == list(range(1000))
 
     # a job whose task fails is aborted; the same jobId then runs normally (the abort is per run)
-    bad = spark.range(3000, numPartitions=2).selectExpr(
-        "IF(id = 2900, 'not json', to_json(named_struct('n', id + 1000))) AS payload"
+    # (the second task writes chunks of 40 rows before it meets row 580)
+    bad = spark.range(600, numPartitions=2).selectExpr(
+        "IF(id = 580, 'not json', to_json(named_struct('n', id + 1000))) AS payload"
     )
     with pytest.raises(Exception, match="InvalidMessage"):
-        _save(bad, options, "events", jobId="hourly", batchMessages=200)
+        _save(bad, options, "events", jobId="hourly", batchMessages=40)
     assert asyncio.run(keys_under(bucket, "_spark/aborted/hourly/"))
-    good = spark.range(3000, numPartitions=2).selectExpr("to_json(named_struct('n', id + 1000)) AS payload")
-    _save(good, options, "events", jobId="hourly", batchMessages=200)
-    _save(good, options, "events", jobId="hourly", batchMessages=200)
-    assert _visible(spark, bucket, "events") == list(range(4000))
+    good = spark.range(600, numPartitions=2).selectExpr("to_json(named_struct('n', id + 1000)) AS payload")
+    _save(good, options, "events", jobId="hourly", batchMessages=40)
+    _save(good, options, "events", jobId="hourly", batchMessages=40)
+    assert _visible(spark, bucket, "events") == list(range(1600))
     assert asyncio.run(keys_under(bucket, "_spark/")) == [
         k for k in asyncio.run(keys_under(bucket, "_spark/")) if k.startswith("_spark/jobs/")
     ]

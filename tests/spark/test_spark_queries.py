@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from itertools import pairwise
 from typing import Any
 
 import pytest
@@ -115,13 +116,16 @@ def test_every_shape_alone_and_after_every_other_on_one_dataframe(
 
     # a narrowing shape first on a fresh DataFrame, then one with nothing to push
     assert [_count(load(), SHAPES[1][0]), _count(load(), SHAPES[11][0])] == [expected[1], expected[11]]
-    # one DataFrame: every shape, each followed by the unfiltered query and, for the narrowing
-    # ones, by an OR query (the cases where a reused pushed-down scan answered with too few rows)
+    # one DataFrame: every shape, each narrowing one (partition, seq, created_at) followed by one
+    # with nothing to push (no filter, OR, NOT, other columns): the case where a reused
+    # pushed-down scan answered with too few rows
     df = load()
-    sequence = [0]
-    for i in range(1, len(SHAPES)):
-        sequence += [i, 0] if i % 2 else [i, 11]
-    sequence += [11, 1, 11, 0]
+    sequence = [0, 1, 0, 4, 11, 8, 12, 3, 15, 14, 13, 10, 0, 5, 11, 7, 12, 9, 13, 6, 15, 2, 0]
+    assert set(sequence) == set(range(len(SHAPES)))
+    for a, b in pairwise(sequence):
+        # answered from the scan ``a`` planned, ``b`` would count other rows: a reuse fails here
+        both = sum(1 for r in rows if SHAPES[a][1](r) and SHAPES[b][1](r))
+        assert a == 0 or both != expected[b], (a, b)
     got = [(i, _count(df, SHAPES[i][0])) for i in sequence]
     assert got == [(i, expected[i]) for i in sequence]
 

@@ -4,20 +4,28 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 from typing import Any
 
 import pytest
 
 from bucketq import Bucketq, PublishResult, Settings
-from bucketq.spark.options import settings_options
+from bucketq.spark.options import ReadConfig, settings_options
+from bucketq.spark.planning import plan_read
+from bucketq.spark.reader import BATCH_ROWS
+from bucketq.spark.runtime import keys_of, storage_for
 from bucketq.spark.schema import message_schema
 from tests.spark.spark_helpers import publish_many
 from tests.support.servers import S3Server
 
 pytestmark = [pytest.mark.spark, pytest.mark.s3]
 
-N = 100_000
+# 30,000 messages in segments of up to 1,000: 8 to 9 segments per partition (the seq filters below
+# cut inside every partition), and splits of more than BATCH_ROWS when read in two (see ``table``)
+N = 30_000
+SEGMENT_MESSAGES = 1000
 PARTITIONS = 4
+TABLE_SPLITS = {"minPartitions": 2}
 
 
 def make(i: int) -> dict[str, Any]:
@@ -35,7 +43,11 @@ def make(i: int) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def published(moto_server: S3Server) -> tuple[Settings, list[PublishResult]]:
     settings = moto_server.settings(strategy="conditional_write")
-    results = asyncio.run(publish_many(settings, "events", N, partitions=PARTITIONS, make=make))
+    results = asyncio.run(
+        publish_many(
+            settings, "events", N, partitions=PARTITIONS, make=make, segment_messages=SEGMENT_MESSAGES
+        )
+    )
     return settings, results
 
 
@@ -49,10 +61,24 @@ def _read(spark: Any, settings: Settings, **options: Any) -> Any:
     )
 
 
+async def _split_rows(settings: Settings, results: list[PublishResult], **options: Any) -> list[int]:
+    """How many messages each split of a read with ``options`` holds (the planner's own plan)."""
+    cfg = ReadConfig.from_options(
+        settings_options(settings) | {"topic": "events"} | {k: str(v) for k, v in options.items()}
+    )
+    per_segment = Counter((r.partition, r.seq) for r in results)
+    async with storage_for(cfg.settings) as storage:
+        plan = await plan_read(storage, keys_of(cfg.settings), cfg)
+    return [sum(per_segment[(i.partition, i.seq)] for i in split.items) for split in plan.splits]
+
+
 @pytest.fixture(scope="module")
 def table(spark: Any, published: tuple[Settings, list[PublishResult]]) -> Any:
-    """The whole topic read by Spark, as an Arrow table."""
-    return _read(spark, published[0]).toArrow()
+    """The whole topic read by Spark, as an Arrow table. A split holds more than the reader's
+    BATCH_ROWS messages, so a task also hands Spark a batch before its split is done."""
+    settings, results = published
+    assert max(asyncio.run(_split_rows(settings, results, **TABLE_SPLITS))) > BATCH_ROWS
+    return _read(spark, settings, **TABLE_SPLITS).toArrow()
 
 
 def test_read_equals_what_the_engine_published(
