@@ -104,16 +104,13 @@ endif
 
 # The quick check while editing: no S3 server, no Spark, no real processes, nothing slow
 # (the markers in pyproject; tests/conftest.py marks any test using an S3 server fixture `s3`).
-# Bytecode is written even where the environment says PYTHONDONTWRITEBYTECODE: every pytest process
-# (each xdist worker) otherwise compiles bucketq and rewrites the asserts of every test module again,
-# about 5 CPU-seconds a process; with the caches it does so only for the files that changed.
 FAST_MARKERS := not s3 and not spark and not e2e and not slow
 # Four workers on two cores: what is left in the fast set waits more than it computes (about 140 s
 # of test time for 45 CPU-seconds), so two workers leave the cores idle; four overlap the waits
 # (measured at load ~5: 48 s wall with 4, 65 s with 2, for 5 CPU-seconds more of worker start-up).
 FAST_JOBS ?= 4
 test-fast: $(STAMP) ## Unit tests only (no S3 servers, Spark, real processes or slow tests; FAST_JOBS xdist workers)
-	env -u PYTHONDONTWRITEBYTECODE $(BIN)/pytest -q -n $(FAST_JOBS) -m "$(FAST_MARKERS)"
+	$(BIN)/pytest -q -n $(FAST_JOBS) -m "$(FAST_MARKERS)"
 
 crds: $(STAMP) ## Regenerate the CRDs into crds/ and helm/bucketq/crds/, their JSON Schemas into schemas/
 	$(BIN)/bucketq crds --out crds
