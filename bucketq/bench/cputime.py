@@ -30,12 +30,12 @@ def _stat(pid: int) -> tuple[int, float] | None:
     return ppid, (utime + stime + cutime + cstime) / _TICKS
 
 
-def tree_cpu_seconds(root: int | None = None) -> float:
-    """CPU seconds used so far by ``root`` (default: this process) and all its descendants."""
+def tree_cpu_by_process(root: int | None = None) -> dict[int, float]:
+    """CPU seconds used so far by ``root`` (default: this process) and each of its descendants."""
     root = os.getpid() if root is None else root
     if not os.path.isdir("/proc"):
         times = os.times()
-        return times.user + times.system + times.children_user + times.children_system
+        return {root: times.user + times.system + times.children_user + times.children_system}
     stats: dict[int, tuple[int, float]] = {}
     for name in os.listdir("/proc"):
         if name.isdigit():
@@ -45,13 +45,27 @@ def tree_cpu_seconds(root: int | None = None) -> float:
     children: dict[int, list[int]] = {}
     for pid, (ppid, _) in stats.items():
         children.setdefault(ppid, []).append(pid)
-    total, todo = 0.0, [root]
+    tree, todo = {}, [root]
     while todo:
         pid = todo.pop()
         if pid in stats:
-            total += stats[pid][1]
+            tree[pid] = stats[pid][1]
         todo.extend(children.get(pid, []))
-    return total
+    return tree
+
+
+def tree_cpu_seconds(root: int | None = None) -> float:
+    """CPU seconds used so far by ``root`` (default: this process) and all its descendants."""
+    return sum(tree_cpu_by_process(root).values())
+
+
+def cpu_since(before: dict[int, float], after: dict[int, float]) -> float:
+    """CPU seconds the tree used between two readings, never negative.
+
+    A descendant that leaves the tree unreaped by it (orphaned to init, like a killed Spark
+    driver's JVM) takes its time with it: subtracting whole-tree totals then goes negative. So each
+    process counts only what it gained, and a process that left counts nothing."""
+    return sum(max(0.0, cpu - before.get(pid, 0.0)) for pid, cpu in after.items())
 
 
 @dataclass
@@ -66,9 +80,9 @@ class Measured:
 def measured() -> Iterator[Measured]:
     """Measure the block: ``with measured() as m: ...`` then ``m.wall_s``, ``m.cpu_s``."""
     out = Measured()
-    cpu, wall = tree_cpu_seconds(), time.perf_counter()
+    cpu, wall = tree_cpu_by_process(), time.perf_counter()
     try:
         yield out
     finally:
         out.wall_s = time.perf_counter() - wall
-        out.cpu_s = tree_cpu_seconds() - cpu
+        out.cpu_s = cpu_since(cpu, tree_cpu_by_process())
