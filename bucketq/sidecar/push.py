@@ -277,7 +277,13 @@ class Pusher:
         assert self._session is not None
         ids = [m.id for m in messages]
         with self.runtime.tracing.deliver(messages[0].topic, [m.headers for m in messages]) as trace:
-            headers, body = push_request(messages, self.cfg.push_format, self.runtime.consumer_name, trace)
+            headers, body = push_request(
+                messages,
+                self.cfg.push_format,
+                self.runtime.consumer_name,
+                trace,
+                batched=self.cfg.push_batch_size > 1,
+            )
             if self._token is not None:
                 headers["Authorization"] = f"Bearer {self._token}"
             return await self._send(ids, headers, body)

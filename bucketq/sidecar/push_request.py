@@ -25,18 +25,21 @@ from bucketq.sidecar.delivery import to_wire
 
 
 def push_request(
-    messages: Sequence[Message], fmt: PushFormat, consumer: str, trace: Mapping[str, str]
+    messages: Sequence[Message], fmt: PushFormat, consumer: str, trace: Mapping[str, str], *, batched: bool
 ) -> tuple[dict[str, str], bytes]:
-    """Headers and body of the push of ``messages`` (binary mode takes exactly one)."""
+    """Headers and body of the push of ``messages`` (binary mode takes exactly one).
+
+    ``batched``: the subscription pushes batches (``PUSH_BATCH_SIZE`` > 1). Its app then always
+    gets the batch shape, even when a poll found one message: the shape never depends on timing."""
     if fmt == "cloudevents-binary":
         (only,) = messages
         headers, body = cloud_events.binary(cloud_events.to_event(only, receipt=False))
     elif fmt == "cloudevents-structured":
         events = [cloud_events.to_event(m, receipt=False) for m in messages]
-        headers, body = cloud_events.structured(events[0]) if len(events) == 1 else cloud_events.batch(events)
+        headers, body = cloud_events.batch(events) if batched else cloud_events.structured(events[0])
     else:
         wire = [to_wire(m, with_receipt=False) for m in messages]
-        content = PushBatch(messages=wire) if len(messages) > 1 else wire[0]
+        content = PushBatch(messages=wire) if batched else wire[0]
         headers = {"content-type": "application/json"}
         body = json.dumps(content.model_dump(mode="json", exclude_none=True)).encode()
     headers.update({"bucketq-topic": messages[0].topic, "bucketq-consumer": consumer})

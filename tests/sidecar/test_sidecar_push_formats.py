@@ -132,3 +132,39 @@ def test_binary_mode_pushes_one_message_at_a_time() -> None:
                 "push_batch_size": 10,
             }
         )
+
+
+@pytest.mark.parametrize(
+    ("push_format", "content_type"),
+    [("json", "application/json"), ("cloudevents-structured", "application/cloudevents-batch+json")],
+)
+async def test_a_batched_subscription_gets_the_batch_shape_for_a_lone_message(
+    tmp_path: Path, sidecars: SidecarFactory, push_format: str, content_type: str
+) -> None:
+    """An app set up for batches (PUSH_BATCH_SIZE > 1) must not get a single message's shape
+    when a poll happens to find one: the shape would then depend on timing (it did, and an app
+    reading ``body["messages"]`` failed every such push until its retries ran out)."""
+    engine = Settings.from_dict(
+        {"backend": "file", "file_path": str(tmp_path / "bucket"), "strategy": "conditional_write"}
+    )
+    await create_topics(engine, "orders")
+    received: list[tuple[dict[str, str], bytes]] = []
+    async with app(received) as port:
+        sc = sidecars(
+            engine,
+            push_format,
+            BUCKETQ_FILE_PATH=str(engine.file_path),
+            consumer="c",
+            topics="orders",
+            delivery="push",
+            app_port=port,
+            push_format=push_format,
+            push_batch_size=10,
+        )
+        publish(sc, b"one", "text/plain")
+        await aeventually(lambda: len(received) >= 1, 30, "one push")
+    ((headers, body),) = received
+    assert headers["content-type"].split(";")[0] == content_type
+    batch = json.loads(body)
+    messages = batch["messages"] if push_format == "json" else batch
+    assert isinstance(messages, list) and len(messages) == 1
