@@ -290,6 +290,12 @@ def start_seaweedfs(workdir: Path) -> S3Server:
         "-s3.port.iceberg=0",
         "-s3.port.lance=0",
         "-s3.autoCreateBucket=false",
+        # Every bucket is a collection with volumes of its own, and by default the volume count is
+        # free disk / 1 GiB: ~50 on a half-full 100 GB disk, used up after a few dozen buckets
+        # (then every PUT answers 500 "no free volumes left"). Tests and benchmarks make a bucket
+        # each and store megabytes: small volumes, and many of them.
+        "-master.volumeSizeLimitMB=64",
+        "-volume.max=2000",
         f"-filer.localSocket={workdir}/filer.sock",
         f"-s3.localSocket={workdir}/s3.sock",
         *(f"-{name}={port}" for name, port in ports.items()),
