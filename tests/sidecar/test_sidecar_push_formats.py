@@ -50,15 +50,21 @@ def publish(sc: SidecarProc, body: bytes, content_type: str, **headers: str) -> 
         assert resp.status == 200
 
 
-async def pushed(tmp_path: Path, sidecars: SidecarFactory, push_format: str, count: int = 2) -> list[Any]:
-    """Two messages (a raw text and a binary-mode CloudEvent) pushed in ``push_format``."""
+@asynccontextmanager
+async def pushing_sidecar(
+    tmp_path: Path,
+    sidecars: SidecarFactory,
+    push_format: str,
+    received: list[tuple[dict[str, str], bytes]],
+    **config: Any,
+) -> AsyncIterator[SidecarProc]:
+    """A sidecar pushing topic ``orders`` in ``push_format`` to an app recording into ``received``."""
     engine = Settings.from_dict(
         {"backend": "file", "file_path": str(tmp_path / "bucket"), "strategy": "conditional_write"}
     )
     await create_topics(engine, "orders")
-    received: list[tuple[dict[str, str], bytes]] = []
     async with app(received) as port:
-        sc = sidecars(
+        yield sidecars(
             engine,
             push_format,
             BUCKETQ_FILE_PATH=str(engine.file_path),
@@ -67,7 +73,14 @@ async def pushed(tmp_path: Path, sidecars: SidecarFactory, push_format: str, cou
             delivery="push",
             app_port=port,
             push_format=push_format,
+            **config,
         )
+
+
+async def pushed(tmp_path: Path, sidecars: SidecarFactory, push_format: str, count: int = 2) -> list[Any]:
+    """Two messages (a raw text and a binary-mode CloudEvent) pushed in ``push_format``."""
+    received: list[tuple[dict[str, str], bytes]] = []
+    async with pushing_sidecar(tmp_path, sidecars, push_format, received) as sc:
         publish(sc, b"hello", "text/plain", traceparent=PARENT, tracestate="v=1")
         publish(
             sc,
@@ -144,23 +157,8 @@ async def test_a_batched_subscription_gets_the_batch_shape_for_a_lone_message(
     """An app set up for batches (PUSH_BATCH_SIZE > 1) must not get a single message's shape
     when a poll happens to find one: the shape would then depend on timing (it did, and an app
     reading ``body["messages"]`` failed every such push until its retries ran out)."""
-    engine = Settings.from_dict(
-        {"backend": "file", "file_path": str(tmp_path / "bucket"), "strategy": "conditional_write"}
-    )
-    await create_topics(engine, "orders")
     received: list[tuple[dict[str, str], bytes]] = []
-    async with app(received) as port:
-        sc = sidecars(
-            engine,
-            push_format,
-            BUCKETQ_FILE_PATH=str(engine.file_path),
-            consumer="c",
-            topics="orders",
-            delivery="push",
-            app_port=port,
-            push_format=push_format,
-            push_batch_size=10,
-        )
+    async with pushing_sidecar(tmp_path, sidecars, push_format, received, push_batch_size=10) as sc:
         publish(sc, b"one", "text/plain")
         await aeventually(lambda: len(received) >= 1, 30, "one push")
     ((headers, body),) = received
