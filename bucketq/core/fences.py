@@ -97,6 +97,44 @@ class FenceValue:
         # (found in a test: GC freed in the same collection that raised the fence).
         return max((f for f, t in held if store_now - t >= grace_s + STORE_CLOCK_RESOLUTION_S), default=0)
 
+    def passed_at(self, n: int, modified: float) -> tuple[float, bool] | None:
+        """When (the store's Last-Modified) this fence first held a floor above ``n``, and whether
+        that is exact; None when it is not above ``n``. ``modified`` is the fence object's own
+        Last-Modified. Exact unless the bounded history dropped the floors before it: then the
+        time is only an upper bound (the fence passed ``n`` then or earlier).
+        """
+        held = [*self.history, (self.floor, modified)]
+        for i, (floor, at) in enumerate(held):
+            if floor > n:
+                # the first floor ever written is in the history unless the history is full
+                return at, i > 0 or len(self.history) < FENCE_HISTORY
+        return None
+
+
+def took_before_passed(fence: FenceValue, modified: float, n: int, landed: float) -> bool | None:
+    """Whether a put-if-absent of number ``n`` that the store stamped ``landed`` (the object's
+    Last-Modified) took ``n`` before ``fence`` first rose above it (True: the object is part of the
+    partition, readers may have read it), took a number GC had freed (False: an orphan), or cannot
+    be told apart (None: the history no longer says when the fence passed ``n``).
+
+    Why exact, on the store's clock alone (I1, I15): GC raises a fence only over objects it listed
+    and read, and deletes below a floor only once the store shows the fence object holding it
+    ``grace + 1 s`` old (:meth:`FenceValue.freeable_below`). So an earlier object at ``n`` was
+    deleted, and a put into the freed ``n`` stamped, at least a whole second after the fence first
+    passed ``n``, even with Last-Modified truncated to seconds; a put stamped no later than that
+    moment found ``n`` never taken. A writer that was paused between its put landing and its look
+    at the fence (SIGSTOP, a response held up) cannot tell the two cases apart by its own clock.
+    """
+    if fence.deleted:
+        return False  # a tombstone: the topic went; the catalog's fence (I6) decides the rest
+    passed = fence.passed_at(n, modified)
+    if passed is None:
+        return True  # not above n: nothing to tell
+    at, exact = passed
+    if landed > at:
+        return False
+    return True if exact else None
+
 
 async def read_fence(storage: Storage, key: str) -> tuple[FenceValue | None, float | None]:
     """The fence at ``key`` and its object's last-modified time (None, None when there is none).
@@ -136,6 +174,7 @@ class FenceView:
         self.key = key
         self.trust_s = trust_s
         self.value = FenceValue(0)
+        self.modified: float | None = None  # the store's Last-Modified of the fence object read
         self.read_at = float("-inf")
         self.reads = 0
 
@@ -146,10 +185,10 @@ class FenceView:
     async def refresh(self) -> FenceValue:
         """Read the fence now (the copy's time is when the read *started*: conservative)."""
         started = time.monotonic()
-        value, _ = await read_fence(self.storage, self.key)
+        value, modified = await read_fence(self.storage, self.key)
         self.reads += 1
         if value is not None and (value.floor >= self.value.floor or value.deleted):
-            self.value = value
+            self.value, self.modified = value, modified
         self.read_at = started
         return self.value
 

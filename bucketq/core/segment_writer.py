@@ -11,12 +11,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from bucketq.core.cadence import RETRY_JITTER, retry_delay
-from bucketq.core.fences import SEGMENT_TRUST_S, FenceView
+from bucketq.core.fences import SEGMENT_TRUST_S, FenceView, took_before_passed
 from bucketq.core.keys import Keys
 from bucketq.core.segment import SegmentHeader, encode_segment, taken_header
 from bucketq.core.topics import TopicCatalog, find_tail
 from bucketq.errors import AlreadyExists, Contended, PublishTimeout, StorageError
-from bucketq.storage import Storage
+from bucketq.storage import Blob, Storage
 
 log = logging.getLogger("bucketq.producer")
 
@@ -172,7 +172,9 @@ class SegmentWriter:
                         self.next_seq = None
                     continue
             completed = time.monotonic()
-            if not await self.fence.admits(seq, completed_at=completed):
+            if not await self.fence.admits(
+                seq, completed_at=completed
+            ) and not await self._took_before_passed(key, seq, batch_id, blob):
                 # I1: a freed number below the floor; the write is an orphan (GC deletes it)
                 self.orphans += 1
                 log.warning(
@@ -189,6 +191,46 @@ class SegmentWriter:
             break
         self.next_seq, self.next_offset = seq + 1, base + len(lines)
         return Appended(seq, base, len(lines), len(body))
+
+    async def _took_before_passed(self, key: str, seq: int, batch_id: str, blob: Blob | None) -> bool:
+        """After a put of ``seq`` that the fence now covers: True when the put took the number
+        before the fence passed it (readers saw it: writing it again would store the batch twice),
+        False when it is an orphan in a freed number (write it again at the tail).
+
+        A writer paused between its put landing and this look (SIGSTOP, a response held up past
+        the trust window) meets a fence raised *because* readers consumed its segment; its own
+        clock cannot tell that from a late put into a freed number, the store's can
+        (:func:`~bucketq.core.fences.took_before_passed`). When the object is gone (collected) or
+        the fence's history no longer tells, the outcome is unknown: the publish fails unacknowledged
+        rather than risk storing the batch twice.
+        """
+        fence, modified = self.fence.value, self.fence.modified
+        if fence.deleted or modified is None:
+            return False
+        if blob is None:
+            blob = await self.storage.get(key)
+        ours = (
+            blob is not None and taken_header(blob.data, self.topic, self.partition, seq, 0).batch == batch_id
+        )
+        verdict = (
+            took_before_passed(fence, modified, seq, blob.last_modified)
+            if blob is not None and ours
+            else None
+        )
+        if verdict is None:
+            raise PublishTimeout(
+                f"publish to {self.topic}/p{self.partition}: segment {seq} landed, but this writer saw it "
+                f"only after GC's floor {fence.floor} had passed it and it can no longer tell whether "
+                "readers had it; not acknowledged (a retry may store it twice unless it has a dedup id)"
+            )
+        if verdict:
+            log.warning(
+                "%s/p%d: segment %d was read and fenced while this writer was held up; kept (not written again)",
+                self.topic,
+                self.partition,
+                seq,
+            )
+        return verdict
 
     async def write_head(self) -> None:
         """Overwrite the advisory head hint with this writer's view of the tail (errors ignored)."""

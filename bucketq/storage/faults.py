@@ -10,7 +10,9 @@ Kinds:
 * ``timeout``: sleep ``latency_s``, then raise :class:`~bucketq.errors.StorageTimeout` without doing it;
 * ``precondition``: a PUT answers 412 without writing (``AlreadyExists``, or
   ``PreconditionFailed`` for an ``if_match`` PUT);
-* ``drop_after_write``: a PUT or DELETE is done, then its response is "lost" (``StorageError``).
+* ``drop_after_write``: a PUT or DELETE is done, then its response is "lost" (``StorageError``);
+* ``held_response``: a PUT is done, then its answer waits ``latency_s`` (a writer paused, or a
+  response held up, after the write took effect).
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ from bucketq.errors import AlreadyExists, PreconditionFailed, StorageError, Stor
 from bucketq.storage.port import Blob, ObjectInfo, ObjectStore, RequestStats
 
 Op = Literal["GET", "HEAD", "PUT", "DELETE", "LIST", "*"]
-Kind = Literal["error", "timeout", "precondition", "drop_after_write", "latency"]
+Kind = Literal["error", "timeout", "precondition", "drop_after_write", "latency", "held_response"]
 _OPS = ("GET", "HEAD", "PUT", "DELETE", "LIST", "*")
-_KINDS = ("error", "timeout", "precondition", "drop_after_write", "latency")
+_KINDS = ("error", "timeout", "precondition", "drop_after_write", "latency", "held_response")
 
 
 @dataclass(slots=True)
@@ -86,6 +88,8 @@ class FaultyStore:
             raise ValueError("a 'precondition' fault only applies to PUT")
         if kind == "drop_after_write" and op not in ("PUT", "DELETE", "*"):
             raise ValueError("a 'drop_after_write' fault only applies to PUT or DELETE")
+        if kind == "held_response" and op not in ("PUT", "*"):
+            raise ValueError("a 'held_response' fault only applies to PUT")
         if not 0.0 <= probability <= 1.0:
             raise ValueError("probability must be within [0, 1]")
         fault = Fault(op, match, kind, times, probability, latency_s)
@@ -109,6 +113,8 @@ class FaultyStore:
             if fault.kind == "precondition" and op != "PUT":
                 continue
             if fault.kind == "drop_after_write" and op not in ("PUT", "DELETE"):
+                continue
+            if fault.kind == "held_response" and op != "PUT":
                 continue
             if fault.probability < 1.0 and self._rng.random() >= fault.probability:
                 continue
@@ -150,7 +156,9 @@ class FaultyStore:
                 raise PreconditionFailed(f"injected fault: {key} changed (If-Match {if_match} failed)")
             raise AlreadyExists(f"injected fault: {key} already exists (412)")
         etag = await self.inner.put(key, data, if_none_match=if_none_match, if_match=if_match)
-        if fault is not None:
+        if fault is not None and fault.kind == "held_response":
+            await asyncio.sleep(fault.latency_s)
+        elif fault is not None:
             raise StorageError(f"injected fault: PUT {key} was written but its response was lost")
         return etag
 

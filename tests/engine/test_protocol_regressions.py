@@ -94,6 +94,68 @@ async def test_stale_cached_tail_after_gc_still_delivers(backend: Backend, short
     assert got.payload == "after-gc"
 
 
+HELD_S = 5.0  # the held publish answers after this: longer than the reads, acks and GC below
+
+
+async def _held_publish_beside_a_reader() -> tuple[Bucketq, Any, Any, Any]:
+    """A producer whose second segment lands at once but whose answer is held up (a paused
+    process): returns the app, the producer, the publish task and the consumer."""
+    faulty = FaultyStore(MemoryStore())
+    bq = Bucketq.builder().memory().build(store=faulty)
+    await bq.open()
+    await bq.create_topic("t", partitions=1, retention_seconds=0.001)
+    consumer = await bq.register_consumer("c", "t")
+    producer = await bq.register_producer("p")
+    # no publish before: rings would have proved the path, and an idle member then waits for one
+    faulty.add(op="PUT", match="*/seg/*", kind="held_response", latency_s=HELD_S)
+    publishing = asyncio.create_task(producer.publish("t", "held"))  # reads the fence, then puts
+    got = await poll_one(consumer)  # the segment is durable: readers see it while its writer waits
+    assert (got.payload, got.seq) == ("held", 0)
+    await got.ack()
+    await asyncio.sleep(TRUST_S)  # the writer's copy of the fence is no longer trusted
+    return bq, producer, publishing, consumer
+
+
+@pytest.mark.slow  # waits on wall-clock time: not in make test-fast
+async def test_a_segment_read_and_fenced_while_its_writer_was_held_up_is_not_written_again(
+    short_fences: None,
+) -> None:
+    """r12 (chaos, SeaweedFS, seed 1034465621): a producer paused between its segment landing and
+    its look at the fence met a floor GC had raised because readers consumed that very segment,
+    took it for an orphan in a freed number and wrote the batch again: one message stored at two
+    positions, delivered twice. The store's times tell the two apart (I1)."""
+    bq, producer, publishing, consumer = await _held_publish_beside_a_reader()
+    await bq.collect_garbage(["t"], segment_grace_s=GRACE_S, delta_grace_s=GRACE_S)
+    fence = await bq.storage.get(bq.keys.segment_floor("t", 0))
+    assert fence is not None and json.loads(fence.data)["floor"] == 1, "GC must raise the floor past it"
+    assert not publishing.done(), (
+        f"the held answer came before GC raised the floor (raise HELD_S above {HELD_S})"
+    )
+    result = await publishing
+    assert result.seq == 0, "acknowledged where it was read"
+    assert producer.appender("t", 0).writer.orphans == 0
+    assert await consumer.poll(max_messages=10, wait=1.0) == [], "stored and delivered once"
+    stored = [info.key async for info in bq.storage.list(bq.keys.segments_prefix("t", 0))]
+    assert [k.rsplit("/", 1)[1] for k in stored] == ["0000000000000000.jsonl"]
+
+
+@pytest.mark.slow  # waits on wall-clock time: not in make test-fast
+async def test_a_segment_collected_while_its_writer_was_held_up_is_not_acknowledged_nor_written_again(
+    short_fences: None,
+) -> None:
+    """r12, when GC has also deleted the segment before its writer looks: nothing on the store
+    tells a consumed segment from an orphan any more, so the publish fails unacknowledged (the
+    message was delivered once) instead of storing the batch a second time."""
+    bq, _, publishing, consumer = await _held_publish_beside_a_reader()
+    await collect_twice(bq, "t", frees_below=1)
+    assert not publishing.done(), "the held answer came before GC freed the segment"
+    with pytest.raises(PublishTimeout, match="not acknowledged"):
+        await publishing
+    assert await consumer.poll(max_messages=10, wait=1.0) == [], "delivered once"
+    stored = [info.key async for info in bq.storage.list(bq.keys.segments_prefix("t", 0))]
+    assert stored == [], "nothing written again"
+
+
 @pytest.mark.slow  # waits on wall-clock time: not in make test-fast
 async def test_stale_head_hint_after_gc_still_delivers(backend: Backend, short_fences: None) -> None:
     """r1b: a fresh producer trusting a stale head.json (left by a killed producer) must not write

@@ -328,6 +328,20 @@ async def test_fault_precondition_and_drop_after_write() -> None:
     assert await store.head("a") is None and await store.head("b") is None
 
 
+async def test_fault_held_response_writes_first_and_answers_late() -> None:
+    store = FaultyStore(MemoryStore())
+    with pytest.raises(ValueError, match="only applies to PUT"):
+        store.add(op="GET", kind="held_response")
+    store.add(op="PUT", match="seg/*", kind="held_response", latency_s=0.2)
+    putting = asyncio.create_task(store.put("seg/1", b"landed", if_none_match=True))
+    await asyncio.sleep(0.05)
+    blob = await store.get("seg/1")
+    assert blob is not None and blob.data == b"landed", "the write took effect before the answer"
+    assert not putting.done()
+    assert await putting == blob.etag
+    assert store.injected == Counter({"held_response": 1})
+
+
 async def test_fault_latency_glob_times_probability_and_clear() -> None:
     store = FaultyStore(MemoryStore(), seed=7)
     slow = store.add(op="HEAD", match="slow/*", kind="latency", latency_s=0.05, times=2)
