@@ -190,6 +190,7 @@ class PartitionWorker:
         # The GET a ring started at once (read_ahead): (the segment it reads, the request). The
         # ring's look takes its answer instead of asking again (discover, _get_segment).
         self._read_ahead: tuple[int, asyncio.Task[Blob | None]] | None = None
+        self._discovering = False  # a cycle is reading segments (discover) right now
         # a committed settlement may have made a window message claimable (an ordered key's next
         # message, a release): claim again at the next tick, without a discovery GET
         self.recheck = False
@@ -299,8 +300,9 @@ class PartitionWorker:
         not the claim). The ring's look (``discover``) then takes this request's answer instead
         of sending its own: the same one GET a ring costs, only sooner, and what the store
         returns decides as on any read. A read-ahead nobody takes (the segment was read
-        meanwhile) is dropped."""
-        if self._read_ahead is not None or not self.loaded:
+        meanwhile) is dropped; none starts while a cycle is reading this partition's segments
+        (its GET of the same segment may be on the way: the ring's look follows it)."""
+        if self._read_ahead is not None or self._discovering or not self.loaded:
             return
         seq = self._next_seq()
         key = self.keys.segment(self.topic, self.partition, seq)
@@ -332,6 +334,13 @@ class PartitionWorker:
         ``expire`` op that moves past them, counted (never a silent stall). The fence is read on
         a 404 at most once per half trust window.
         """
+        self._discovering = True
+        try:
+            return await self._discover(until)
+        finally:
+            self._discovering = False
+
+    async def _discover(self, until: int | None) -> int:
         found = 0
         nxt = self._next_seq()
         while found < MAX_DISCOVER_PER_CYCLE and (until is None or nxt <= until):
