@@ -24,6 +24,7 @@ from bucketq.core import cadence
 from bucketq.core.cadence import PING_LOOK_GAP_S, rung_poll_s
 from bucketq.core.pings import RING_VERSION, ring_payload
 from bucketq.core.producer import partition_for_key
+from bucketq.errors import StorageError
 from bucketq.storage import Blob, ObjectInfo
 from bucketq.storage.memory import MemoryStore
 from tests.support.virtual import run_virtual
@@ -108,6 +109,21 @@ class SlowStore:
             yield info
 
 
+class FailingFirstGet(SlowStore):
+    """The first GET of every segment fails (a 500 the client gave up on): the ring's read."""
+
+    def __init__(self, inner: MemoryStore, request_s: float) -> None:
+        super().__init__(inner, request_s)
+        self.failed: set[str] = set()
+
+    async def get(self, key: str) -> Blob | None:
+        if "/seg/" in key and key not in self.failed and await self.inner.get(key) is not None:
+            self.failed.add(key)
+            await asyncio.sleep(self.request_s)
+            raise StorageError(f"GET {key}: HTTP 500 InternalError")
+        return await super().get(key)
+
+
 def settings(consumer: dict[str, float] | None = None, profile: str = "balanced") -> Settings:
     return Settings.from_dict(
         {"backend": "memory", "strategy": "conditional_write", "profile": profile, "consumer": consumer or {}}
@@ -134,13 +150,19 @@ async def one_at_a_time(
     gaps: Sequence[float] = (),
     request_s: float = 0.0,
     profile: str = "balanced",
+    fail_first_segment_get: bool = False,
 ) -> Run:
     """Publish ``messages`` one at a time, each ``gap`` after the last arrived (or the next of
     ``gaps``, in turn; each publish awaited: a closed loop, no linger) while a member listens;
     ``forge`` forged rings for the next, unwritten segment of partition 0 are sent to the member
     per publish. Every store request takes ``request_s``."""
     hub = Loopback(mode)
-    store = MeteredStore(SlowStore(MemoryStore(), request_s))
+    slow = (
+        FailingFirstGet(MemoryStore(), request_s)
+        if fail_first_segment_get
+        else SlowStore(MemoryStore(), request_s)
+    )
+    store = MeteredStore(slow)
     producer_bq = Bucketq(settings(profile=profile), store=store, ping_network=hub.endpoint())
     member_bq = Bucketq(settings(consumer_settings, profile), store=store, ping_network=hub.endpoint())
     await producer_bq.open()
@@ -288,6 +310,25 @@ def test_a_ringing_message_reaches_its_handler_after_three_requests(
     floor = 3 * REQUEST_S + 0.001
     late = [round(t * 1000, 1) for t in run.latencies[1:] if t > floor + 0.0005]
     assert not late, f"latencies over the {floor * 1000:g} ms floor (ms): {late}"
+
+
+def test_a_failed_read_ahead_fails_the_look_it_serves_and_loses_nothing() -> None:
+    """Every segment's first GET (the one a ring starts at once) fails: the ring's look fails as
+    its own GET would have, the member's loop retries after its rest, and every message is still
+    delivered once and in order, within the retry and the rung poll."""
+    run = run_virtual(
+        lambda: one_at_a_time(
+            "deliver",
+            messages=10,
+            gaps=(0.01, 0.093),
+            request_s=REQUEST_S,
+            profile="latency",
+            fail_first_segment_get=True,
+        )
+    )
+    assert_each_once_in_order(run, 10)
+    rung_poll = rung_poll_s(ConsumerSettings(**PROFILES["latency"]["consumer"]))
+    assert max(run.latencies[1:]) <= rung_poll + 0.1
 
 
 def keys_for(partition: int, partitions: int, count: int) -> list[str]:
