@@ -732,6 +732,36 @@ def no_publish_into_deleted_topic(ix: Index) -> list[Violation]:
     return out
 
 
+def one_position_per_message(ix: Index) -> list[Violation]:
+    """A message one publish call stored lives at one position: its acknowledged (partition, seq,
+    index) and every delivery of it name the same one. Two positions mean the call stored it twice
+    (r12: a producer held up after its segment landed took that segment, read and fenced meanwhile,
+    for an orphan and wrote it again). Tags published by several calls (idempotent retries) are
+    ``dedup_stored_once``'s, job messages ``job_one_copy``'s."""
+    calls: dict[tuple[str, str], list[tuple[Event, Event | None]]] = defaultdict(list)
+    for call, ret in ix.publishes():
+        calls[(call["topic"], call["tag"])].append((call, ret))
+    jobs = ix.job_of()
+    single = {key: pairs[0] for key, pairs in calls.items() if len(pairs) == 1 and key not in jobs}
+    where: dict[tuple[str, str], dict[tuple[int, int, int], Event]] = defaultdict(dict)
+    for key, (_, ret) in single.items():
+        if ret is not None and ret["outcome"] == "ok":
+            where[key].setdefault((int(ret["partition"]), int(ret["seq"]), int(ret["index"])), ret)
+    for d in ix.deliveries:
+        key = (d["topic"], d["tag"])
+        if key in single:
+            where[key].setdefault((int(d["partition"]), int(d["seq"]), int(d["idx"])), d)
+    return [
+        Violation(
+            "one_position_per_message",
+            f"message {tag} on {topic} is at {len(positions)} positions: {sorted(positions)}",
+            list(positions.values())[:6],
+        )
+        for (topic, tag), positions in where.items()
+        if len(positions) > 1
+    ]
+
+
 def no_phantom_delivery(ix: Index) -> list[Violation]:
     """Only published messages are delivered: every delivered tag was published to that topic (or
     is a message of a job run on that topic)."""
@@ -1132,6 +1162,7 @@ INVARIANTS: dict[str, Callable[[Index], list[Violation]]] = {
     "dedup_stored_once": dedup_stored_once,
     "no_publish_into_deleted_topic": no_publish_into_deleted_topic,
     "no_phantom_delivery": no_phantom_delivery,
+    "one_position_per_message": one_position_per_message,
     "job_all_or_nothing": job_all_or_nothing,
     "job_one_copy": job_one_copy,
     "job_committed_delivered": job_committed_delivered,

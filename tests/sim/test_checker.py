@@ -430,6 +430,30 @@ def test_a_delivery_of_something_never_published_is_a_violation() -> None:
     assert names(h) == ["no_phantom_delivery"]
 
 
+# -- one_position_per_message ---------------------------------------------------------------------
+
+
+def test_one_publish_stored_at_two_positions_is_a_violation() -> None:
+    """r12: the call acknowledged seg 3, its message had been delivered from seg 2 as well."""
+    h = H().topic().join()
+    h.at(1).deliver("twice", 2)
+    h.at(2).publish("twice", 3)
+    assert names(h) == ["one_position_per_message"]
+
+
+def test_a_publish_delivered_where_it_was_acknowledged_and_retried_tags_are_no_violation() -> None:
+    h = H().topic().join()
+    h.at(1).publish("once", 0)
+    h.at(2).deliver("once", 0, lease_s=1.0)
+    h.at(10).deliver("once", 0)  # redelivered at the same position after the lease ended
+    # an idempotent publish retried by the app: two calls, one tag (dedup_stored_once judges it)
+    h.at(11).publish("retried", 1, dedup="d1")
+    h.at(12).publish("retried", 1, dedup="d1", duplicate=True)
+    assert "one_position_per_message" not in names(h)
+    h.at(13).deliver("once", 5)
+    assert "one_position_per_message" in names(h), "the check is live in this history"
+
+
 # -- job commits -----------------------------------------------------------------------------------
 
 
