@@ -667,8 +667,9 @@ def dedup_stored_once(ix: Index) -> list[Violation]:
     """An idempotent publish (same dedup_id) is stored once.
 
     All evidence of where a dedup id's message lives (acknowledged publishes, including those
-    answered as duplicates, deliveries, and the segments found in the bucket at the end) names
-    a single position. Topics deleted during the history are skipped (deletion drops markers).
+    answered as duplicates, deliveries, and the segments found in the bucket at the end at or
+    above their floor fence) names a single position. Topics deleted during the history are
+    skipped (deletion drops markers).
 
     A dead-letter copy keeps its record's dedup id, and each group dead-letters on its own (the
     engine guards each copy with the id ``dlq/{topic}/{group}/{partition}/{position}``): two
@@ -693,8 +694,8 @@ def dedup_stored_once(ix: Index) -> list[Violation]:
         if k is not None and k[0] == d["topic"]:
             positions[k].setdefault((d["partition"], d["seq"], d["idx"]), d)
     for e in ix.events:
-        if e["ev"] != "stored" or deleted(e["topic"]):
-            continue
+        if e["ev"] != "stored" or deleted(e["topic"]) or e.get("orphan"):
+            continue  # an orphan below the floor fence is read by nobody and collected (I1)
         groups = e.get("dlq_for") or [None] * len(e["dedups"])
         for idx, (dedup, group) in enumerate(zip(e["dedups"], groups, strict=False)):
             if dedup is not None:  # includes the engine's own (dead-letter copies, per group)

@@ -411,6 +411,15 @@ def test_an_idempotent_publish_stored_twice_is_a_violation() -> None:
     assert names(h) == ["dedup_stored_once"]
 
 
+def test_an_orphan_below_the_floor_fence_is_stored_nowhere() -> None:
+    """A put into a freed number that its writer then wrote again at the tail (I1): nobody reads
+    the orphan and GC collects it; it is no second copy."""
+    h = H().topic().join().at(1).publish("a", 5, dedup="d")
+    h.at(3).deliver("a", 5)
+    h.at(9).add("stored", topic="t", partition=0, seq=0, tags=["a"], dedups=["d"], keys=[None], orphan=True)
+    assert names(h) == []
+
+
 # -- no_publish_into_deleted_topic / no_phantom_delivery ------------------------------------------------
 
 
