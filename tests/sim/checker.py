@@ -667,8 +667,9 @@ def dedup_stored_once(ix: Index) -> list[Violation]:
     """An idempotent publish (same dedup_id) is stored once.
 
     All evidence of where a dedup id's message lives (acknowledged publishes, including those
-    answered as duplicates, deliveries, and the segments found in the bucket at the end) names
-    a single position. Topics deleted during the history are skipped (deletion drops markers).
+    answered as duplicates, deliveries, and the segments found in the bucket at the end at or
+    above their floor fence) names a single position. Topics deleted during the history are
+    skipped (deletion drops markers).
 
     A dead-letter copy keeps its record's dedup id, and each group dead-letters on its own (the
     engine guards each copy with the id ``dlq/{topic}/{group}/{partition}/{position}``): two
@@ -693,8 +694,8 @@ def dedup_stored_once(ix: Index) -> list[Violation]:
         if k is not None and k[0] == d["topic"]:
             positions[k].setdefault((d["partition"], d["seq"], d["idx"]), d)
     for e in ix.events:
-        if e["ev"] != "stored" or deleted(e["topic"]):
-            continue
+        if e["ev"] != "stored" or deleted(e["topic"]) or e.get("orphan"):
+            continue  # an orphan below the floor fence is read by nobody and collected (I1)
         groups = e.get("dlq_for") or [None] * len(e["dedups"])
         for idx, (dedup, group) in enumerate(zip(e["dedups"], groups, strict=False)):
             if dedup is not None:  # includes the engine's own (dead-letter copies, per group)
@@ -730,6 +731,36 @@ def no_publish_into_deleted_topic(ix: Index) -> list[Violation]:
                 )
             )
     return out
+
+
+def one_position_per_message(ix: Index) -> list[Violation]:
+    """A message one publish call stored lives at one position: its acknowledged (partition, seq,
+    index) and every delivery of it name the same one. Two positions mean the call stored it twice
+    (r12: a producer held up after its segment landed took that segment, read and fenced meanwhile,
+    for an orphan and wrote it again). Tags published by several calls (idempotent retries) are
+    ``dedup_stored_once``'s, job messages ``job_one_copy``'s."""
+    calls: dict[tuple[str, str], list[tuple[Event, Event | None]]] = defaultdict(list)
+    for call, ret in ix.publishes():
+        calls[(call["topic"], call["tag"])].append((call, ret))
+    jobs = ix.job_of()
+    single = {key: pairs[0] for key, pairs in calls.items() if len(pairs) == 1 and key not in jobs}
+    where: dict[tuple[str, str], dict[tuple[int, int, int], Event]] = defaultdict(dict)
+    for key, (_, ret) in single.items():
+        if ret is not None and ret["outcome"] == "ok":
+            where[key].setdefault((int(ret["partition"]), int(ret["seq"]), int(ret["index"])), ret)
+    for d in ix.deliveries:
+        key = (d["topic"], d["tag"])
+        if key in single:
+            where[key].setdefault((int(d["partition"]), int(d["seq"]), int(d["idx"])), d)
+    return [
+        Violation(
+            "one_position_per_message",
+            f"message {tag} on {topic} is at {len(positions)} positions: {sorted(positions)}",
+            list(positions.values())[:6],
+        )
+        for (topic, tag), positions in where.items()
+        if len(positions) > 1
+    ]
 
 
 def no_phantom_delivery(ix: Index) -> list[Violation]:
@@ -1132,6 +1163,7 @@ INVARIANTS: dict[str, Callable[[Index], list[Violation]]] = {
     "dedup_stored_once": dedup_stored_once,
     "no_publish_into_deleted_topic": no_publish_into_deleted_topic,
     "no_phantom_delivery": no_phantom_delivery,
+    "one_position_per_message": one_position_per_message,
     "job_all_or_nothing": job_all_or_nothing,
     "job_one_copy": job_one_copy,
     "job_committed_delivered": job_committed_delivered,

@@ -61,6 +61,7 @@ class FaultRates:
     max_pauses: int = 2  # per process incarnation
     max_crashes: int = 1  # per process incarnation
     only: list[str] = field(default_factory=list)  # key globs where faults apply (empty: everywhere)
+    only_procs: list[str] = field(default_factory=list)  # process-name globs hit (empty: every process)
 
     def to_json(self) -> dict[str, Any]:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
@@ -127,6 +128,9 @@ class SimStore(CallingStore):
         self._rng = random.Random(f"faults/{seed}")
         self._outage_until: dict[SimProcess, float] = {}
         self._only = re.compile("|".join(fnmatch.translate(g) for g in rates.only)) if rates.only else None
+        self._only_procs = (
+            re.compile("|".join(fnmatch.translate(g) for g in rates.only_procs)) if rates.only_procs else None
+        )
 
     # -- decisions -------------------------------------------------------------------------------
 
@@ -137,6 +141,8 @@ class SimStore(CallingStore):
         r = self.rates
         rng = self._rng
         if not self._matches(key):
+            return None
+        if self._only_procs is not None and self._only_procs.match(proc.name) is None:
             return None
         roll = rng.random()
         for kind, p in (

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bucketq.core.cursor_log import CursorLog
+from bucketq.core.fences import read_fence
 from bucketq.core.keys import Keys
 from bucketq.core.models import TopicConfig
 from bucketq.core.refsegment import load_segment
@@ -293,6 +294,7 @@ async def _final(sim: Sim, members: list[MemberRole]) -> None:
         )
     for key in sim.foreign_keys:  # what the vandal dropped that bucketq never writes (I8)
         history.record("foreign", key=key, kept=await memory.head(key) is not None)
+    floors: dict[tuple[str, int], int] = {}
     for key in stored:
         m = _SEGMENT.match(key)
         if m is None:
@@ -300,6 +302,13 @@ async def _final(sim: Sim, members: list[MemberRole]) -> None:
         blob = await memory.get(key)
         if blob is None:
             continue
+        where = (m["topic"], int(m["p"]))
+        if where not in floors:
+            fence, _ = await read_fence(storage, keys.segment_floor(*where))
+            floors[where] = fence.floor if fence is not None else 0
+        # below the floor fence: an orphan (a put into a freed number, I1) no reader reads and GC
+        # deletes; the checkers count it as stored nowhere (as the chaos checker does)
+        below = {"orphan": True} if int(m["seq"]) < floors[where] else {}
         try:
             seg = await load_segment(storage, keys, blob.data)  # a job's chunks, too
         except Exception as exc:
@@ -311,6 +320,7 @@ async def _final(sim: Sim, members: list[MemberRole]) -> None:
                 tags=[],
                 dedups=[],
                 error=str(exc)[:200],
+                **below,
             )
             continue
         fields: dict[str, Any] = {}
@@ -327,6 +337,7 @@ async def _final(sim: Sim, members: list[MemberRole]) -> None:
             dedups=[r.dedup_id for r in seg.records],
             keys=[r.key for r in seg.records],
             **fields,
+            **below,
         )
 
 

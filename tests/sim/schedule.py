@@ -44,6 +44,11 @@ SEEK_SHARE = 0.06
 # members running across a topic's deletion and re-creation (r9), clocks off by more than every
 # margin (r10), members killed holding leases while others join (the lease liveness of I16).
 ROUND2_FAMILIES: dict[str, float] = {"topic_recreate": 0.05, "clocks": 0.06, "crash_lease": 0.04}
+# r12, found by the chaos test: a producer stopped between its segment landing and its look at the
+# fence, long enough (past the writers' trust window, sometimes past GC's segment grace) for
+# members to read the segment and GC to fence (or free) it. Drawn from its own generator among the
+# seeds that are none of the above (every other seed keeps its family and schedule).
+ROUND3_FAMILIES: dict[str, float] = {"held_writer": 0.05}
 # Foreign and malformed objects dropped into every prefix (r11): a vandal in this share of every
 # family's seeds, drawn from its own generator (added last: the rest of the schedule is unchanged).
 FOREIGN_SHARE = 0.2
@@ -204,6 +209,13 @@ def make_schedule(seed: int, family: str | None = None) -> Schedule:
                     family = name
                     break
                 roll -= share
+            else:
+                roll = random.Random(f"round3/{seed}").random()
+                for name, share in ROUND3_FAMILIES.items():
+                    if roll < share:
+                        family = name
+                        break
+                    roll -= share
     build = _FAMILIES[family]
     schedule = build(rng, seed)
     schedule.foreign = random.Random(f"foreign/{seed}").random() < FOREIGN_SHARE
@@ -963,6 +975,53 @@ def _clocks(rng: random.Random, seed: int) -> Schedule:
     return s
 
 
+def _held_writer(rng: random.Random, seed: int) -> Schedule:
+    """r12: producers stopped after a segment PUT applied (its answer not yet received) for longer
+    than the writers' trust window, some longer than GC's segment grace, while members read and ack
+    at once and GC raises (and frees below) the floor: a writer must not take its own segment,
+    read meanwhile, for an orphan (checker ``one_position_per_message``), nor lose a true orphan."""
+    s = _base(rng, seed, "held_writer", chaos_s=rng.uniform(60.0, 180.0), level=0.0)
+    s.topics.append(
+        TopicPlan("t0", partitions=rng.choice([1, 2]), retention_s=rng.choice([0.001, 1.0, 30.0]))
+    )
+    group = GroupPlan("g0", "t0", "earliest")
+    s.groups.append(group)
+    s.members += _members(
+        rng,
+        group,
+        rng.randint(1, 2),
+        s.chaos_s,
+        churn=0.0,
+        ack=0.97,
+        nack=0.0,
+        slow=0.0,
+        drop=0.0,
+        dead=0.0,
+        extend=0.03,
+        work=(0.0, 0.05),
+    )
+    s.producers += _producers(
+        rng, "t0", rng.randint(1, 3), s.chaos_s, messages=rng.randint(15, 40), keyed=0.0, gap=(0.1, 3.0)
+    )
+    s.gc = GcPlan(start=rng.uniform(1.0, 5.0), interval=(0.5, rng.choice([2.0, 5.0])))
+    # a publish outlives its pause: a shorter publish timeout ends it unacknowledged before the
+    # writer looks at the fence again (the production default, 60 s, is below the 120 s trust)
+    s.producer["publish_timeout_s"] = 900.0
+    # producers paused around their segment requests only (members and GC keep reading and
+    # fencing); the writers' trust window is 120 s and GC's segment grace 300 s: pauses on both
+    # sides of each
+    s.faults = _faults(
+        rng,
+        0.0,
+        pause=rng.choice([0.05, 0.15]),
+        pause_s=[(130.0, 290.0), (310.0, 600.0)],
+        max_pauses=2,
+        only=["*/seg/*"],
+        only_procs=["prod*"],
+    )
+    return s
+
+
 def _crash_lease(rng: random.Random, seed: int) -> Schedule:
     """I16: members killed holding leases (a burst claimed, then the topic turns idle), other
     members running or joining after, the consumer settings of one profile (its idle cadence up to
@@ -1038,4 +1097,5 @@ _FAMILIES = {
     "topic_recreate": _topic_recreate,
     "clocks": _clocks,
     "crash_lease": _crash_lease,
+    "held_writer": _held_writer,
 }

@@ -411,6 +411,15 @@ def test_an_idempotent_publish_stored_twice_is_a_violation() -> None:
     assert names(h) == ["dedup_stored_once"]
 
 
+def test_an_orphan_below_the_floor_fence_is_stored_nowhere() -> None:
+    """A put into a freed number that its writer then wrote again at the tail (I1): nobody reads
+    the orphan and GC collects it; it is no second copy."""
+    h = H().topic().join().at(1).publish("a", 5, dedup="d")
+    h.at(3).deliver("a", 5)
+    h.at(9).add("stored", topic="t", partition=0, seq=0, tags=["a"], dedups=["d"], keys=[None], orphan=True)
+    assert names(h) == []
+
+
 # -- no_publish_into_deleted_topic / no_phantom_delivery ------------------------------------------------
 
 
@@ -428,6 +437,30 @@ def test_a_delivery_of_something_never_published_is_a_violation() -> None:
     h = H().topic().join()
     h.at(2).deliver("nobody-sent-this", 0)
     assert names(h) == ["no_phantom_delivery"]
+
+
+# -- one_position_per_message ---------------------------------------------------------------------
+
+
+def test_one_publish_stored_at_two_positions_is_a_violation() -> None:
+    """r12: the call acknowledged seg 3, its message had been delivered from seg 2 as well."""
+    h = H().topic().join()
+    h.at(1).deliver("twice", 2)
+    h.at(2).publish("twice", 3)
+    assert names(h) == ["one_position_per_message"]
+
+
+def test_a_publish_delivered_where_it_was_acknowledged_and_retried_tags_are_no_violation() -> None:
+    h = H().topic().join()
+    h.at(1).publish("once", 0)
+    h.at(2).deliver("once", 0, lease_s=1.0)
+    h.at(10).deliver("once", 0)  # redelivered at the same position after the lease ended
+    # an idempotent publish retried by the app: two calls, one tag (dedup_stored_once judges it)
+    h.at(11).publish("retried", 1, dedup="d1")
+    h.at(12).publish("retried", 1, dedup="d1", duplicate=True)
+    assert "one_position_per_message" not in names(h)
+    h.at(13).deliver("once", 5)
+    assert "one_position_per_message" in names(h), "the check is live in this history"
 
 
 # -- job commits -----------------------------------------------------------------------------------

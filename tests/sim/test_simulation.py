@@ -25,7 +25,7 @@ from .__main__ import rerun_command
 from .history import digest
 from .pings import PingFaults
 from .runner import run_many, run_schedule
-from .schedule import FAMILIES, JOB_FAMILIES, ROUND2_FAMILIES, make_schedule
+from .schedule import FAMILIES, JOB_FAMILIES, ROUND2_FAMILIES, ROUND3_FAMILIES, make_schedule
 
 ROOT = Path(__file__).resolve().parents[2]
 SEEDS = int(os.environ.get("BUCKETQ_SIM_SEEDS", "500"))
@@ -128,6 +128,7 @@ FOUND_FLAWS = {
     1974: "a partition cycle outlived close() holding an ack, never answered",
     21438: "a nack that landed before a 30-minute pause, answered 'lease lost' and written again (I1)",
     6844: "a peer back from a pause counted as an older release: a partition nobody owned, never claimed",
+    3: "a producer held up after its segment landed wrote it again once it was read and fenced (I1, r12)",
 }
 
 
@@ -139,7 +140,7 @@ def test_seeds_that_found_flaws_still_hold() -> None:
 
 def test_every_family_is_drawn_from_seeds() -> None:
     drawn = {make_schedule(seed).family for seed in range(600)}
-    assert drawn == set(FAMILIES) | set(JOB_FAMILIES) | set(ROUND2_FAMILIES) | {"seek"}
+    assert drawn == set(FAMILIES) | set(JOB_FAMILIES) | set(ROUND2_FAMILIES) | set(ROUND3_FAMILIES) | {"seek"}
 
 
 def _ping_faults(monkeypatch: pytest.MonkeyPatch, **faults: float) -> None:
