@@ -317,6 +317,7 @@ class Consumer:
         # a settlement still waiting was never committed: its caller learns so (never left hanging)
         for sub in self._subs.values():
             for worker in sub.workers.values():
+                worker.drop_read_ahead()
                 for intent in worker.intents:
                     if not intent.future.done():
                         intent.future.set_exception(
@@ -506,6 +507,11 @@ class Consumer:
             return
         worker = sub.workers.get(partition)
         if worker is not None and worker.ring(seq):
+            # the ring's read starts now if its look may happen now (the same gates as the
+            # tick's ring looks: a flood of forged rings costs no more), whatever the loop is
+            # doing (PartitionWorker.read_ahead)
+            if self.demand() > 0 and time.monotonic() >= max(sub.ring_gate, worker.ring_look_after):
+                worker.read_ahead()
             self._wake.set()
 
     async def _housekeeping(self) -> None:

@@ -23,7 +23,7 @@ from bucketq.core.segment import Record, Segment
 from bucketq.core.subscriptions import start_cursor
 from bucketq.core.topics import TopicFence
 from bucketq.core.txn import txn_visibility
-from bucketq.storage import Storage
+from bucketq.storage import Blob, Storage
 
 log = logging.getLogger("bucketq.consumer")
 
@@ -187,6 +187,10 @@ class PartitionWorker:
         self.ring_seq = -1
         self.rung_at = float("-inf")
         self.ring_look_after = 0.0  # monotonic: rings are answered together until then
+        # The GET a ring started at once (read_ahead): (the segment it reads, the request). The
+        # ring's look takes its answer instead of asking again (discover, _get_segment).
+        self._read_ahead: tuple[int, asyncio.Task[Blob | None]] | None = None
+        self._discovering = False  # a cycle is reading segments (discover) right now
         # a committed settlement may have made a window message claimable (an ordered key's next
         # message, a release): claim again at the next tick, without a discovery GET
         self.recheck = False
@@ -288,6 +292,39 @@ class PartitionWorker:
         self.ring_seq = max(self.ring_seq, seq)
         return True
 
+    def read_ahead(self) -> None:
+        """A ring this member may answer now was accepted: start the GET of the next segment at
+        once, not when the loop's next tick reads it. The tick in progress may be writing this
+        partition's settlements (an ack whose linger ran out) or polling other partitions; the
+        ring's read would wait for all of that, and then the claim for the read (the ack waits,
+        not the claim). The ring's look (``discover``) then takes this request's answer instead
+        of sending its own: the same one GET a ring costs, only sooner, and what the store
+        returns decides as on any read. A read-ahead nobody takes (the segment was read
+        meanwhile) is dropped; none starts while a cycle is reading this partition's segments
+        (its GET of the same segment may be on the way: the ring's look follows it)."""
+        if self._read_ahead is not None or self._discovering or not self.loaded:
+            return
+        seq = self._next_seq()
+        key = self.keys.segment(self.topic, self.partition, seq)
+        request = asyncio.get_running_loop().create_task(self.storage.get(key))
+        request.add_done_callback(_retrieve)
+        self._read_ahead = (seq, request)
+
+    def drop_read_ahead(self) -> None:
+        """The member is closing: a read nobody will take is cancelled."""
+        ahead, self._read_ahead = self._read_ahead, None
+        if ahead is not None:
+            ahead[1].cancel()
+
+    async def _get_segment(self, seq: int) -> Blob | None:
+        """Segment ``seq``: the answer of a read-ahead of it, else a GET of its own."""
+        ahead, self._read_ahead = self._read_ahead, None
+        if ahead is not None and ahead[0] == seq:
+            await asyncio.wait([ahead[1]])  # (never raises: the result or error is read below)
+            if not ahead[1].cancelled():
+                return ahead[1].result()
+        return await self.storage.get(self.keys.segment(self.topic, self.partition, seq))
+
     async def discover(self, until: int | None = None) -> int:
         """GET the segments after the frontier until a 404 (bounded per cycle); with ``until``
         (a ring named it), at most up to that segment: no look past it for a 404.
@@ -297,10 +334,17 @@ class PartitionWorker:
         ``expire`` op that moves past them, counted (never a silent stall). The fence is read on
         a 404 at most once per half trust window.
         """
+        self._discovering = True
+        try:
+            return await self._discover(until)
+        finally:
+            self._discovering = False
+
+    async def _discover(self, until: int | None) -> int:
         found = 0
         nxt = self._next_seq()
         while found < MAX_DISCOVER_PER_CYCLE and (until is None or nxt <= until):
-            blob = await self.storage.get(self.keys.segment(self.topic, self.partition, nxt))
+            blob = await self._get_segment(nxt)
             if blob is None:
                 fence = await self.floor_fence.fresh()
                 if nxt < fence.floor and not self._discovered:
@@ -415,9 +459,11 @@ class PartitionWorker:
             self.log_read = now
             self._absorb_discovered()
         polled = foreign or self.discovery_due(now)
-        # the doorbell: a ring named a segment not read yet, and the tail poll is not due: read
-        # up to that segment (no look past it); what the store returns decides
-        ring_to = self.ring_seq if ring and not polled else None
+        # the doorbell: a ring named a segment not read yet: read up to that segment and no
+        # further, also when the tail poll is due (the poll's look past it, a 404 that would stand
+        # between the segment and its claim, waits for the poll's next turn: the slow rung poll
+        # once the segment is found); what the store returns decides
+        ring_to = self.ring_seq if ring and not foreign else None
         if ring:
             self.ring_seq = -1  # answered by this look, whatever it finds
             self.ring_look_after = now + cadence.ring_look_gap(self.settings)
@@ -447,9 +493,9 @@ class PartitionWorker:
                     rung=cadence.rung_lately(self.rung_at, now),
                 )
                 self.next_discovery = now + wait
-            elif ring_to is None:
+            elif ring_to is None or polled:
                 # (a ring that named nothing, forged or of another incarnation, leaves the poll's
-                # cadence as it was)
+                # cadence as it was, unless the poll was due: the look was the poll's)
                 self.tail_reached = True
                 # the whole topic idle: only the fallback (the wake object wakes it); otherwise
                 # quiet partitions are polled more slowly (the cost of an idle queue)
@@ -735,6 +781,12 @@ class PartitionWorker:
     def busy(self) -> bool:
         """A cycle (and its commit) is in progress."""
         return self._lock.locked()
+
+
+def _retrieve(task: asyncio.Task[Blob | None]) -> None:
+    """A read-ahead's error is raised where its answer is taken; one nobody takes is dropped."""
+    if not task.cancelled():
+        task.exception()
 
 
 def _preview(state: CursorState, op: Op) -> CursorState:
