@@ -26,8 +26,16 @@ from hypothesis import Phase, settings
 
 from tests.support import tools
 from tests.support.servers import file_storage, memory_storage, moto_server, s3_backend, seaweedfs_server
+from tests.support.topic_deletion import quick_topic_deletion
 
-__all__ = ["file_storage", "memory_storage", "moto_server", "s3_backend", "seaweedfs_server"]
+__all__ = [
+    "file_storage",
+    "memory_storage",
+    "moto_server",
+    "quick_topic_deletion",
+    "s3_backend",
+    "seaweedfs_server",
+]
 
 # deadline=None everywhere: a shared 2-core machine makes single examples slow at random, and a
 # property test about protocol rules must not fail on timing

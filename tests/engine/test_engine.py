@@ -287,7 +287,8 @@ async def test_registry_ids_are_stable(backend: Backend) -> None:
     assert reg is not None and reg.last_seen >= reg.created_at
 
 
-@pytest.mark.slow
+# no writer runs across the deletion: its 7 s wait would prove nothing here
+@pytest.mark.usefixtures("quick_topic_deletion")
 async def test_topics_create_list_describe_delete(backend: Backend) -> None:
     bq = await backend.connect()
     first = await bq.create_topic("alpha", partitions=2)
