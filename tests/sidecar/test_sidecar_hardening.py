@@ -226,6 +226,7 @@ def _trickle(port: int, lines: list[bytes], every: float, give_up: float) -> flo
     raise AssertionError(f"the server kept a trickling connection open for {give_up:g}s")
 
 
+@pytest.mark.slow  # 8-14 s: started early, so it never runs alone at the end
 async def test_slow_headers_bodies_and_idle_connections_are_closed(
     tmp_path: Path, sidecars: SidecarFactory
 ) -> None:
@@ -251,6 +252,7 @@ async def test_slow_headers_bodies_and_idle_connections_are_closed(
 # -- 8. /readyz reveals nothing, 13. every request's deadline covers its S3 calls ------------------
 
 
+@pytest.mark.slow  # 8-14 s: started early, so it never runs alone at the end
 async def test_outage_answers_503_within_the_publish_timeout_and_readyz_tells_no_details(
     moto_server: S3Server, sidecars: SidecarFactory
 ) -> None:
