@@ -26,8 +26,16 @@ from hypothesis import Phase, settings
 
 from tests.support import tools
 from tests.support.servers import file_storage, memory_storage, moto_server, s3_backend, seaweedfs_server
+from tests.support.topic_deletion import quick_topic_deletion
 
-__all__ = ["file_storage", "memory_storage", "moto_server", "s3_backend", "seaweedfs_server"]
+__all__ = [
+    "file_storage",
+    "memory_storage",
+    "moto_server",
+    "quick_topic_deletion",
+    "s3_backend",
+    "seaweedfs_server",
+]
 
 # deadline=None everywhere: a shared 2-core machine makes single examples slow at random, and a
 # property test about protocol rules must not fail on timing
@@ -65,7 +73,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     On xdist workers, the tests marked ``slow`` come first (otherwise in collection order): xdist's
     ``load`` scheduling deals tests in this order, so a minute-long test never starts near the end
     and finishes alone on one worker while the other idles. Every worker sorts the same way, as
-    xdist requires."""
+    xdist requires. This needs ``--maxschedchunk=1`` (``make test``): with xdist's default first
+    chunks (a quarter of each worker's share, consecutive), all the slow tests go to one worker."""
     for item in items:
         if (
             S3_SERVER_FIXTURES & set(getattr(item, "fixturenames", ()))

@@ -89,7 +89,8 @@ def test_module_entry_point_runs() -> None:
 # -- topics ------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
+# no writer runs across the deletion: its 7 s wait would prove nothing here
+@pytest.mark.usefixtures("quick_topic_deletion")
 def test_topic_create_list_describe_delete(cli: FileCli) -> None:
     created = ok(
         cli(
@@ -131,7 +132,8 @@ def test_topic_create_list_describe_delete(cli: FileCli) -> None:
     assert_error(cli("topic", "describe", "orders"), EXIT_USAGE, "unknown topic 'orders'")
 
 
-@pytest.mark.slow
+# no writer runs across the deletion: its 7 s wait would prove nothing here
+@pytest.mark.usefixtures("quick_topic_deletion")
 def test_topic_delete_no_purge_keeps_messages(cli: FileCli, tmp_path: Path) -> None:
     ok(cli("topic", "create", "keep"))
     ok(cli("publish", "keep", "1"))
@@ -395,6 +397,8 @@ def moto_flags(server: S3Server, bucket: str) -> list[str]:
 
 
 @pytest.mark.s3
+# no writer runs across the deletion: its 7 s wait would prove nothing here
+@pytest.mark.usefixtures("quick_topic_deletion")
 def test_cli_against_moto(moto_server: S3Server) -> None:
     flags = moto_flags(moto_server, moto_server.new_bucket())
     ok(invoke(*flags, "topic", "create", "events", "--partitions", "2"))

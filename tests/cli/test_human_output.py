@@ -102,6 +102,8 @@ def check_table(text: str, mode: str, headers: list[str]) -> None:
 
 
 @pytest.mark.slow
+# no writer runs across the deletion: its 7 s wait would prove nothing here
+@pytest.mark.usefixtures("quick_topic_deletion")
 @pytest.mark.parametrize("mode", ["plain", "tty"])
 def test_every_command_prints_for_people(mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(output, "CONSOLE_OPTIONS", CONSOLES[mode])

@@ -14,7 +14,8 @@ from bucketq.bench.metered import MeteredStore
 from bucketq.core.keys import Keys
 from bucketq.errors import BucketqError, InvalidMessage, InvalidName
 from bucketq.storage.strategies import build_store
-from tests.support.engine_helpers import Backend, drain, poll_one
+from tests.support.engine_helpers import Backend, drain, memory_backend, poll_one
+from tests.support.virtual_tests import on_virtual_clock
 
 
 async def test_publish_consume_ack_and_stats(backend: Backend) -> None:
@@ -287,7 +288,8 @@ async def test_registry_ids_are_stable(backend: Backend) -> None:
     assert reg is not None and reg.last_seen >= reg.created_at
 
 
-@pytest.mark.slow
+# no writer runs across the deletion: its 7 s wait would prove nothing here
+@pytest.mark.usefixtures("quick_topic_deletion")
 async def test_topics_create_list_describe_delete(backend: Backend) -> None:
     bq = await backend.connect()
     first = await bq.create_topic("alpha", partitions=2)
@@ -373,7 +375,22 @@ async def test_segments_are_json_lines_as_specified(backend: Backend) -> None:
 
 
 @pytest.mark.slow
-async def test_listen_auto_extends_acks_on_return_and_nacks_on_error(backend: Backend) -> None:
+async def test_listen_auto_extends_acks_on_return_and_nacks_on_error(stored_backend: Backend) -> None:
+    await _listen_auto_extends_acks_and_nacks(stored_backend)
+
+
+@on_virtual_clock
+async def test_listen_auto_extends_acks_on_return_and_nacks_on_error_on_virtual_clock() -> None:
+    """The in-memory case, on the virtual clock: the handler's 5 s and the lease timers take no
+    real time (the stored backends above run the same on the real clock)."""
+    backend = memory_backend()
+    try:
+        await _listen_auto_extends_acks_and_nacks(backend)
+    finally:
+        await backend.close_all()
+
+
+async def _listen_auto_extends_acks_and_nacks(backend: Backend) -> None:
     bq = await backend.connect()
     await bq.create_topic("listen")
     p = await bq.register_producer("p")

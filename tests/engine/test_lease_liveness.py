@@ -24,7 +24,12 @@ import pytest
 from bucketq import Bucketq, Settings
 from tests.support.engine_helpers import Backend
 
-VT_S = 15.0  # longer than a joiner stays active (idle_after_s, 10 s): then only the idle cadence looked
+# The members stay active for IDLE_AFTER_S after their last message (the default is 10 s), and the
+# visibility timeout is longer: by the time the killed member's leases come due, the topic is idle
+# for the joiner and only the idle cadence (poll_idle_ms: 120 s balanced, 300 s economy) would look.
+# Both shorter than the defaults, so the test waits seconds less, with the same order of events.
+IDLE_AFTER_S = 2.0
+VT_S = 6.0
 SLACK_S = 4.0  # a cycle, a write, a poll: the "few seconds" (clock_skew_s and steal_after_s apart)
 
 HOLDER = textwrap.dedent("""\
@@ -34,7 +39,7 @@ HOLDER = textwrap.dedent("""\
     async def main():
         settings = Settings.from_dict(
             {"backend": "file", "file_path": sys.argv[1], "profile": sys.argv[2],
-             "consumer": {"visibility_timeout_s": %(vt)s}})
+             "consumer": {"visibility_timeout_s": %(vt)s, "idle_after_s": %(idle)s}})
         bq = Bucketq(settings)
         await bq.open()
         member = await bq.register_consumer("g", "t")
@@ -45,7 +50,7 @@ HOLDER = textwrap.dedent("""\
         os._exit(0)  # as kill -9: no release, no leave; the leases stay until they expire
 
     asyncio.run(main())
-""") % {"vt": VT_S}
+""") % {"vt": VT_S, "idle": IDLE_AFTER_S}
 
 
 @pytest.mark.e2e  # a real process, killed holding its leases
@@ -64,7 +69,7 @@ async def test_a_killed_members_leases_come_back_within_the_visibility_timeout(
             "backend": "file",
             "file_path": str(bucket),
             "profile": profile,
-            "consumer": {"visibility_timeout_s": VT_S},
+            "consumer": {"visibility_timeout_s": VT_S, "idle_after_s": IDLE_AFTER_S},
         }
     )
     async with Bucketq(settings) as bq:

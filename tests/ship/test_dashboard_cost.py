@@ -139,6 +139,7 @@ def close(a: float, b: float) -> bool:
     return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-12)
 
 
+@pytest.mark.slow  # 8-14 s: started early, so it never runs alone at the end
 def test_cost_row_on_a_real_prometheus(tmp_path: Path) -> None:
     panels = cost_panels()
     assert len(panels) == 3, sorted(panels)

@@ -274,6 +274,7 @@ async def test_bearer_token(moto_settings: Settings, sidecars: SidecarFactory, t
         assert resp.status == 200
 
 
+@pytest.mark.slow  # 8-14 s: started early, so it never runs alone at the end
 async def test_topic_deleted_while_publishing_is_never_acknowledged(
     moto_settings: Settings, sidecars: SidecarFactory
 ) -> None:

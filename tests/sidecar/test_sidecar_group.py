@@ -41,6 +41,7 @@ async def _work(sc: SidecarProc, got: list[str], stop: asyncio.Event, deadline: 
                 got.extend(m.id for m in msgs)
 
 
+@pytest.mark.slow  # 8-14 s: started early, so it never runs alone at the end
 async def test_two_sidecars_share_the_work_without_duplicates(
     seaweedfs_settings: Settings, sidecars: SidecarFactory
 ) -> None:

@@ -226,6 +226,7 @@ def _trickle(port: int, lines: list[bytes], every: float, give_up: float) -> flo
     raise AssertionError(f"the server kept a trickling connection open for {give_up:g}s")
 
 
+@pytest.mark.slow  # 8-14 s: started early, so it never runs alone at the end
 async def test_slow_headers_bodies_and_idle_connections_are_closed(
     tmp_path: Path, sidecars: SidecarFactory
 ) -> None:
@@ -251,20 +252,23 @@ async def test_slow_headers_bodies_and_idle_connections_are_closed(
 # -- 8. /readyz reveals nothing, 13. every request's deadline covers its S3 calls ------------------
 
 
+@pytest.mark.slow  # 8-14 s: started early, so it never runs alone at the end
 async def test_outage_answers_503_within_the_publish_timeout_and_readyz_tells_no_details(
     moto_server: S3Server, sidecars: SidecarFactory
 ) -> None:
     target = urlsplit(moto_server.endpoint_url)
     with TcpProxy(target.hostname or "127.0.0.1", target.port or 80) as proxy:
         settings = moto_server.settings(s3_endpoint_url=proxy.url)  # default retries (6 attempts)
-        await create_topics(settings, "late")
+        await create_topics(settings, "late", "cold")
         sc = sidecars(settings, "late", consumer="c", topics="late", publish_timeout_s=2, s3_stall_s=2)
         assert post(sc, "/v1/publish/late", b'{"payload": 1}')[0] == 200
         proxy.down()
-        time.sleep(10.5)  # the topic's cached configuration expires (CONFIG_TTL_S)
+        # "cold": a topic this sidecar never read, so the publish must read its configuration from
+        # the bucket (the same read as when a cached one expires after CONFIG_TTL_S, without the
+        # 10 s wait): the request's deadline has to cover that lookup and its retries
         started = time.monotonic()
         req = urllib.request.Request(
-            sc.url + "/v1/publish/late/batch",
+            sc.url + "/v1/publish/cold/batch",
             data=b'{"messages": [{"payload": 1}, {"payload": 2}]}',
             method="POST",
             headers={"Content-Type": "application/json"},

@@ -24,6 +24,7 @@ def _http_status(url: str) -> int:
         return exc.code
 
 
+@pytest.mark.slow  # 8-14 s: started early, so it never runs alone at the end
 async def test_s3_outage_503_then_recovery(moto_server: S3Server, sidecars: SidecarFactory) -> None:
     with TcpProxy.to(moto_server.endpoint_url) as proxy:
         settings = moto_server.settings(s3_endpoint_url=proxy.url, s3_max_attempts=1)

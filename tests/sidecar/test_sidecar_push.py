@@ -43,6 +43,7 @@ def test_interpret_answers() -> None:
     assert interpret(200, twice, ids) == {"a": "RETRY", "b": "RETRY"}
 
 
+@pytest.mark.slow  # 8-14 s: started early, so it never runs alone at the end
 @pytest.mark.s3
 @pytest.mark.e2e
 async def test_push_success_retry_drop_and_lease_extension(

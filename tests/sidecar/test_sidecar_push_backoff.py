@@ -26,6 +26,7 @@ def _base(failures: int) -> float:
     return min(MAX_S, INITIAL_S * MULTIPLIER ** (failures - 1))
 
 
+@pytest.mark.slow  # 8-14 s: started early, so it never runs alone at the end
 async def test_push_retries_back_off_and_outlast_an_app_outage(
     moto_settings: Settings, sidecars: SidecarFactory
 ) -> None:

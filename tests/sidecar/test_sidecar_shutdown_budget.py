@@ -83,6 +83,7 @@ def test_disarmed_watchdog_lets_the_process_finish() -> None:
 # -- real sidecar processes ----------------------------------------------------------------------
 
 
+@pytest.mark.slow  # 8-14 s: started early, so it never runs alone at the end
 @pytest.mark.s3
 @pytest.mark.e2e
 async def test_sigterm_during_s3_outage_exits_within_the_budget(

@@ -64,7 +64,7 @@ class Backend:
 
 def _backend_for(name: str, request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
     if name == "memory":
-        return Backend(name, {"backend": "memory", "strategy": "conditional_write"}, MemoryStore())
+        return memory_backend()
     if name == "file":
         return Backend(name, {"backend": "file", "file_path": str(tmp_path / "bucket")})
     server = request.getfixturevalue(f"{name}_server")
@@ -91,6 +91,26 @@ async def backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterat
     b = _backend_for(request.param, request, tmp_path)
     yield b
     await b.close_all()
+
+
+@pytest.fixture(
+    params=[
+        "file",
+        pytest.param("moto", marks=pytest.mark.s3),
+        pytest.param("seaweedfs", marks=pytest.mark.s3),
+    ]
+)
+async def stored_backend(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[Backend]:
+    """The backends that store outside the process (filesystem, moto server, SeaweedFS), for
+    tests whose in-memory case runs on the virtual clock as a test of its own."""
+    b = _backend_for(request.param, request, tmp_path)
+    yield b
+    await b.close_all()
+
+
+def memory_backend() -> Backend:
+    """The ``backend`` fixture's in-memory case, for a test on the virtual clock (no fixture)."""
+    return Backend("memory", {"backend": "memory", "strategy": "conditional_write"}, MemoryStore())
 
 
 @pytest.fixture(params=["file", pytest.param("seaweedfs", marks=pytest.mark.s3)])
