@@ -233,7 +233,8 @@ class PartitionWorker:
     # -- lease liveness (I16) --------------------------------------------------------------------
 
     def lease_due(self, *, owned: bool) -> float:
-        """When (wall clock) this member should next claim an expired lease here; inf: none.
+        """When (wall clock) this member should next claim an expired lease, or (an owner) a
+        delayed message whose delay ended, here; inf: none.
 
         An owner looks after every lease of its partition, at ``until + clock_skew_s`` (the margin
         I4 claims with). A non-owner looks after the leases it holds itself and those it watches
@@ -251,12 +252,21 @@ class PartitionWorker:
                 + (0.0 if owned else self.settings.steal_after_s)
                 + LEASE_DUE_AFTER_S
             )
+            # an owner also wakes when a delayed message (a nack's back-off, a delayed publish)
+            # becomes claimable: otherwise it waited for the partition's next look, which an idle
+            # or un-rung partition takes only every wake or idle poll (seconds to minutes)
+            delays = (
+                [not_before + LEASE_DUE_AFTER_S for not_before in state.delayed.values()] if owned else []
+            )
             self._deadlines = (
                 key,
                 sorted(
-                    lease.until + margin
-                    for pos, lease in state.leases.items()
-                    if owned or lease.member == self.member or self.watch_foreign.get(pos) == lease.token
+                    [
+                        lease.until + margin
+                        for pos, lease in state.leases.items()
+                        if owned or lease.member == self.member or self.watch_foreign.get(pos) == lease.token
+                    ]
+                    + delays
                 ),
             )
         deadlines = self._deadlines[1]

@@ -129,3 +129,26 @@ async def test_a_lease_the_app_dropped_comes_back_on_an_idle_topic(backend: Back
     assert [m.payload for m in again] == ["once"] and again[0].deliveries == 2
     assert waited < 1.0 + 0.2 + SLACK_S, f"came back after {waited:.1f}s"
     await again[0].ack()
+
+
+async def test_a_message_nacked_with_a_delay_comes_back_when_the_delay_ends_on_an_idle_topic(
+    backend: Backend,
+) -> None:
+    """A nack with a delay (a push retry's back-off) on a topic that turned idle (its partitions
+    looked at every poll_idle_ms, two minutes): the message is claimed again when its delay ends,
+    not at the next idle look (a push retry came 3 s late under load at the balanced wake poll)."""
+    bq = await backend.connect(
+        consumer={"idle_after_s": 0.2, "poll_idle_ms": 120_000, "heartbeat_idle_s": 30, "clock_skew_s": 0.2}
+    )
+    await bq.create_topic("t")
+    await bq.publish("t", "retry me")
+    member = await bq.register_consumer("g", "t")
+    first = await member.poll(1, 5.0)
+    assert [m.payload for m in first] == ["retry me"]
+    await first[0].nack(delay=1.0)
+    nacked_at = time.monotonic()
+    again = await member.poll(1, 10.0)
+    waited = time.monotonic() - nacked_at
+    assert [m.payload for m in again] == ["retry me"] and again[0].deliveries == 2
+    assert 1.0 - 0.05 <= waited < 1.0 + SLACK_S, f"came back after {waited:.1f}s"
+    await again[0].ack()
