@@ -402,6 +402,28 @@ def _base(
     )
 
 
+def _prompt_group(rng: random.Random, s: Schedule, topic: str, *, ack: float, extend: float) -> None:
+    """Group ``g0`` on ``topic`` from the earliest segment: 1–2 members from the start to the end,
+    settling each message at once (acks, a few extends; no nacks, slow work, drops or dead letters),
+    so that GC may raise the floor right behind them."""
+    group = GroupPlan("g0", topic, "earliest")
+    s.groups.append(group)
+    s.members += _members(
+        rng,
+        group,
+        rng.randint(1, 2),
+        s.chaos_s,
+        churn=0.0,
+        ack=ack,
+        nack=0.0,
+        slow=0.0,
+        drop=0.0,
+        dead=0.0,
+        extend=extend,
+        work=(0.0, 0.05),
+    )
+
+
 # -- families --------------------------------------------------------------------------------------
 
 
@@ -441,22 +463,7 @@ def _stale_tail(rng: random.Random, seed: int) -> Schedule:
     """r1/r1b: several producers on one partition, tiny retention, frequent GC, producer crashes."""
     s = _base(rng, seed, "stale_tail", chaos_s=rng.uniform(30.0, 60.0), level=rng.choice([0.0, 0.5, 1.0]))
     s.topics.append(TopicPlan("t0", partitions=1, retention_s=rng.choice([0.001, 0.5, 2.0])))
-    group = GroupPlan("g0", "t0", "earliest")
-    s.groups.append(group)
-    s.members += _members(
-        rng,
-        group,
-        rng.randint(1, 2),
-        s.chaos_s,
-        churn=0.0,
-        ack=0.95,
-        nack=0.0,
-        slow=0.0,
-        drop=0.0,
-        dead=0.0,
-        extend=0.05,
-        work=(0.0, 0.05),
-    )
+    _prompt_group(rng, s, "t0", ack=0.95, extend=0.05)
     # one producer: only a restarted process can reuse a number (r1b); several: cached tails too (r1)
     s.producers += _producers(
         rng,
@@ -984,22 +991,7 @@ def _held_writer(rng: random.Random, seed: int) -> Schedule:
     s.topics.append(
         TopicPlan("t0", partitions=rng.choice([1, 2]), retention_s=rng.choice([0.001, 1.0, 30.0]))
     )
-    group = GroupPlan("g0", "t0", "earliest")
-    s.groups.append(group)
-    s.members += _members(
-        rng,
-        group,
-        rng.randint(1, 2),
-        s.chaos_s,
-        churn=0.0,
-        ack=0.97,
-        nack=0.0,
-        slow=0.0,
-        drop=0.0,
-        dead=0.0,
-        extend=0.03,
-        work=(0.0, 0.05),
-    )
+    _prompt_group(rng, s, "t0", ack=0.97, extend=0.03)
     s.producers += _producers(
         rng, "t0", rng.randint(1, 3), s.chaos_s, messages=rng.randint(15, 40), keyed=0.0, gap=(0.1, 3.0)
     )
