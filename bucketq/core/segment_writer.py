@@ -209,14 +209,9 @@ class SegmentWriter:
             return False
         if blob is None:
             blob = await self.storage.get(key)
-        ours = (
-            blob is not None and taken_header(blob.data, self.topic, self.partition, seq, 0).batch == batch_id
-        )
-        verdict = (
-            took_before_passed(fence, modified, seq, blob.last_modified)
-            if blob is not None and ours
-            else None
-        )
+        verdict: bool | None = None  # gone, or another writer's object there: nothing tells
+        if blob is not None and taken_header(blob.data, self.topic, self.partition, seq, 0).batch == batch_id:
+            verdict = took_before_passed(fence, modified, seq, blob.last_modified)
         if verdict is None:
             raise PublishTimeout(
                 f"publish to {self.topic}/p{self.partition}: segment {seq} landed, but this writer saw it "
