@@ -12,25 +12,19 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 from bucketq.bench.backends import Backend, Usage
 from bucketq.bench.fleet import Fleet, open_fleet
-from bucketq.bench.metering import Counted, CpuMeter, Meter
+from bucketq.bench.metering import Counted, CpuMeter, Meter, per_message
 from bucketq.bench.params import BenchParams
 from bucketq.bench.report import RunResult, build_result
 from bucketq.bench.tracker import Tracker, latency_summary
 from bucketq.bench.workers import produce_awaited, produce_paced
 
 PublishFn = Callable[[Fleet, Tracker], Coroutine[Any, Any, dict[str, Any]]]
-
-
-def per_message(counts: Mapping[str, int], messages: int) -> dict[str, float]:
-    """Counts divided by ``messages`` (rounded), largest first."""
-    items = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-    return {k: round(v / messages, 4) for k, v in items} if messages else {}
 
 
 def rate_count(rate: float, seconds: float, limit: int) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -124,3 +125,18 @@ class CpuMeter:
         if self.server is None or server_now is None:
             return own, {}
         return own, {"server_cpu_s": round(server_now - self.server, 2)}
+
+
+def per_message(counts: Mapping[str, int], messages: int) -> dict[str, float]:
+    """Counts divided by ``messages`` (rounded), largest first."""
+    items = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return {k: round(v / messages, 4) for k, v in items} if messages else {}
+
+
+def window_counts(window: Counted, messages: int) -> dict[str, Any]:
+    """A measured window's length and its requests per message, in total and by ``"OP kind"``."""
+    return {
+        "window_s": round(window.seconds, 3),
+        "window_requests_per_message": round(window.total / messages, 4) if messages else None,
+        "window_requests_per_message_by_key": per_message(window.calls, messages),
+    }

@@ -14,7 +14,7 @@ from typing import Any
 
 from bucketq.bench.backends import Backend
 from bucketq.bench.fleet import GROUP, Fleet, open_fleet
-from bucketq.bench.metering import CpuMeter, Meter
+from bucketq.bench.metering import CpuMeter, Meter, window_counts
 from bucketq.bench.params import BenchParams, ScenarioName
 from bucketq.bench.report import RunResult, build_result
 from bucketq.bench.tracker import Tracker, latency_summary
@@ -156,10 +156,13 @@ async def _produce_and_consume(
         await asyncio.sleep(warmup_s)
         setup = fleet.run.usage()
         cpu_meter = CpuMeter(backend)
+        window_start = meter.mark()
         publishing = asyncio.create_task(publish(fleet, tracker))
         publishing.add_done_callback(lambda _: tracker.expect(len(tracker.published)))
         completed, errors = await fleet.wait(tracker, p.idle_timeout_s)
-        counted, (cpu, server_cpu) = meter.between(opened, meter.mark()), cpu_meter.stop()
+        closed = meter.mark()
+        counted, (cpu, server_cpu) = meter.between(opened, closed), cpu_meter.stop()
+        window = meter.between(window_start, closed)
         await publishing
         first = tracker.first_publish or 0.0
         seconds = (tracker.last_ack or time.perf_counter()) - first
@@ -172,6 +175,11 @@ async def _produce_and_consume(
         }
         if scenario == "latency":
             extra["rate"] = p.latency_rate
+            # The top-level counts span the whole run (registration, bootstrap and the warm-up's
+            # polls of an empty topic included: a fixed cost that a short run divides among few
+            # messages). The window alone, first publish to last ack, is what a stream at this
+            # rate costs per message, as ``cost`` counts it (bucketq.bench.cost).
+            extra.update(window_counts(window, messages))
         return build_result(
             scenario=scenario,
             backend=backend.label,
