@@ -3,12 +3,13 @@
 Format 2 adds GC fences, topic incarnations and the ``expire`` op; format 3 the ``seek`` op and
 the topic retention limits; format 4 stamps cursor deltas and checkpoints with the topic
 incarnation (I6); format 5 reference segments and columnar chunks (job commits that copy nothing,
-I17-I19). Every older object is a valid object of the newest format, so an older bucket is
-upgraded in place when a process of this version opens it (3 -> 4 -> 5 in one step: the changes
-add to each other); processes of an older format refuse the bucket when they next start (stop
-them first: a format-3 process would apply a delta of another incarnation that newer replicas
-refuse, and a format-3 or 4 reader cannot read a reference segment and would take it for a
-corrupt one). A bucket of a newer format is refused.
+I17-I19); format 6 the ``stand`` op (standing claims, docs/protocol.md). Every older object is a
+valid object of the newest format, so an older bucket is upgraded in place when a process of this
+version opens it (3 -> 4 -> 5 -> 6 in one step: the changes add to each other); processes of an
+older format refuse the bucket when they next start (stop them first: a format-3 process would
+apply a delta of another incarnation that newer replicas refuse, a format-3 or 4 reader cannot
+read a reference segment and would take it for a corrupt one, and a format-5 reader would drop a
+``stand`` op and let other members claim what it covers). A bucket of a newer format is refused.
 """
 
 from __future__ import annotations
@@ -22,8 +23,8 @@ from bucketq.storage import Storage
 
 log = logging.getLogger("bucketq")
 
-FORMAT = 5
-UPGRADABLE_FORMATS = (1, 2, 3, 4)
+FORMAT = 6
+UPGRADABLE_FORMATS = (1, 2, 3, 4, 5)
 
 
 async def ensure_format(storage: Storage, keys: Keys) -> None:

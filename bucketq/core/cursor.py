@@ -10,7 +10,7 @@ whose kind this version does not know is dropped when its delta is decoded
 (:meth:`Delta.from_json` lists it in :attr:`Delta.unknown_ops`, and the cursor log warns): it is
 invalid for this version, exactly as an op that fails its rule, so every replica of this version
 still converges on the same state. A new op kind needs a new bucket format, which older
-processes refuse (docs/protocol.md: format 3 added ``seek``).
+processes refuse (docs/protocol.md: format 3 added ``seek``, format 6 ``stand``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import Any, Final, Literal, cast, get_args
 
 Pos = tuple[int, int]  # (segment seq, index in segment)
 
-OpKind = Literal["start", "seen", "expire", "seek", "claim", "extend", "ack", "release", "dead"]
+OpKind = Literal["start", "seen", "expire", "seek", "claim", "extend", "ack", "release", "dead", "stand"]
 """The ops of a cursor delta, as written in its ``"op"`` field."""
 
 OP_KINDS: Final[frozenset[str]] = frozenset(get_args(OpKind))
@@ -48,6 +48,25 @@ class Lease:
     member: str
     until: float
     deliveries: int
+
+
+@dataclass(slots=True)
+class Standing:
+    """A standing claim (format 6, I20): ``member`` holds every message of the segments numbered
+    ``[seq, seq + count)``, under ``token``, until ``until`` (docs/protocol.md "Standing claims")."""
+
+    token: str
+    member: str
+    seq: int
+    count: int
+    until: float
+
+    @property
+    def end(self) -> int:
+        return self.seq + self.count
+
+    def covers(self, seq: int) -> bool:
+        return self.seq <= seq < self.end
 
 
 @dataclass(slots=True)
@@ -116,6 +135,15 @@ class Op:
             return out
         if k in ("expire", "seek"):
             return {"op": k, "seq": self.seq, "base": self.base}
+        if k == "stand":
+            return {
+                "op": k,
+                "seq": self.seq,
+                "count": self.count,
+                "token": self.token,
+                "member": self.member,
+                "until": self.until,
+            }
         out = {"op": k, "seq": self.seq, "idx": self.idx}
         if self.token is not None:
             out["token"] = self.token
@@ -227,6 +255,11 @@ class CursorState:
     # member -> (id, at) of the newest delta it wrote: a member whose write outcome was unknown
     # learns from any later state (even one loaded from a checkpoint) whether its delta landed.
     ids: dict[str, tuple[str, float]] = field(default_factory=dict)
+    # the standing claim (format 6, I20; None: none), and the ranges ``(seq, end)`` of standing
+    # claims that ended without being given back, whose segments the log has not all seen: their
+    # holder may have delivered those messages before writing ``seen``
+    standing: Standing | None = None
+    suspect: list[tuple[int, int]] = field(default_factory=list)
 
     # -- queries ---------------------------------------------------------------------------------
 
@@ -306,6 +339,14 @@ class CursorState:
             "delayed": [[seq, idx, t] for (seq, idx), t in sorted(self.delayed.items())],
             "counters": {name: getattr(self.counters, name) for name in Counters.__dataclass_fields__},
             "ids": [[member, i, at] for member, (i, at) in sorted(self.ids.items())],
+            # format 6, only when there is one: a checkpoint of a log without standing claims keeps
+            # the bytes it had
+            **(
+                {"stand": [st.token, st.member, st.seq, st.count, st.until]}
+                if (st := self.standing) is not None
+                else {}
+            ),
+            **({"suspect": [[lo, hi] for lo, hi in self.suspect]} if self.suspect else {}),
         }
 
     @classmethod
@@ -328,6 +369,12 @@ class CursorState:
             delayed={(int(s), int(i)): float(t) for s, i, t in obj["delayed"]},
             counters=Counters(**obj.get("counters", {})),
             ids={str(m): (str(i), float(at)) for m, i, at in obj.get("ids", [])},
+            standing=(
+                Standing(str(st[0]), str(st[1]), int(st[2]), int(st[3]), float(st[4]))
+                if (st := obj.get("stand"))
+                else None
+            ),
+            suspect=[(int(lo), int(hi)) for lo, hi in obj.get("suspect", [])],
         )
 
 
@@ -433,8 +480,35 @@ def _seen(state: CursorState, op: Op, at: float) -> bool:
         if 0 <= idx < op.count:
             seg.done.add(idx)
             state.counters.skipped += 1
+    _cover(state, op.seq, seg)
     _advance_floor(state)
     return True
+
+
+def _cover(state: CursorState, seq: int, seg: SegmentState) -> None:
+    """A segment just seen, in the range of the standing claim or of ones that ended unrenewed
+    (I20): each of its messages that is neither delayed nor done (skipped) is leased to the
+    standing claim's holder, until its ``until`` (past or not: what the holder handed out before
+    ``seen`` was written is counted and runs out as a lease), and counts one prior delivery for
+    each ended range holding it. A lease kept across a ``seek`` stays as it is."""
+    suspected = sum(1 for lo, hi in state.suspect if lo <= seq < hi)
+    state.suspect = [(lo, hi) for lo, hi in state.suspect if hi > state.frontier + 1]
+    st = state.standing
+    covered = st is not None and st.covers(seq)
+    if not covered and not suspected:
+        return
+    for idx in range(seg.count):
+        pos = (seq, idx)
+        if idx in seg.done or pos in state.delayed or pos in state.leases:
+            continue
+        if st is None or not covered:
+            state.deliveries[pos] = state.deliveries.get(pos, 0) + suspected
+            continue
+        deliveries = state.deliveries.pop(pos, 0) + suspected + 1
+        state.leases[pos] = Lease(st.token, st.member, st.until, deliveries)
+        state.counters.delivered += 1
+        if deliveries > 1:
+            state.counters.redelivered += 1
 
 
 def _expire(state: CursorState, op: Op, at: float) -> bool:
@@ -604,6 +678,43 @@ def _dead(state: CursorState, op: Op, at: float) -> bool:
     return True
 
 
+def _stand(state: CursorState, op: Op, at: float) -> bool:
+    """``stand`` (format 6, I20): a member takes, renews or ends a standing claim.
+
+    **Take** (a token that is not the standing claim's): started, a token and an ``until``,
+    ``count > 0``, ``seq >= frontier + 1`` (only segments not seen yet, so no covered message can
+    be claimed already), and no standing claim with ``until >= at``. A standing claim that ran out
+    unrenewed leaves its range suspect (its holder may have handed out messages whose ``seen`` it
+    never wrote). **Renew** (its token and holder, the same ``seq``): ``until`` and ``count``
+    become the op's, even past ``until`` if nobody took a new one (as ``extend``); leases already
+    given are not moved. **End** (its token and holder, ``count == 0``): the partition is given
+    back; nothing is suspect (the holder wrote ``seen`` for what it handed out first).
+    """
+    if not state.started or op.token is None or op.count < 0:
+        return False
+    current = state.standing
+    if current is not None and current.token == op.token:
+        if (op.member or "") != current.member or op.seq != current.seq:
+            return False
+        if op.count == 0:
+            state.standing = None
+            return True
+        if op.until is None:
+            return False
+        current.until = float(op.until)
+        current.count = op.count
+        return True
+    if op.until is None or op.count == 0 or op.seq < state.frontier + 1:
+        return False
+    if current is not None:
+        if current.until >= at:
+            return False
+        if current.end > state.frontier + 1:
+            state.suspect.append((max(current.seq, state.frontier + 1), current.end))
+    state.standing = Standing(op.token, op.member or "", op.seq, op.count, float(op.until))
+    return True
+
+
 def _mark_done(state: CursorState, pos: Pos) -> None:
     """The position is done: no lease, delivery count or delay remains for it, and the floor
     advances past the segments that became complete. A position outside the window (a lease
@@ -642,4 +753,5 @@ _HANDLERS: dict[OpKind, Callable[[CursorState, Op, float], bool]] = {
     "ack": _ack,
     "release": _release,
     "dead": _dead,
+    "stand": _stand,
 }

@@ -614,3 +614,161 @@ def test_state_round_trips_away_from_zero_and_reads_format_1_checkpoints() -> No
     del old["counters"], old["ids"]
     loaded = CursorState.from_json(old)
     assert (loaded.counters, loaded.ids, loaded.floor, loaded.frontier) == (Counters(), {}, 6, 6)
+
+
+# -- standing claims (format 6, I20) ------------------------------------------------------------------
+
+
+def stand(seq: int, count: int, tok: str = "S", until: float = T0 + 30, member: str = "m1") -> Op:
+    return Op("stand", seq, count=count, token=tok, member=member, until=until)
+
+
+def test_a_standing_claim_covers_only_segments_not_seen_yet() -> None:
+    state = started(2)
+    assert apply(state, [stand(0, 4)]) == [False]  # segment 0 is seen: it may be claimed already
+    assert apply(state, [stand(1, 0)]) == [False]  # a take covers something
+    assert apply(state, [Op("stand", 1, count=4, member="m1", until=T0 + 30)]) == [False]  # no token
+    assert apply(state, [Op("stand", 1, count=4, token="S", member="m1")]) == [False]  # no deadline
+    assert state.standing is None
+    assert apply(state, [stand(1, 4)]) == [True]
+    assert state.standing is not None and (state.standing.seq, state.standing.end) == (1, 5)
+
+
+def test_a_covered_segment_is_leased_to_the_holder_when_seen_except_delayed_and_skipped() -> None:
+    state = started(1)
+    apply(state, [stand(1, 2, until=T0 + 30)])
+    ok = apply(
+        state,
+        [Op("seen", 1, count=4, base=1, delayed={1: T0 + 5}, skip=[2]), Op("seen", 2, count=1, base=5)],
+        at=T0 + 1,
+    )
+    assert ok == [True, True]
+    assert {pos: (le.token, le.member, le.until, le.deliveries) for pos, le in state.leases.items()} == {
+        (1, 0): ("S", "m1", T0 + 30, 1),
+        (1, 3): ("S", "m1", T0 + 30, 1),
+        (2, 0): ("S", "m1", T0 + 30, 1),
+    }
+    assert state.counters.delivered == 3 and state.counters.redelivered == 0
+    # beyond the range: an ordinary segment
+    apply(state, [Op("seen", 3, count=1, base=6)], at=T0 + 1)
+    assert (3, 0) not in state.leases
+
+
+def test_nobody_else_claims_a_covered_message_while_the_standing_claim_lives() -> None:
+    state = started(1)
+    apply(state, [stand(1, 4, until=T0 + 30)])
+    apply(state, [Op("seen", 1, count=1, base=1)], at=T0 + 1)  # seen by another member: covered all the same
+    assert apply(state, [claim(1, 0, "B", member="m2")], at=T0 + 30) == [False]  # live at its until
+    assert apply(state, [claim(1, 0, "B", member="m2")], at=T0 + 30.5) == [True]  # ran out: a lease's rule
+    lease = state.leases[(1, 0)]
+    assert (lease.token, lease.deliveries) == ("B", 2) and state.counters.expired == 1
+    assert apply(state, [Op("ack", 1, 0, token="S")], at=T0 + 31) == [False]  # the holder's token is stale
+
+
+def test_the_holder_settles_covered_messages_with_the_standing_token() -> None:
+    state = started(1)
+    apply(state, [stand(1, 4)])
+    ok = apply(
+        state,
+        [
+            Op("seen", 1, count=3, base=1),
+            Op("ack", 1, 0, token="S"),
+            Op("release", 1, 1, token="S", counted=False),
+        ],
+        at=T0 + 1,
+    )
+    assert ok == [True, True, True]
+    assert state.is_done((1, 0)) and (1, 1) not in state.leases and state.deliveries.get((1, 1)) is None
+    assert apply(state, [Op("extend", 1, 2, token="S", until=T0 + 90)], at=T0 + 2) == [True]
+    assert state.leases[(1, 2)].until == T0 + 90
+
+
+def test_another_standing_claim_waits_until_the_first_runs_out() -> None:
+    state = started(1)
+    apply(state, [stand(1, 4, tok="A", until=T0 + 30, member="m1")])
+    assert apply(state, [stand(1, 4, tok="B", member="m2", until=T0 + 60)], at=T0 + 30) == [False]
+    assert apply(state, [stand(1, 4, tok="B", member="m2", until=T0 + 90)], at=T0 + 31) == [True]
+    assert state.standing is not None and state.standing.token == "B"
+
+
+def test_a_standing_claim_that_ran_out_counts_a_possible_delivery_of_what_it_covered() -> None:
+    """The holder delivers before ``seen`` is written: if it died, the log cannot tell whether it
+    did, so each message of its range counts one prior delivery (a message that kills its holder
+    reaches max_deliveries instead of circling for ever)."""
+    state = started(1)
+    apply(state, [stand(1, 2, tok="A", until=T0 + 30, member="m1")])
+    apply(state, [stand(1, 4, tok="B", until=T0 + 90, member="m2")], at=T0 + 31)
+    apply(state, [Op("seen", 1, count=1, base=1), Op("seen", 2, count=1, base=2)], at=T0 + 32)
+    apply(state, [Op("seen", 3, count=1, base=3)], at=T0 + 32)
+    assert [(state.leases[(s, 0)].token, state.leases[(s, 0)].deliveries) for s in (1, 2, 3)] == [
+        ("B", 2),
+        ("B", 2),
+        ("B", 1),  # beyond A's range
+    ]
+    assert state.counters.redelivered == 2
+    assert state.suspect == []  # the frontier passed A's range
+
+
+def test_a_standing_claim_nobody_renewed_leases_what_is_seen_afterwards_already_expired() -> None:
+    state = started(1)
+    apply(state, [stand(1, 4, tok="A", until=T0 + 30)])
+    apply(state, [Op("seen", 1, count=1, base=1)], at=T0 + 40)
+    assert state.leases[(1, 0)].until == T0 + 30  # counted as a delivery of A's, and claimable at once
+    assert apply(state, [claim(1, 0, "B", member="m2")], at=T0 + 40) == [True]
+    assert state.leases[(1, 0)].deliveries == 2
+
+
+def test_renewal_moves_the_deadline_and_the_end_never_the_start_nor_the_leases_it_gave() -> None:
+    state = started(1)
+    apply(state, [stand(1, 2, until=T0 + 30)])
+    apply(state, [Op("seen", 1, count=1, base=1)], at=T0 + 1)
+    assert apply(state, [stand(2, 4, until=T0 + 60)], at=T0 + 2) == [False]  # the start stays
+    assert apply(state, [stand(1, 4, until=T0 + 60, member="m2")], at=T0 + 2) == [False]  # its holder only
+    assert apply(state, [stand(1, 4, until=T0 + 60)], at=T0 + 31) == [True]  # past until, nobody took it
+    assert state.standing is not None and (state.standing.end, state.standing.until) == (5, T0 + 60)
+    assert state.leases[(1, 0)].until == T0 + 30  # a message's lease runs out as it was given
+    apply(state, [Op("seen", 2, count=1, base=2)], at=T0 + 32)
+    assert state.leases[(2, 0)].until == T0 + 60
+
+
+def test_an_ended_standing_claim_leaves_nothing_suspect_and_frees_the_partition_at_once() -> None:
+    state = started(1)
+    apply(state, [stand(1, 4, tok="A", until=T0 + 30)])
+    assert apply(state, [stand(1, 0, tok="A")], at=T0 + 1) == [True]
+    assert state.standing is None and state.suspect == []
+    assert apply(state, [stand(1, 4, tok="B", member="m2")], at=T0 + 2) == [True]
+    apply(state, [Op("seen", 1, count=1, base=1)], at=T0 + 3)
+    assert state.leases[(1, 0)].deliveries == 1
+
+
+def test_a_seek_keeps_the_standing_claim_and_a_lease_kept_across_it() -> None:
+    state = started(1)
+    apply(state, [stand(1, 4, until=T0 + 30)])
+    apply(state, [Op("seen", 1, count=1, base=1)], at=T0 + 1)
+    apply(state, [Op("seek", 1, base=1)], at=T0 + 2)
+    assert state.standing is not None and state.leases[(1, 0)].token == "S"
+    apply(state, [Op("release", 1, 0, token="S")], at=T0 + 3)
+    apply(state, [Op("seen", 1, count=1, base=1)], at=T0 + 4)  # seen again: covered again
+    assert state.leases[(1, 0)].deliveries == 2
+
+
+def test_standing_claims_round_trip_through_json_and_leave_other_checkpoints_as_they_were() -> None:
+    op = stand(3, 5, until=T0 + 30)
+    assert op.to_json() == {
+        "op": "stand",
+        "seq": 3,
+        "count": 5,
+        "token": "S",
+        "member": "m1",
+        "until": T0 + 30,
+    }
+    assert Op.from_json(op.to_json()) == op
+    plain = started(1)
+    assert "stand" not in plain.to_json() and "suspect" not in plain.to_json()
+    state = started(1)
+    apply(state, [stand(1, 2, tok="A", until=T0 + 30)])
+    apply(state, [stand(1, 4, tok="B", until=T0 + 90, member="m2")], at=T0 + 31)
+    data = json.loads(json.dumps(state.to_json()))
+    assert data["stand"] == ["B", "m2", 1, 4, T0 + 90] and data["suspect"] == [[1, 3]]
+    again = CursorState.from_json(data)
+    assert again.to_json() == state.to_json()

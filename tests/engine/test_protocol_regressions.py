@@ -708,7 +708,7 @@ def test_segment_header_round_trips_incarnation() -> None:
     assert decode_header(encode_segment(header, [b"{}"])).incarnation == "abc"
 
 
-@pytest.mark.parametrize("older", [1, 2, 3, 4])
+@pytest.mark.parametrize("older", [1, 2, 3, 4, 5])
 async def test_older_buckets_are_upgraded_and_newer_formats_are_refused(older: int) -> None:
     from bucketq.errors import BucketqError
 
@@ -717,8 +717,8 @@ async def test_older_buckets_are_upgraded_and_newer_formats_are_refused(older: i
     await store.put(keys.format_marker(), b'{"format": %d}' % older)
     bq = Bucketq.builder().memory().build(store=store)
     await bq.open()
-    assert json.loads((await store.get(keys.format_marker())).data) == {"format": 5}  # type: ignore[union-attr]
+    assert json.loads((await store.get(keys.format_marker())).data) == {"format": 6}  # type: ignore[union-attr]
     await bq.close()
-    await store.put(keys.format_marker(), b'{"format": 6}')
-    with pytest.raises(BucketqError, match="format 6; this version speaks 5: upgrade bucketq"):
+    await store.put(keys.format_marker(), b'{"format": 7}')
+    with pytest.raises(BucketqError, match="format 7; this version speaks 6: upgrade bucketq"):
         await Bucketq.builder().memory().build(store=store).open()
