@@ -213,6 +213,19 @@ def settle_linger(settings: ConsumerSettings) -> float:
     return min(settings.commit_linger_ms / 1000, settings.visibility_timeout_s / 10)
 
 
+# While a member holds a standing claim (I20) no claim delta comes to carry settlements: they, and
+# the ``seen`` of the segments it handed out, wait at least this long for company (never more than
+# a tenth of the visibility timeout), so a paced stream costs a cursor write per this period, not
+# one per segment.
+STANDING_LINGER_S = 0.5
+
+
+def standing_linger(settings: ConsumerSettings) -> float:
+    """How long settlements and handed-out segments' ``seen`` wait under a standing claim: the
+    settlement linger, at least STANDING_LINGER_S, at most a tenth of the visibility timeout."""
+    return min(settings.visibility_timeout_s / 10, max(settle_linger(settings), STANDING_LINGER_S))
+
+
 def claims_expected(*, now: float, find_gap: float, last_found: float, within: float) -> bool:
     """Is a claim delta likely within ``within`` seconds? Only while segments keep arriving: the
     last two finds were that close and the last is that recent. A batch read once and settled one

@@ -21,7 +21,14 @@ from bucketq.core.keys import Keys
 from bucketq.core.membership import Membership
 from bucketq.core.message import Message, Receipt
 from bucketq.core.models import DeadLetterConfig, TopicConfig
-from bucketq.core.partition_worker import CycleResult, Intent, IntentKind, Look, PartitionWorker
+from bucketq.core.partition_worker import (
+    HAND_OUT_MARGIN_S,
+    CycleResult,
+    Intent,
+    IntentKind,
+    Look,
+    PartitionWorker,
+)
 from bucketq.core.pings import RING_VERSION, Pings
 from bucketq.core.producer import Producer
 from bucketq.core.segment import Record
@@ -47,7 +54,6 @@ Handler = Callable[[Message], Awaitable[object]]
 # A prefetched message is handed to the app only while its durable lease has at least this long
 # (or a tenth of the visibility timeout, if less) left (invariant I4: a message reaches the app
 # only while its lease is durably held).
-HAND_OUT_MARGIN_S = 0.5
 
 Settlement = Literal["acked", "nacked", "dead", "released at close"]
 """How this member settled a delivered message (a repeat of the same settlement is a no-op)."""
@@ -292,6 +298,9 @@ class Consumer:
         if self._closed:
             return
         self._claiming = False
+        for sub in self._subs.values():
+            for worker in sub.workers.values():
+                worker.closing = True  # its next delta gives its standing claim back (I20)
         if drain:
             for msg in list(self._buffer):
                 self._give_back(msg.receipt, counted=False)
@@ -673,7 +682,9 @@ class Consumer:
                         or worker in rung
                     ):
                         jobs.append((worker, demand, False))
-                elif settle:
+                elif settle or worker.can_give_back():
+                    # (a standing claim on a partition this member no longer owns is given back
+                    # at once: the new owner would wait for it to run out, I20)
                     jobs.append((worker, 0, True))
                 elif demand > 0 and sweep:
                     # the topic just woke and its owner may sleep until its turn at the wake

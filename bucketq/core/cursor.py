@@ -60,13 +60,29 @@ class Standing:
     seq: int
     count: int
     until: float
+    # the segments it leased at ``seen``, as inclusive ranges: a segment seen again after a
+    # ``seek`` back is never covered twice (its first delivery carried this token: the same
+    # receipt would be handed out twice), while one a seek forward passed over unseen still is
+    # (its holder may have handed it out before the seek)
+    leased: list[list[int]] = field(default_factory=list)
 
     @property
     def end(self) -> int:
         return self.seq + self.count
 
     def covers(self, seq: int) -> bool:
-        return self.seq <= seq < self.end
+        """Whether a ``seen`` of segment ``seq`` now leases its messages to the holder."""
+        return self.seq <= seq < self.end and not self.leased_at_seen(seq)
+
+    def leased_at_seen(self, seq: int) -> bool:
+        return any(lo <= seq <= hi for lo, hi in self.leased)
+
+    def lease(self, seq: int) -> None:
+        """Segment ``seq`` was leased at ``seen`` (never again under this standing claim)."""
+        if self.leased and self.leased[-1][1] == seq - 1:
+            self.leased[-1][1] = seq  # the usual case: segments are seen in order
+        else:
+            self.leased = _merged([*self.leased, [seq, seq]])
 
 
 @dataclass(slots=True)
@@ -342,7 +358,7 @@ class CursorState:
             # format 6, only when there is one: a checkpoint of a log without standing claims keeps
             # the bytes it had
             **(
-                {"stand": [st.token, st.member, st.seq, st.count, st.until]}
+                {"stand": [st.token, st.member, st.seq, st.count, st.until, st.leased]}
                 if (st := self.standing) is not None
                 else {}
             ),
@@ -370,7 +386,14 @@ class CursorState:
             counters=Counters(**obj.get("counters", {})),
             ids={str(m): (str(i), float(at)) for m, i, at in obj.get("ids", [])},
             standing=(
-                Standing(str(st[0]), str(st[1]), int(st[2]), int(st[3]), float(st[4]))
+                Standing(
+                    str(st[0]),
+                    str(st[1]),
+                    int(st[2]),
+                    int(st[3]),
+                    float(st[4]),
+                    [[int(lo), int(hi)] for lo, hi in st[5]],
+                )
                 if (st := obj.get("stand"))
                 else None
             ),
@@ -385,6 +408,17 @@ def _ranges(values: Iterable[int]) -> list[list[int]]:
             out[-1][1] = v
         else:
             out.append([v, v])
+    return out
+
+
+def _merged(ranges: list[list[int]]) -> list[list[int]]:
+    """Inclusive ranges sorted, with adjacent and overlapping ones joined."""
+    out: list[list[int]] = []
+    for lo, hi in sorted(ranges):
+        if out and lo <= out[-1][1] + 1:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
     return out
 
 
@@ -497,6 +531,9 @@ def _cover(state: CursorState, seq: int, seg: SegmentState) -> None:
     covered = st is not None and st.covers(seq)
     if not covered and not suspected:
         return
+    if covered:
+        assert st is not None
+        st.lease(seq)
     for idx in range(seg.count):
         pos = (seq, idx)
         if idx in seg.done or pos in state.delayed or pos in state.leases:
@@ -504,6 +541,7 @@ def _cover(state: CursorState, seq: int, seg: SegmentState) -> None:
         if st is None or not covered:
             state.deliveries[pos] = state.deliveries.get(pos, 0) + suspected
             continue
+        assert st is not None
         deliveries = state.deliveries.pop(pos, 0) + suspected + 1
         state.leases[pos] = Lease(st.token, st.member, st.until, deliveries)
         state.counters.delivered += 1

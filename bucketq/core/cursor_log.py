@@ -443,6 +443,12 @@ def _held(state: CursorState, op: Op) -> bool:
         return state.is_done(op.pos)
     if op.kind == "release":
         return lease is None or lease.token != op.token
+    if op.kind == "stand":
+        # a take or renewal counts only if the standing claim is still ours (nothing is handed
+        # out under one that might not be held); a give-back only if it is no longer ours
+        st = state.standing
+        ours = st is not None and st.token == op.token and (op.until is None or st.until >= op.until)
+        return not ours if op.count == 0 else ours
     return True
 
 

@@ -12,7 +12,7 @@ from typing import Literal
 
 from bucketq.config import ConsumerSettings
 from bucketq.core import cadence
-from bucketq.core.cursor import CursorState, Op, Pos, apply_op
+from bucketq.core.cursor import CursorState, Op, Pos, Standing, apply_op
 from bucketq.core.cursor_log import CursorLog
 from bucketq.core.fences import SEGMENT_TRUST_S, FenceView
 from bucketq.core.ids import token
@@ -28,6 +28,9 @@ from bucketq.storage import Blob, Storage
 log = logging.getLogger("bucketq.consumer")
 
 REDRIVE_FOR_HEADER = "bucketq-redrive-for"
+# I4: a message is handed to the app only with at least this long (and a tenth of the visibility
+# timeout) left on its durable lease
+HAND_OUT_MARGIN_S = 0.5
 MAX_DISCOVER_PER_CYCLE = 32
 MAX_WINDOW_SEGMENTS = 64
 # An owner re-reads its cursor log at least this often even when it has nothing to write, so an
@@ -38,6 +41,10 @@ LOG_REFRESH_S = 30.0
 # A lease comes due this long after it may first be claimed (claims need ``until + margin < now``;
 # a look at the very instant would find it not yet claimable, then count it as looked at).
 LEASE_DUE_AFTER_S = 0.001
+# A standing claim (format 6, I20) covers this many segments past the last one its delta sees: the
+# next segments a stream brings are handed out without a claim write until the range is renewed
+# (every delta the holder writes renews it)
+STANDING_AHEAD = 16
 
 DeadLetterFn = Callable[[str, int, Pos, Record, int, str], Awaitable[None]]
 
@@ -210,6 +217,15 @@ class PartitionWorker:
         # something changes (a lease claimed again, or a new one)
         self.leases_looked = float("-inf")
         self._deadlines: tuple[tuple[int, int, bool], list[float]] | None = None
+        # Standing claims (format 6, I20): the token of the one this worker took (None: none);
+        # the positions it handed to the app under it (their ``seen`` may not be written yet: no
+        # claim of this member's may take them again); since when (monotonic) segments it handed
+        # out wait for their ``seen`` (None: none wait); and whether the member is leaving (its
+        # next delta gives the standing claim back)
+        self._stand_token: str | None = None
+        self._handed: dict[Pos, float] = {}  # -> the lease deadline the app was given
+        self._unseen_since: float | None = None
+        self.closing = False
         self._lock = asyncio.Lock()
 
     @property
@@ -416,10 +432,19 @@ class PartitionWorker:
         of a stream of segments for at most the settlement linger)."""
         if self._dead_ready:
             return 0.0
+        unseen = (
+            float("inf")
+            if self._unseen_since is None
+            else self._unseen_since + cadence.standing_linger(self.settings)
+        )
         if not self.intents:
-            return float("inf")
+            return unseen
         if self.settle_opened is None:
             return 0.0
+        if self.standing_live(time.time()) is not None:
+            # no claim delta is coming: the settlements wait for the delta that writes the
+            # handed-out segments' ``seen`` (and renews the standing claim), at most the linger
+            return min(unseen, self.settle_opened + cadence.standing_linger(self.settings))
         return cadence.settle_at(
             self.settings,
             self.settle_opened,
@@ -518,6 +543,9 @@ class PartitionWorker:
                     topic_rung=self.topic_rung(now),
                 )
                 self.next_discovery = now + self.discovery_backoff
+        if not foreign and not expired_only:
+            # a standing claim's fast path (I20): what it covers is handed out now, no claim write
+            result.messages.extend(self._hand_out_unseen(demand))
         await self._ensure_window()
         if not foreign:
             await self._publish_dead_letters()
@@ -525,6 +553,15 @@ class PartitionWorker:
         opened_at, self.settle_opened = self.settle_opened, None
         leftover: list[bool] = [False]
         min_age = self.settings.steal_after_s if foreign and not eager else None
+        leaving = foreign or self.closing
+        give_back = leaving and not self._handed_unseen(time.time())
+        take = (
+            not leaving
+            and not expired_only
+            and demand > 0
+            and self.tail_reached
+            and not self.settings.ordered
+        )
 
         def build(state: CursorState) -> list[Op]:
             expire = self._expire_op(state)
@@ -533,13 +570,33 @@ class PartitionWorker:
             settles = [i.op() for i in intents if not i.future.done()]
             settles.extend(Op("dead", p[0], p[1], reason=r, ref="dead") for p, r in self._dead_ready.items())
             seen = self._seen_ops(state)
-            claims, more = self._choose_claims(state, demand, seen, min_age, expired_only=expired_only)
+            stand = self._stand_op(
+                state, seen=len(seen), take=take and bool(seen), give_back=give_back, renew=not leaving
+            )
+            # a take or renewal goes before the delta's ``seen`` ops, so the segments it sees are
+            # covered (no claim op); a give-back after them and the settlements, so what this
+            # member handed out is leased to it when its ``seen`` lands and its acks are valid
+            ending = stand is not None and stand.count == 0
+            covering = _preview(state, stand) if stand is not None and not ending else state
+            claims, more = self._choose_claims(covering, demand, seen, min_age, expired_only=expired_only)
             leftover[0] = more
-            if foreign and not claims and not settles:
+            if foreign and not claims and not settles and not (stand is not None and give_back):
                 return []
-            if not settle and expire is None and not seen and not claims and not self._dead_ready:
-                return []  # the settlements wait for company (or for the next claim)
-            return [*([expire] if expire is not None else []), *seen, *settles, *claims]
+            st = self.standing_live(time.time())
+            deferred = st is not None and all(st.covers(op.seq) for op in seen)
+            if (
+                not settle
+                and expire is None
+                and (not seen or deferred)
+                and not claims
+                and not self._dead_ready
+                and not (stand is not None and give_back)
+            ):
+                # the settlements wait for company (or for the next claim); the segments a
+                # standing claim handed out wait for their ``seen`` as settlements do
+                return []
+            head = [op for op in (expire, None if ending else stand) if op is not None]
+            return [*head, *seen, *settles, *([stand] if ending and stand is not None else []), *claims]
 
         outcome = None
         try:
@@ -556,10 +613,20 @@ class PartitionWorker:
             result.ops = len(outcome.delta.ops)
             for op, ok in zip(outcome.delta.ops, outcome.results, strict=True):
                 self._settle(op, ok, outcome.delta.at, result)
+                if op.kind == "stand" and ok:
+                    self._stand_token = op.token if op.count > 0 else None
             if any(op.kind in ("ack", "release", "dead", "expire") for op in outcome.delta.ops):
                 self.recheck = bool(self.state.segments)
             self.intents = [i for i in self.intents if not i.future.done()]
         self._absorb_discovered()
+        if outcome is not None and not foreign:
+            result.messages.extend(self._hand_out_covered(time.time()))
+        if self._unseen_since is not None:
+            # the handed-out segments still waiting for a ``seen`` this worker can write (a seek
+            # back clears what was discovered: those wait for their discovery again)
+            pending = {d.header.seq for d in self._discovered}
+            if not any(pos[0] > self.state.frontier and pos[0] in pending for pos in self._handed):
+                self._unseen_since = None
         if demand > 0:
             # a look that had to leave claimable messages behind (its share of the demand ran
             # out) is not a look at them: their leases stay due, and stay watched
@@ -640,6 +707,7 @@ class PartitionWorker:
         new_segments = [
             (op.seq, op.count, set(op.skip or ()), op.delayed or {}) for op in ops if op.kind == "seen"
         ]
+        standing = state.standing
 
         def consider(pos: Pos, record: Record, available: bool) -> None:
             if newest is not None and record.created_at > newest:
@@ -685,7 +753,9 @@ class PartitionWorker:
                 record = self._record((seq, idx))
                 if record is None:
                     continue
-                available = delayed.get(idx, 0.0) <= now
+                available = delayed.get(idx, 0.0) <= now and (seq, idx) not in self._handed
+                if standing is not None and standing.covers(seq) and standing.until + skew >= now:
+                    available = False  # leased to the standing claim's holder at ``seen`` (I20)
                 # a segment seen again after a ``seek`` may hold leases kept across it (I11):
                 # the same margin as above, so a lease is never shared while it may be live
                 lease = state.leases.get((seq, idx))
@@ -777,6 +847,22 @@ class PartitionWorker:
         self._discovered = keep
         for seq in [s for s in self._segments if s < self.state.floor]:
             del self._segments[seq]
+        if self._handed:
+            # handed out under the standing claim: kept while the claim never leased its segment
+            # at ``seen`` (a seek may pass over it and a seek back bring it again: it is then
+            # leased under the token its delivery carried, and must never be handed out again
+            # under that receipt), or while it is leased under that token
+            st = self.standing()
+            self._handed = (
+                {}
+                if st is None
+                else {
+                    pos: until
+                    for pos, until in self._handed.items()
+                    if not st.leased_at_seen(pos[0])
+                    or ((lease := self.state.leases.get(pos)) is not None and lease.token == st.token)
+                }
+            )
 
     def add_intent(self, intent: Intent) -> None:
         self.intents.append(intent)
@@ -784,13 +870,174 @@ class PartitionWorker:
             self.settle_opened = time.monotonic()
 
     def has_work(self) -> bool:
-        """Settlements or dead letters wait to be committed."""
-        return bool(self.intents) or bool(self._dead_ready)
+        """Settlements, dead letters or the ``seen`` of handed-out segments wait to be committed."""
+        return (
+            bool(self.intents)
+            or bool(self._dead_ready)
+            or self._unseen_since is not None
+            or (self.closing and self.can_give_back())
+        )
+
+    # -- standing claims (format 6, I20) -----------------------------------------------------------
+
+    def standing(self) -> Standing | None:
+        """The partition's standing claim when it is this worker's (live or not)."""
+        st = self.state.standing
+        if st is None or self._stand_token is None or st.token != self._stand_token:
+            return None
+        return st if st.member == self.member else None
+
+    def standing_live(self, now: float) -> Standing | None:
+        """This worker's standing claim when a message may be handed out under it at ``now``
+        (wall clock): at least I4's hand-out margin before its durable ``until``."""
+        st = self.standing()
+        margin = min(HAND_OUT_MARGIN_S, self.settings.visibility_timeout_s / 10)
+        return st if st is not None and st.until > now + margin else None
+
+    def holds_standing(self) -> bool:
+        """This worker's standing claim is in the log and not given back (the member must give it
+        back when it stops owning the partition: the new owner would wait for it to run out)."""
+        return self.standing() is not None
+
+    def _handed_unseen(self, now: float) -> bool:
+        """Messages this worker handed out under its standing claim whose segment the log has not
+        seen, and whose deadline has not passed (a seek forward can pass over a segment before
+        its ``seen`` is written). While there are any, the standing claim is not given back:
+        ending it would let a later ``seen`` of that segment (after a seek back) lease them to
+        nobody while the app still holds them. It is left to run out instead."""
+        st = self.standing()
+        return st is not None and any(
+            until >= now and not st.leased_at_seen(pos[0]) for pos, until in self._handed.items()
+        )
+
+    def can_give_back(self) -> bool:
+        """The member holds a standing claim it may give back now (see ``_handed_unseen``)."""
+        return self.holds_standing() and not self._handed_unseen(time.time())
+
+    def _stand_op(
+        self, state: CursorState, *, seen: int, take: bool, give_back: bool, renew: bool = True
+    ) -> Op | None:
+        """The ``stand`` op of the delta being built, placed before its ``seen`` ops: a renewal
+        of this worker's standing claim (its range reaches STANDING_AHEAD segments past what the
+        delta sees, its deadline a visibility timeout from now), a take when ``take`` and none of
+        another's may stand (I4's margin: only once it ran out by ``clock_skew_s``), or the
+        end of its own when ``give_back``. The segments this delta sees are then covered too:
+        their messages are leased at ``seen``, with no claim op."""
+        now = time.time()
+        until = now + self.settings.visibility_timeout_s
+        end = state.frontier + 1 + seen + STANDING_AHEAD
+        st = state.standing
+        mine = st is not None and st.token == self._stand_token and st.member == self.member
+        if mine:
+            assert st is not None and self._stand_token is not None
+            if give_back:
+                return Op("stand", st.seq, count=0, token=self._stand_token, member=self.member)
+            if not renew:
+                return None  # left to run out (``_handed_unseen``)
+            return Op(
+                "stand",
+                st.seq,
+                count=max(st.count, end - st.seq),
+                token=self._stand_token,
+                member=self.member,
+                until=until,
+                ref="stand",
+            )
+        if not take or give_back:
+            return None
+        if st is not None and st.until + self.settings.clock_skew_s >= now:
+            return None
+        seq = state.frontier + 1
+        return Op("stand", seq, count=end - seq, token=token(), member=self.member, until=until, ref="stand")
+
+    def _hand_out_unseen(self, demand: int) -> list[Message]:
+        """The fast path of a standing claim: the messages of segments read but not yet seen in
+        the log, in this worker's live standing claim's range, handed out at once with no claim
+        write (their ``seen`` comes later, in a batched delta). Stops at a segment the range does
+        not cover, one with a possible earlier delivery (a suspect range: the ordinary path
+        counts it), or once ``demand`` is met."""
+        now = time.time()
+        st = self.standing_live(now)
+        if st is None or demand <= 0 or self._expire_to is not None or self.settings.ordered:
+            return []
+        state = self.state
+        incarnation = self.incarnation()
+        expected = state.frontier + 1
+        out: list[Message] = []
+        for seg in self._discovered:
+            h = seg.header
+            if h.seq < expected:
+                continue
+            if h.seq != expected or not st.covers(h.seq) or len(out) >= demand:
+                break
+            if any(lo <= h.seq < hi for lo, hi in state.suspect):
+                break
+            op = seen_op(seg, self.consumer, incarnation)
+            if op.corrupt:
+                break
+            skip, delayed = set(op.skip or ()), op.delayed or {}
+            for idx in range(op.count):
+                pos = (h.seq, idx)
+                if idx in skip or idx in delayed or pos in self._handed:
+                    continue
+                self._handed[pos] = st.until
+                out.append(self._message(pos, st.token, st.until, 1, now))
+            expected += 1
+        if out and self._unseen_since is None:
+            self._unseen_since = time.monotonic()
+        return _by_priority(out)
+
+    def _hand_out_covered(self, now: float) -> list[Message]:
+        """After a commit: the messages the log now leases to this worker's standing claim that it
+        has not handed out (segments its delta saw under the claim, or another member's ``seen``):
+        they are this member's, delivered like claimed ones."""
+        st = self.standing()
+        if st is None:
+            return []
+        out = []
+        for pos, lease in sorted(self.state.leases.items()):
+            if lease.token != st.token or pos in self._handed or lease.until <= now:
+                continue
+            if self._record(pos) is None:
+                continue  # another member's ``seen``: handed out once the window has its records
+            self._handed[pos] = lease.until
+            out.append(self._message(pos, lease.token, lease.until, lease.deliveries, now))
+        return _by_priority(out)
+
+    def _message(self, pos: Pos, tok: str, until: float, deliveries: int, at: float) -> Message:
+        seq, idx = pos
+        record = self._record(pos)
+        assert record is not None
+        base = self._base_of(seq)
+        receipt = Receipt(self.topic, self.partition, seq, idx, tok)
+        return Message(
+            self.topic,
+            self.partition,
+            seq,
+            idx,
+            base + idx,
+            record,
+            receipt.encode(),
+            deliveries,
+            until,
+            leased_at=at,
+        )
+
+    def _base_of(self, seq: int) -> int:
+        seg = self._segments.get(seq)
+        if seg is not None:
+            return seg.header.base
+        return next((d.header.base for d in self._discovered if d.header.seq == seq), 0)
 
     @property
     def busy(self) -> bool:
         """A cycle (and its commit) is in progress."""
         return self._lock.locked()
+
+
+def _by_priority(messages: list[Message]) -> list[Message]:
+    """Messages handed out together, lowest priority first (as claims choose them), then in order."""
+    return sorted(messages, key=lambda m: (m.record.priority, m.seq, m.index))
 
 
 def _retrieve(task: asyncio.Task[Blob | None]) -> None:

@@ -741,15 +741,25 @@ def test_an_ended_standing_claim_leaves_nothing_suspect_and_frees_the_partition_
     assert state.leases[(1, 0)].deliveries == 1
 
 
-def test_a_seek_keeps_the_standing_claim_and_a_lease_kept_across_it() -> None:
+def test_a_seek_keeps_the_standing_claim_but_never_lets_it_cover_a_segment_twice() -> None:
+    """A seek back delivers what it replays under new leases of their own: a segment the standing
+    claim leased at ``seen`` is not covered again (its first delivery carried the standing token:
+    the same receipt would be handed out twice). One a seek forward passed over unseen still is:
+    its holder may have handed it out before the seek, under the standing token."""
     state = started(1)
     apply(state, [stand(1, 4, until=T0 + 30)])
     apply(state, [Op("seen", 1, count=1, base=1)], at=T0 + 1)
-    apply(state, [Op("seek", 1, base=1)], at=T0 + 2)
-    assert state.standing is not None and state.leases[(1, 0)].token == "S"
+    apply(state, [Op("seek", 4, base=4)], at=T0 + 2)  # forward, over segments 2 and 3 unseen
+    apply(state, [Op("seek", 1, base=1)], at=T0 + 2)  # and back
+    assert state.standing is not None and state.leases[(1, 0)].token == "S"  # kept across it (I11)
     apply(state, [Op("release", 1, 0, token="S")], at=T0 + 3)
-    apply(state, [Op("seen", 1, count=1, base=1)], at=T0 + 4)  # seen again: covered again
+    apply(state, [Op("seen", 1, count=1, base=1)], at=T0 + 4)  # seen again: not covered
+    assert (1, 0) not in state.leases
+    assert apply(state, [claim(1, 0, "B", member="m2")], at=T0 + 5) == [True]
     assert state.leases[(1, 0)].deliveries == 2
+    apply(state, [Op("seen", 2, count=1, base=2)], at=T0 + 5)
+    assert state.leases[(2, 0)].token == "S"  # passed over unseen: covered
+    assert apply(state, [claim(2, 0, "B", member="m2")], at=T0 + 5) == [False]
 
 
 def test_standing_claims_round_trip_through_json_and_leave_other_checkpoints_as_they_were() -> None:
@@ -769,6 +779,6 @@ def test_standing_claims_round_trip_through_json_and_leave_other_checkpoints_as_
     apply(state, [stand(1, 2, tok="A", until=T0 + 30)])
     apply(state, [stand(1, 4, tok="B", until=T0 + 90, member="m2")], at=T0 + 31)
     data = json.loads(json.dumps(state.to_json()))
-    assert data["stand"] == ["B", "m2", 1, 4, T0 + 90] and data["suspect"] == [[1, 3]]
+    assert data["stand"] == ["B", "m2", 1, 4, T0 + 90, []] and data["suspect"] == [[1, 3]]
     again = CursorState.from_json(data)
     assert again.to_json() == state.to_json()

@@ -452,12 +452,14 @@ async def latency_profile_stream(messages: int, gap: float) -> tuple[int, int, l
     return deltas, len(ack_waits), ack_waits
 
 
-def test_latency_profile_acks_ride_the_next_claim_delta() -> None:
-    """Each message its own segment, 80 ms apart (50 msg/s over 4 producers): the acks of one
-    segment ride the claim delta of the next, so the stream costs about one cursor write a
-    message, not two; an ack waits for that delta at most the profile's settlement linger."""
+def test_a_paced_stream_under_a_standing_claim_costs_a_cursor_write_per_linger_not_per_segment() -> None:
+    """Each message its own segment, 80 ms apart (50 msg/s over 4 producers). The owner takes a
+    standing claim with its first claim delta (I20); from then on it hands each segment's message
+    out with no claim write, and one delta per standing linger writes the segments' ``seen``, the
+    acks and the renewal. An ack waits for that delta at most the standing linger (it returns only
+    once durable). Before standing claims: a claim delta per segment (about 50)."""
     deltas, acked, waits = run_virtual(lambda: latency_profile_stream(messages=50, gap=0.08))
     assert acked == 50
-    assert deltas <= 50 * 1.2, f"{deltas} cursor deltas for 50 messages: acks took deltas of their own"
-    linger = cadence.settle_linger(ConsumerSettings(**PROFILES["latency"]["consumer"]))
+    linger = cadence.standing_linger(ConsumerSettings(**PROFILES["latency"]["consumer"]))
+    assert deltas <= 50 * 0.08 / linger + 3, f"{deltas} cursor deltas for 50 one-message segments"
     assert max(waits) <= linger + 0.05
