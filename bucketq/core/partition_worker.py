@@ -441,16 +441,24 @@ class PartitionWorker:
             return unseen
         if self.settle_opened is None:
             return 0.0
-        if self.standing_live(time.time()) is not None:
-            # no claim delta is coming: the settlements wait for the delta that writes the
-            # handed-out segments' ``seen`` (and renews the standing claim), at most the linger
-            return min(unseen, self.settle_opened + cadence.standing_linger(self.settings))
-        return cadence.settle_at(
-            self.settings,
-            self.settle_opened,
-            now=time.monotonic(),
-            find_gap=self.find_gap,
-            last_found=self.last_found,
+        now = time.monotonic()
+        linger = cadence.standing_linger(self.settings)
+        if self.standing_live(time.time()) is not None and cadence.claims_expected(
+            now=now, find_gap=self.find_gap, last_found=self.last_found, within=linger
+        ):
+            # a stream under a standing claim: no claim delta is coming, the settlements wait
+            # for the delta that writes the handed-out segments' ``seen`` (and renews the claim),
+            # at most the standing linger; without a stream no company comes: at once, as below
+            return min(unseen, self.settle_opened + linger)
+        return min(
+            unseen,
+            cadence.settle_at(
+                self.settings,
+                self.settle_opened,
+                now=time.monotonic(),
+                find_gap=self.find_gap,
+                last_found=self.last_found,
+            ),
         )
 
     async def cycle(self, demand: int, look: Look = Look()) -> CycleResult:

@@ -25,6 +25,7 @@ COVERAGE_KEYS = {
     "processes": "processes (actor incarnations)",
     "call:publish": "publishes",
     "deliver": "deliveries",
+    "deliver:standing": "of them under a standing claim",
     "call:ack": "acks",
     "call:nack": "nacks",
     "call:extend": "extends",

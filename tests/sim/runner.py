@@ -384,6 +384,14 @@ def coverage(events: list[Event]) -> dict[str, int]:
             if e["until"] - e["t"] > 20 * 60:
                 c["pause>20min"] += 1
     c["processes"] = len(procs)
+    # standing claims (I20): one token leases many messages, a claim's only one; a delivery whose
+    # receipt token another message's delivery also carried came under a standing claim
+    positions: dict[str, set[tuple[str, int, int, int]]] = {}
+    for e in events:
+        if e["ev"] == "deliver":
+            tok = e["receipt"].rsplit(":", 1)[-1]
+            positions.setdefault(tok, set()).add((e["topic"], e["partition"], e["seq"], e["idx"]))
+    c["deliver:standing"] = sum(len(p) for p in positions.values() if len(p) > 1)
     return dict(sorted(c.items()))
 
 
