@@ -217,7 +217,7 @@ def settle_linger(settings: ConsumerSettings) -> float:
 # the ``seen`` of the segments it handed out, wait at least this long for company (never more than
 # a tenth of the visibility timeout), so a paced stream costs a cursor write per this period, not
 # one per segment.
-STANDING_LINGER_S = 0.5
+STANDING_LINGER_S = 1.0
 
 
 def standing_linger(settings: ConsumerSettings) -> float:
