@@ -463,3 +463,60 @@ def test_a_paced_stream_under_a_standing_claim_costs_a_cursor_write_per_linger_n
     linger = cadence.standing_linger(ConsumerSettings(**PROFILES["latency"]["consumer"]))
     assert deltas <= 50 * 0.08 / linger + 3, f"{deltas} cursor deltas for 50 one-message segments"
     assert max(waits) <= linger + 0.05
+
+
+async def standing_claim_handover() -> tuple[bool, bool, float]:
+    """A member reads a stream under a standing claim (I20), then closes; another member joins
+    and a message is published. Returns (a standing claim stood while the stream flowed, none
+    stands after the close, seconds until the second member received the new message)."""
+    hub = Loopback("deliver")
+    store = MemoryStore()
+    latency = {"backend": "memory", "strategy": "conditional_write", "profile": "latency"}
+    producer_bq = Bucketq(Settings.from_dict(latency), store=store, ping_network=hub.endpoint())
+    first_bq = Bucketq(Settings.from_dict(latency), store=store, ping_network=hub.endpoint())
+    second_bq = Bucketq(Settings.from_dict(latency), store=store, ping_network=hub.endpoint())
+    for bq in (producer_bq, first_bq, second_bq):
+        await bq.open()
+    await producer_bq.create_topic("t", partitions=1)
+    first = await first_bq.register_consumer("g", "t")
+    producer = await producer_bq.register_producer("p")
+    await asyncio.sleep(2.0)
+    got = 0
+    for n in range(10):
+        await producer.publish("t", n)
+        for msg in await first.poll(max_messages=10, wait=1.0):
+            await msg.ack()
+            got += 1
+        await asyncio.sleep(0.08)
+    while got < 10:
+        for msg in await first.poll(max_messages=10, wait=1.0):
+            await msg.ack()
+            got += 1
+    worker = first._subs["t"].workers[0]
+    stood = worker.standing() is not None
+    await first.close()
+    second = await second_bq.register_consumer("g", "t")
+    await second._subs["t"].workers[0].log.catch_up()
+    given_back = second._subs["t"].workers[0].state.standing is None
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await producer.publish("t", "after")
+    received: list[Any] = []
+    while not received and loop.time() - started < 120:
+        received = await second.poll(max_messages=1, wait=1.0)
+    took = loop.time() - started
+    await second.close()
+    await producer_bq.close()
+    for bq in (first_bq, second_bq):
+        await bq.close()
+    return stood, given_back, took
+
+
+def test_a_closing_member_gives_its_standing_claim_back_and_the_next_one_delivers_at_once() -> None:
+    """I20: a member that closes writes the end of its standing claim with its last delta, so the
+    member that follows it takes the partition over at once, not once the claim ran out (a
+    visibility timeout, 30 s here, plus the clock-skew margin)."""
+    stood, given_back, took = run_virtual(standing_claim_handover)
+    assert stood, "no standing claim while the stream flowed"
+    assert given_back, "the standing claim was left standing after close()"
+    assert took < 5.0, f"the next member waited {took:.1f}s for the first message"
