@@ -83,12 +83,17 @@ tools: $(HELM) $(KUBECTL) ## Install what the tests use beyond .venv: helm and k
 		$$SUDO apt-get update -qq && \
 		$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $(APT_TOOLS); }
 
-# The suite runs as pytest processes side by side: the Spark tests in one and the operator tests in
-# another, each in order (they share one SparkSession, or one emulated API server and operator,
-# stopped after its last test), everything else on TEST_JOBS xdist workers (most tests wait on
-# servers and timers, so the two cores stay busy: three workers overlap the waits). The ordered
-# runs' output is printed after the others'. TEST_JOBS=0: one process. Each run ends with its
-# TEST_DURATIONS slowest tests (setup, call and teardown apart), so a CI log shows where the time went.
+# The suite runs as pytest processes side by side: everything on TEST_JOBS xdist workers but two
+# side runs, each a pytest process running its tests in order, and `make lint` (about 17 s, mostly
+# a cold mypy) beside them rather than before. Most tests wait on servers and timers, so the cores
+# stay busy: three workers overlap the waits. The side runs, their logs printed after the rest:
+#   spark:    the Spark tests share one SparkSession;
+#   checkers: the operator tests share one emulated API server and operator (stopped after its last
+#             test); then the simulation batch and the chaos runs (about 150 s of worker time) go
+#             in the same process: the operator tests end ~300 s before the xdist part does, and
+#             those tests need no test beside them. Checked by histories, they hold under any load.
+# Each run ends with its TEST_DURATIONS slowest tests (setup, call and teardown apart), so a CI
+# log shows where the time went. A lint failure still fails `make test`. TEST_JOBS=0: one process.
 # --maxschedchunk=1: a worker is handed the next test when it has fewer than two queued. xdist's
 # default hands each worker a quarter of its share at the start (~130 consecutive tests), and the
 # slow-marked tests, sorted first (tests/conftest.py), all landed in one worker's first chunk: it
@@ -96,17 +101,21 @@ tools: $(HELM) $(KUBECTL) ## Install what the tests use beyond .venv: helm and k
 TEST_JOBS ?= 3
 XDIST := -n $(TEST_JOBS) --maxschedchunk=1
 TEST_DURATIONS ?= 20
-SERIAL_TESTS := tests/spark tests/operator
-test: lint tools ## Lint, type-check, then run the whole test suite (Spark and operator beside TEST_JOBS workers)
+SIDE_RUNS := spark checkers
+SIDE_spark := tests/spark
+SIDE_checkers := tests/operator tests/sim tests/chaos
+SIDE_TESTS := $(foreach r,$(SIDE_RUNS),$(SIDE_$(r)))
+test: tools ## Lint and type-check, and run the whole test suite (lint and two side runs beside TEST_JOBS workers)
 ifeq ($(TEST_JOBS),0)
+	$(MAKE) --no-print-directory lint
 	$(BIN)/pytest -q --durations=$(TEST_DURATIONS)
 else
-	@pids=""; for t in $(SERIAL_TESTS); do \
-		$(BIN)/pytest -q --durations=$(TEST_DURATIONS) $$t > .pytest-$$(basename $$t).log 2>&1 & pids="$$pids $$!"; \
-	done; \
-	$(BIN)/pytest -q --durations=$(TEST_DURATIONS) $(XDIST) $(foreach t,$(SERIAL_TESTS),--ignore=$(t)); rest=$$?; \
+	@$(MAKE) --no-print-directory lint > .lint.log 2>&1 & pids="$$!"; \
+	$(foreach r,$(SIDE_RUNS),$(BIN)/pytest -q --durations=$(TEST_DURATIONS) $(SIDE_$(r)) > .pytest-$(r).log 2>&1 & pids="$$pids $$!";) \
+	$(BIN)/pytest -q --durations=$(TEST_DURATIONS) $(XDIST) $(foreach t,$(SIDE_TESTS),--ignore=$(t)); rest=$$?; \
 	failed=0; for pid in $$pids; do wait $$pid || failed=1; done; \
-	for t in $(SERIAL_TESTS); do echo "== $$t"; cat .pytest-$$(basename $$t).log; done; \
+	echo "== make lint"; cat .lint.log; \
+	$(foreach r,$(SIDE_RUNS),echo "== $(SIDE_$(r))"; cat .pytest-$(r).log;) \
 	test $$rest = 0 && test $$failed = 0
 endif
 

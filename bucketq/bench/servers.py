@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -105,7 +106,40 @@ class S3Server:
 
 
 def free_ports(count: int) -> list[int]:
-    """``count`` distinct TCP ports free on 127.0.0.1 right now."""
+    """``count`` distinct TCP ports free on 127.0.0.1 right now, chosen outside the kernel's
+    ephemeral range where it can tell: a port the kernel hands out for binding to 0 is one it
+    also hands out as the source port of an outgoing connection, so on a busy machine a client's
+    connection could take it before the server that was meant to bind it (seen: a sidecar's
+    "address already in use" while tests talked to S3 servers). Ports outside that range are
+    only ever taken by a process that binds them by number."""
+    below = _ephemeral_range_start()
+    if below is None:
+        return _kernel_ports(count)
+    ports: list[int] = []
+    choices = random.SystemRandom()
+    for _ in range(64 * count):
+        if len(ports) == count:
+            return ports
+        port = choices.randint(_LOWEST_CHOSEN_PORT, below - 1)
+        if port not in ports and port_is_free(port):
+            ports.append(port)
+    return ports + _kernel_ports(count - len(ports))  # a crowded range: let the kernel choose
+
+
+_LOWEST_CHOSEN_PORT = 10000  # above the registered ports most services listen on
+
+
+def _ephemeral_range_start() -> int | None:
+    """The first port of Linux's ephemeral range (``ip_local_port_range``), when there is room
+    below it to choose from; None elsewhere."""
+    try:
+        first = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return first if first > _LOWEST_CHOSEN_PORT + 2000 else None
+
+
+def _kernel_ports(count: int) -> list[int]:
     socks = []
     try:
         for _ in range(count):

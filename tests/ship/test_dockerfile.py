@@ -20,6 +20,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tests.support.built_once import built_once
+
 REPO = Path(__file__).resolve().parents[2]
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
@@ -396,8 +398,12 @@ def _clean_env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def image_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A virtualenv made exactly like the image's /opt/bucketq, from the committed locks."""
-    tmp = tmp_path_factory.mktemp("image")
+    """A virtualenv made exactly like the image's /opt/bucketq, from the committed locks (built once
+    per run, whichever xdist workers run the tests that use it: it takes ~16 CPU-seconds)."""
+    return built_once(tmp_path_factory, "image", _build_image_venv) / "runtime"
+
+
+def _build_image_venv(tmp: Path) -> None:
     build, runtime, dist = tmp / "build", tmp / "runtime", tmp / "dist"
     for venv in (build, runtime):
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
@@ -427,7 +433,6 @@ def image_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
         cwd=tmp,
     )
     _pip(runtime / "bin" / "python", "check", cwd=tmp)
-    return runtime
 
 
 def _run(venv: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -12,6 +12,12 @@ no signatures) that breaks one promise the protocol relies on, as some S3-compat
 * ``stale_reads_s``: a key PUT less than that long ago is not found by GET or HEAD and is missing
   from listings (a store that is only eventually consistent).
 
+Every other promise is kept, including one moto itself does not keep: moto checks a conditional
+PUT's precondition and stores the object in two steps with no lock between them, so racing
+writers can both win on a loaded machine. The proxy sends the conditional PUTs of one key up one
+at a time, so the only broken promise is the one asked for (the store checks compare verdicts
+check by check).
+
 Use it as a context manager; ``url`` is its endpoint.
 """
 
@@ -23,6 +29,7 @@ import email.utils
 import re
 import threading
 import time
+from collections import defaultdict
 from typing import Any
 
 import aiohttp
@@ -60,6 +67,8 @@ class LyingS3:
         self.clock_skew_s = clock_skew_s
         self.stale_reads_s = stale_reads_s
         self.written: dict[str, float] = {}  # path -> when a PUT of it last went up
+        # path -> held while a conditional PUT of it is at the upstream (see the module docstring)
+        self._conditional: defaultdict[str, asyncio.Lock] = defaultdict(asyncio.Lock)
         (self.port,) = free_ports(1)
         self.url = f"http://127.0.0.1:{self.port}"
         self._loop = asyncio.new_event_loop()
@@ -131,7 +140,11 @@ class LyingS3:
                 return web.Response(status=412, body=PRECONDITION_FAILED, content_type="application/xml")
             await asyncio.sleep(self.race_window_s)  # check, then act: the window racing writers share
         self.written[request.path] = time.monotonic()
-        status, out, payload = await self._forward(request, headers, body)
+        if any(k.lower() in ("if-none-match", "if-match") for k in headers):
+            async with self._conditional[request.path]:
+                status, out, payload = await self._forward(request, headers, body)
+        else:
+            status, out, payload = await self._forward(request, headers, body)
         return self._answer(status, out, payload)
 
     # -- the lies --------------------------------------------------------------------------------
