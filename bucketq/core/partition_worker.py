@@ -590,8 +590,12 @@ class PartitionWorker:
             leftover[0] = more
             if foreign and not claims and not settles and not (stand is not None and give_back):
                 return []
+            # only the ``seen`` of segments the fast path handed out waits (their messages are
+            # with the app already); a covered segment it handed nothing of (corrupt, all delayed
+            # or skipped, past the demand) is written now: nothing else would bring its ``seen``
             st = self.standing_live(time.time())
-            deferred = st is not None and all(st.covers(op.seq) for op in seen)
+            handed = {pos[0] for pos in self._handed}
+            deferred = st is not None and all(st.covers(op.seq) and op.seq in handed for op in seen)
             if (
                 not settle
                 and expire is None
