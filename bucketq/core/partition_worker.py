@@ -585,7 +585,18 @@ class PartitionWorker:
             # covered (no claim op); a give-back after them and the settlements, so what this
             # member handed out is leased to it when its ``seen`` lands and its acks are valid
             ending = stand is not None and stand.count == 0
-            covering = _preview(state, stand) if stand is not None and not ending else state
+            # a renewal of a standing claim that still lives goes after the ``seen`` ops: the
+            # segments it handed out are then leased with the deadline their messages were handed
+            # out under (I16 counts from it), not the renewed one
+            current = state.standing
+            after = (
+                stand is not None
+                and not ending
+                and current is not None
+                and current.token == stand.token
+                and current.until >= time.time()
+            )
+            covering = _preview(state, stand) if stand is not None and not ending and not after else state
             claims, more = self._choose_claims(covering, demand, seen, min_age, expired_only=expired_only)
             leftover[0] = more
             if foreign and not claims and not settles and not (stand is not None and give_back):
@@ -607,8 +618,9 @@ class PartitionWorker:
                 # the settlements wait for company (or for the next claim); the segments a
                 # standing claim handed out wait for their ``seen`` as settlements do
                 return []
-            head = [op for op in (expire, None if ending else stand) if op is not None]
-            return [*head, *seen, *settles, *([stand] if ending and stand is not None else []), *claims]
+            head = [op for op in (expire, None if ending or after else stand) if op is not None]
+            tail = [stand] if stand is not None and (ending or after) else []
+            return [*head, *seen, *settles, *tail, *claims]
 
         outcome = None
         try:
@@ -1010,6 +1022,8 @@ class PartitionWorker:
         for pos, lease in sorted(self.state.leases.items()):
             if lease.token != st.token or pos in self._handed or lease.until <= now:
                 continue
+            if not self.state.in_window(pos):
+                continue  # a lease kept across a seek (I11): only what it was handed out for holds it
             if self._record(pos) is None:
                 continue  # another member's ``seen``: handed out once the window has its records
             self._handed[pos] = lease.until
