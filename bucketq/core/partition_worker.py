@@ -225,6 +225,10 @@ class PartitionWorker:
         self._stand_token: str | None = None
         self._handed: dict[Pos, float] = {}  # -> the lease deadline the app was given
         self._unseen_since: float | None = None
+        # when (the take's delta time) this worker's standing claim began: the messages handed out
+        # under it are leased since then (Message.leased_at: a seek that lands later replays them,
+        # I11), whatever this member's replica had read when it handed them out
+        self._stand_at = 0.0
         self.closing = False
         self._lock = asyncio.Lock()
 
@@ -638,6 +642,8 @@ class PartitionWorker:
             for op, ok in zip(outcome.delta.ops, outcome.results, strict=True):
                 self._settle(op, ok, outcome.delta.at, result)
                 if op.kind == "stand" and ok:
+                    if op.token != self._stand_token:
+                        self._stand_at = outcome.delta.at  # a take: the leases it gives begin here
                     self._stand_token = op.token if op.count > 0 else None
             if any(op.kind in ("ack", "release", "dead", "expire") for op in outcome.delta.ops):
                 self.recheck = bool(self.state.segments)
@@ -1005,7 +1011,7 @@ class PartitionWorker:
                 if idx in skip or idx in delayed or pos in self._handed:
                     continue
                 self._handed[pos] = st.until
-                out.append(self._message(pos, st.token, st.until, 1, now))
+                out.append(self._message(pos, st.token, st.until, 1, self._stand_at))
             expected += 1
         if out and self._unseen_since is None:
             self._unseen_since = time.monotonic()
@@ -1027,7 +1033,7 @@ class PartitionWorker:
             if self._record(pos) is None:
                 continue  # another member's ``seen``: handed out once the window has its records
             self._handed[pos] = lease.until
-            out.append(self._message(pos, lease.token, lease.until, lease.deliveries, now))
+            out.append(self._message(pos, lease.token, lease.until, lease.deliveries, self._stand_at))
         return _by_priority(out)
 
     def _message(self, pos: Pos, tok: str, until: float, deliveries: int, at: float) -> Message:
