@@ -70,7 +70,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """A test that uses the moto or SeaweedFS server fixture starts an S3 server: it is an ``s3``
     test even where its module forgot the mark (``make test-fast`` must never start one).
 
-    On xdist workers, the tests marked ``slow`` come first (otherwise in collection order): xdist's
+    On xdist workers, the tests marked ``slow`` come first (otherwise in collection order; tests of
+    a built-once fixture apart, see :func:`schedule_ranks`): xdist's
     ``load`` scheduling deals tests in this order, so a minute-long test never starts near the end
     and finishes alone on one worker while the other idles. Every worker sorts the same way, as
     xdist requires. This needs ``--maxschedchunk=1`` (``make test``): with xdist's default first
@@ -82,7 +83,29 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         ):
             item.add_marker(pytest.mark.s3)
     if hasattr(config, "workerinput"):
-        items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: False first
+        ranks = schedule_ranks(items)
+        items.sort(key=lambda item: ranks[item.nodeid])  # stable: collection order within a rank
+
+
+# Fixtures built once per run behind a lock (tests/support/built_once.py): dealt side by side, their
+# tests started together on every worker, one building while the others waited on the lock (~35 s).
+BUILT_ONCE_FIXTURES = {"image_venv"}
+
+
+def schedule_ranks(items: list[pytest.Item]) -> dict[str, int]:
+    """0: slow tests, and the first test of each built-once fixture (it starts the build early);
+    1: the other tests of those fixtures, dealt after every slow test, when the build is done;
+    2: the rest."""
+    ranks: dict[str, int] = {}
+    started: set[str] = set()
+    for item in items:
+        built = BUILT_ONCE_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if built:
+            ranks[item.nodeid] = 1 if built <= started else 0
+            started |= built
+        else:
+            ranks[item.nodeid] = 0 if item.get_closest_marker("slow") is not None else 2
+    return ranks
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

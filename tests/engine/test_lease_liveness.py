@@ -145,8 +145,11 @@ async def test_a_message_nacked_with_a_delay_comes_back_when_the_delay_ends_on_a
     member = await bq.register_consumer("g", "t")
     first = await member.poll(1, 5.0)
     assert [m.payload for m in first] == ["retry me"]
-    await first[0].nack(delay=1.0)
+    # the delay counts from the nack call (its not-before is stamped before the settlement is
+    # written), so the wait is timed from there: timed from the return, a slow write made the
+    # delay look short
     nacked_at = time.monotonic()
+    await first[0].nack(delay=1.0)
     again = await member.poll(1, 10.0)
     waited = time.monotonic() - nacked_at
     assert [m.payload for m in again] == ["retry me"] and again[0].deliveries == 2

@@ -103,6 +103,9 @@ class Cluster:
         ]
         return min(starts, default=None)
 
+    def finished_runs(self, who: str) -> int:
+        return sum(e["who"] == who and e["event"] == "end" for e in self.events())
+
     def stop_all(self) -> None:
         for worker in self.workers.values():
             if worker.process.poll() is None:
@@ -196,7 +199,9 @@ def test_one_operator_works_at_a_time_and_a_standby_takes_over(
         d_started = wait_for(lambda: cluster.first_start("d", after=stopped), "d to take over", 15)
         assert d_started - stopped < LEASE_S, "a released Lease was waited out"
         assert "released the Lease" in c.log.read_text()
-        time.sleep(1.0)
+        # d works long enough to leave a history to check (a fixed second was one handler run on
+        # a loaded machine)
+        wait_for(lambda: cluster.finished_runs("d") >= 3, "d to finish three handler runs", 20)
     finally:
         cluster.stop_all()
     ended = {w.who: w.ended_at or time.monotonic() for w in cluster.workers.values()}

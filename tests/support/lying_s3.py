@@ -24,6 +24,7 @@ Use it as a context manager; ``url`` is its endpoint.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import email.utils
 import re
@@ -140,10 +141,8 @@ class LyingS3:
                 return web.Response(status=412, body=PRECONDITION_FAILED, content_type="application/xml")
             await asyncio.sleep(self.race_window_s)  # check, then act: the window racing writers share
         self.written[request.path] = time.monotonic()
-        if any(k.lower() in ("if-none-match", "if-match") for k in headers):
-            async with self._conditional[request.path]:
-                status, out, payload = await self._forward(request, headers, body)
-        else:
+        conditional = any(k.lower() in ("if-none-match", "if-match") for k in headers)
+        async with self._conditional[request.path] if conditional else contextlib.nullcontext():
             status, out, payload = await self._forward(request, headers, body)
         return self._answer(status, out, payload)
 
