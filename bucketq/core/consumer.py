@@ -885,10 +885,10 @@ class Consumer:
         record = msg.record if msg is not None else worker._record(r.pos)
         if record is None:
             raise LeaseLost(r.pos, "message is no longer in this member's window")
-        lease = worker.state.leases.get(r.pos)
-        if lease is None or lease.token != r.token:
+        deliveries = worker.held_deliveries(r.pos, r.token)
+        if deliveries is None:
             raise LeaseLost(r.pos)
-        await self._dead_letter(r.topic, r.partition, r.pos, record, lease.deliveries, reason)
+        await self._dead_letter(r.topic, r.partition, r.pos, record, deliveries, reason)
         await self._settle(receipt, "dead", "dead", reason=reason)
 
     async def release(self, receipt: str) -> None:

@@ -940,6 +940,23 @@ class PartitionWorker:
             until >= now and not st.leased_at_seen(pos[0]) for pos, until in self._handed.items()
         )
 
+    def held_deliveries(self, pos: Pos, token: str) -> int | None:
+        """The delivery count of the lease ``token`` holds on ``pos``, or None when it holds none
+        (a settlement under it would be refused).
+
+        I20: a message handed out under this worker's standing claim is leased to it from the
+        hand-out, before its segment's ``seen`` is in the log: its settlement is written in the
+        delta that writes the ``seen``, after it, or in a later one. Looking in the log alone
+        refused a dead-letter (a push app's DROP) as a lost lease, and the message came back.
+        """
+        lease = self.state.leases.get(pos)
+        if lease is not None and lease.token == token:
+            return lease.deliveries
+        st = self.standing()
+        if st is not None and st.token == token and pos in self._handed and not st.leased_at_seen(pos[0]):
+            return self.state.prior_deliveries(pos) + 1
+        return None
+
     def can_give_back(self) -> bool:
         """The member holds a standing claim it may give back now (see ``_handed_unseen``)."""
         return self.holds_standing() and not self._handed_unseen(time.time())

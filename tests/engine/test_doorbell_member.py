@@ -520,3 +520,75 @@ def test_a_closing_member_gives_its_standing_claim_back_and_the_next_one_deliver
     assert stood, "no standing claim while the stream flowed"
     assert given_back, "the standing claim was left standing after close()"
     assert took < 5.0, f"the next member waited {took:.1f}s for the first message"
+
+
+async def dead_letters_under_a_standing_claim(
+    messages: int,
+) -> tuple[bool, list[str], dict[int, int], list[Any]]:
+    """A stream read under a standing claim (I20) whose app dead-letters every other message (a
+    push app's DROP) the moment it gets it, before the delta with the segment's ``seen`` is
+    written. Returns (a standing claim stood, the errors the app's settlements raised, how often
+    each message was delivered, the dead-letter topic's messages)."""
+    hub = Loopback("deliver")
+    store = MemoryStore()
+    latency = {"backend": "memory", "strategy": "conditional_write", "profile": "latency"}
+    producer_bq = Bucketq(Settings.from_dict(latency), store=store, ping_network=hub.endpoint())
+    member_bq = Bucketq(Settings.from_dict(latency), store=store, ping_network=hub.endpoint())
+    await producer_bq.open()
+    await member_bq.open()
+    await producer_bq.create_topic("t", partitions=1)
+    member = await member_bq.register_consumer("g", "t")
+    producer = await producer_bq.register_producer("p")
+    await asyncio.sleep(2.0)
+    loop = asyncio.get_running_loop()
+    deliveries: dict[int, int] = {}
+    errors: list[str] = []
+    stood = False
+
+    async def settle(msg: Any) -> None:
+        try:
+            if msg.payload % 2:
+                await msg.dead_letter("dropped by the app")
+            else:
+                await msg.ack()
+        except Exception as exc:  # the finding: a LeaseLost for a message the member holds
+            errors.append(f"{msg.payload}: {exc!r}")
+
+    async def consume(until: float) -> None:
+        nonlocal stood
+        settling: list[asyncio.Task[None]] = []
+        while loop.time() < until:
+            for msg in await member.poll(max_messages=10, wait=0.2):
+                deliveries[msg.payload] = deliveries.get(msg.payload, 0) + 1
+                stood = stood or member._subs["t"].workers[0].standing() is not None
+                settling.append(loop.create_task(settle(msg)))
+        await asyncio.gather(*settling)
+
+    # past the visibility timeout (30 s): a settlement that did not hold would deliver it again
+    consuming = loop.create_task(consume(loop.time() + messages * 0.08 + 45.0))
+    for n in range(messages):
+        await producer.publish("t", n)
+        await asyncio.sleep(0.08)
+    await consuming
+    await member.close()
+    dlq = await member_bq.register_consumer("inspect", "t.dlq")
+    dead: list[Any] = []
+    for _ in range(5):
+        dead += await dlq.poll(max_messages=messages, wait=1.0)
+    await dlq.close()
+    await producer_bq.close()
+    await member_bq.close()
+    return stood, errors, deliveries, [m.payload for m in dead]
+
+
+def test_a_message_dead_lettered_under_a_standing_claim_is_never_delivered_again() -> None:
+    """I20: a message handed out under a standing claim is leased to its holder from the hand-out;
+    the app may dead-letter it (a push app's DROP) before the delta that writes its segment's
+    ``seen``, and the settlement then rides in that delta after the ``seen``, exactly like an ack.
+    It used to be refused as a lost lease (the member looked for the lease in the log only), so
+    the message came back once the standing claim's lease ran out."""
+    stood, errors, deliveries, dead = run_virtual(lambda: dead_letters_under_a_standing_claim(20))
+    assert stood, "no standing claim while the stream flowed: the test did not test it"
+    assert errors == []
+    assert deliveries == dict.fromkeys(range(20), 1)
+    assert sorted(dead) == list(range(1, 20, 2))

@@ -1153,6 +1153,56 @@ def lease_redelivered(ix: Index) -> list[Violation]:
     return out
 
 
+def settlement_honoured(ix: Index) -> list[Violation]:
+    """A holder's settlement answered while its lease lives is never refused (I4, I20).
+
+    The app holds a delivered message until its lease's deadline (``until``, or a later successful
+    extend), whether the member claimed it with a write or handed it out under a standing claim
+    before the segment's ``seen`` was written. An ack, nack or dead-letter it asks for and is
+    answered about before that deadline (less the clock margin) is a settlement of a live lease:
+    answered "lease lost", the message comes back although the app settled it (a push app's DROP
+    was refused this way under standing claims, and delivered again). Checked where nothing else
+    can end a lease early: no seek of the group, no deletion of the topic, the holder not leaving
+    and the group's clocks within the margin; only in schedules that promise room and no faults
+    (``lease_liveness``) or once the quiesce phase began.
+    """
+    everywhere = bool(ix.params.get("lease_liveness"))
+    if not everywhere and ix.quiesce_t is None:
+        return []
+    extends: dict[str, float] = {}
+    for call, ret in ix.by_op.get("extend", []):
+        if ret is not None and ret["outcome"] == "ok" and "until" in ret:
+            extends[call["receipt"]] = max(extends.get(call["receipt"], 0.0), float(ret["until"]))
+    delivered = {d["receipt"]: d for d in ix.deliveries}
+    left = {c["member"]: c["t"] for c, _ in ix.by_op.get("leave", []) if c.get("member")}
+    out = []
+    for receipt, settlements in _settlements(ix).items():
+        d = delivered.get(receipt)
+        if d is None or ix.has_deletes(d["topic"]) or ix.seeks(d["group"], d["topic"]):
+            continue
+        offset = float(ix.clocks.get(d["proc"], {}).get("offset", 0.0))
+        if abs(offset) > ix.margin / 2 + EPS or ix.spread.get(d["group"], 0.0) > ix.margin + EPS:
+            continue  # a member's clock far ahead may take a live lease (I10)
+        expiry = ix.lease_end(d, extends.get(receipt, 0.0)) - ix.margin
+        for call, ret in settlements:
+            if ret is None or _maybe_applied(ret) or ret["t"] >= expiry:
+                continue
+            if left.get(d["member"], float("inf")) <= ret["t"]:
+                continue
+            if not everywhere and call["t"] < (ix.quiesce_t or float("inf")):
+                continue
+            out.append(
+                Violation(
+                    "settlement_honoured",
+                    f"{call['op']} of message {d['tag']} (p{d['partition']} seg {d['seq']}/{d['idx']}) by "
+                    f"{d['member']} was refused as a lost lease at t={ret['t']:.3f}, its lease living "
+                    f"until t={expiry + ix.margin:.3f}",
+                    [d, call, ret],
+                )
+            )
+    return out
+
+
 INVARIANTS: dict[str, Callable[[Index], list[Violation]]] = {
     "acked_publish_delivered": acked_publish_delivered,
     "exclusive_lease": exclusive_lease,
@@ -1172,6 +1222,7 @@ INVARIANTS: dict[str, Callable[[Index], list[Violation]]] = {
     "clock_reported": clock_reported,
     "foreign_objects_kept": foreign_objects_kept,
     "lease_redelivered": lease_redelivered,
+    "settlement_honoured": settlement_honoured,
 }
 
 

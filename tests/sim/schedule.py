@@ -1043,12 +1043,14 @@ def _crash_lease(rng: random.Random, seed: int) -> Schedule:
                 poll_max=10,
                 concurrency=room,  # the app never blocks its polls: a redelivery is handed out at once
                 work=(0.0, rng.choice([0.5, 2.0])),
-                ack=0.8,
+                ack=0.7,
                 nack=0.0,
                 extend=0.0,
                 slow=0.05,
                 drop=0.15,
-                dead=0.0,
+                # dead-lettered at once (a push app's DROP), maybe under a standing claim before its
+                # ``seen`` is written: a settlement of a live lease is honoured (settlement_honoured)
+                dead=0.1,
                 # killed while holding what it claimed of the burst (members there from the start)
                 crash_at=burst_end + rng.uniform(0.5, 5.0) if start == 0.0 and rng.random() < 0.7 else None,
             )

@@ -691,3 +691,39 @@ def test_a_replica_of_an_earlier_incarnation_is_not_compared() -> None:
     assert names(h) == []
     h.add("replica", topic="t", group="g", partition=0, member="m2", state={"n": 3}, incarnation="new")
     assert names(h) == ["replicas_converge"]
+
+
+# -- settlement_honoured (I4, I20) -----------------------------------------------------------------
+
+
+def test_a_settlement_refused_while_its_lease_lives_is_a_violation() -> None:
+    # the lease lives until 32 (margin 2 x 2): a "lease lost" at 5 is the engine refusing the holder
+    h = H(**LIVENESS).topic().join().at(1).publish("a", 0)
+    r = h.at(2).deliver("a", 0, lease_s=30)
+    h.at(5).settle("nack", r, "a", 0, outcome="error", error="LeaseLost", requeue=False)
+    _done(h, h.at(33).deliver("a", 0))
+    h.at(100).add("phase", name="end")
+    assert "settlement_honoured" in names(h)
+    # refused after the lease ran out: another member may hold it by then
+    h = H(**LIVENESS).topic().join().at(1).publish("a", 0)
+    r = h.at(2).deliver("a", 0, lease_s=10)
+    h.at(13).settle("ack", r, "a", 0, outcome="error", error="LeaseLost")
+    _done(h, h.at(14).deliver("a", 0))
+    h.at(100).add("phase", name="end")
+    assert "settlement_honoured" not in names(h)
+
+
+def test_a_settlement_refused_after_a_seek_or_outside_the_checked_phase_is_not_judged() -> None:
+    h = H(**LIVENESS).topic().join().at(1).publish("a", 0)
+    r = h.at(2).deliver("a", 0, lease_s=30)
+    h.ret(h.call("seek", "admin", group="g", topic="t", target="earliest"))
+    h.at(5).settle("ack", r, "a", 0, outcome="error", error="LeaseLost")
+    _done(h, h.at(6).deliver("a", 0))
+    h.at(100).add("phase", name="end")
+    assert "settlement_honoured" not in names(h)
+    h = H(consumer={"clock_skew_s": 2.0}).topic().join().at(1).publish("a", 0)  # chaos phase only
+    r = h.at(2).deliver("a", 0, lease_s=30)
+    h.at(5).settle("ack", r, "a", 0, outcome="error", error="LeaseLost")
+    _done(h, h.at(33).deliver("a", 0))
+    h.at(100).add("phase", name="end")
+    assert "settlement_honoured" not in names(h)
