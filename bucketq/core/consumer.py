@@ -694,6 +694,13 @@ class Consumer:
                     jobs.append((worker, demand, True))
                 elif demand > 0 and p in sub.membership.help_wanted and now >= worker.next_foreign_poll:
                     jobs.append((worker, demand, True))  # work stealing: its owner asked for help
+                elif demand > 0 and worker.watched_standing_ran_out(wall):
+                    # a standing claim read at this member's join ran out (I20): what it covered
+                    # may have been handed out by a holder that died, unseen in the log: read the
+                    # partition and claim what is there now, once, like a sweep
+                    worker.forget_watched_standing()
+                    eager.add(worker)
+                    jobs.append((worker, demand, True))
                 elif lease_due:
                     # a lease this member looks after came due and the owner (dead, silent, or
                     # this member's view of it stale) did not take it back: claim it

@@ -212,6 +212,10 @@ class PartitionWorker:
         # does not own the partition: those its replica held when it joined (their holder may have
         # died before this member's join: nobody else may know them), pos -> token
         self.watch_foreign: dict[Pos, str] = {}
+        # likewise the standing claim its replica held when it joined (I20): the segments it
+        # covers that the log has not seen hold no lease, only the claim, so when it runs out
+        # unrenewed this member reads and claims them (its holder may be the dead owner)
+        self.watch_standing: str | None = None
         # wall time of the last cycle that looked for claimable messages (expired leases
         # included): a lease that came due before it was looked at, so it is not due again until
         # something changes (a lease claimed again, or a new one)
@@ -248,13 +252,16 @@ class PartitionWorker:
         # I16: this member read the log just now; a lease in it may belong to a member that died
         # before this one joined, whose partition's owner (itself, perhaps) may never learn of it
         self.watch_foreign = {pos: lease.token for pos, lease in self.state.leases.items()}
+        standing = self.state.standing
+        self.watch_standing = standing.token if standing is not None else None
         self._deadlines = None
 
     # -- lease liveness (I16) --------------------------------------------------------------------
 
     def lease_due(self, *, owned: bool) -> float:
         """When (wall clock) this member should next claim an expired lease, or (an owner) a
-        delayed message whose delay ended, here; inf: none.
+        delayed message whose delay ended or what a standing claim that ran out covered, here;
+        inf: none.
 
         An owner looks after every lease of its partition, at ``until + clock_skew_s`` (the margin
         I4 claims with). A non-owner looks after the leases it holds itself and those it watches
@@ -278,6 +285,12 @@ class PartitionWorker:
             delays = (
                 [not_before + LEASE_DUE_AFTER_S for not_before in state.delayed.values()] if owned else []
             )
+            # and when a standing claim runs out (I20): the segments it covered that the log has
+            # not seen hold no lease in the state, only the claim; a holder that died after
+            # handing them out left them to whoever reads them then, which an idle partition's
+            # owner otherwise did only at its next poll (simulation seed 83: 20 s late)
+            if state.standing is not None and (owned or self.watch_standing == state.standing.token):
+                delays.append(state.standing.until + margin)
             self._deadlines = (
                 key,
                 sorted(
@@ -292,6 +305,21 @@ class PartitionWorker:
         deadlines = self._deadlines[1]
         i = bisect.bisect_right(deadlines, self.leases_looked)
         return deadlines[i] if i < len(deadlines) else float("inf")
+
+    def watched_standing_ran_out(self, now: float) -> bool:
+        """The standing claim this member watches (read at its join) ran out unrenewed, and the
+        partition's owner (perhaps its dead holder) did not take it over: this member reads the
+        partition and claims what it covered, once (I16, I20; a look at expired leases alone
+        would not read the segments it covered that the log has not seen)."""
+        st = self.state.standing
+        if self.watch_standing is None or st is None or st.token != self.watch_standing:
+            return False
+        margin = self.settings.clock_skew_s + self.settings.steal_after_s + LEASE_DUE_AFTER_S
+        return now >= st.until + margin
+
+    def forget_watched_standing(self) -> None:
+        self.watch_standing = None
+        self._deadlines = None
 
     def _forget_watched(self, now: float, *, keep_expired: bool) -> None:
         """After a look at this partition's leases: stop watching those that are settled or taken
