@@ -660,6 +660,9 @@ class PartitionWorker:
                 return []
             head = [op for op in (expire, None if ending or after else stand) if op is not None]
             tail = [stand] if stand is not None and (ending or after) else []
+            if ending:
+                assert stand is not None
+                tail[:0] = self._unhanded_releases(state, [*head, *seen, *settles], stand)
             return [*head, *seen, *settles, *tail, *claims]
 
         outcome = None
@@ -685,7 +688,12 @@ class PartitionWorker:
                 self.recheck = bool(self.state.segments)
             self.intents = [i for i in self.intents if not i.future.done()]
         self._absorb_discovered()
-        if outcome is not None and not foreign:
+        if not foreign:
+            # whatever the log now leases to this worker's standing claim and it has not handed
+            # out, after any cycle, not only one that committed: a ``seen`` another member wrote
+            # may come in with a catch-up (or a rebase whose segment was not in the window yet),
+            # and a cycle with nothing to write would otherwise leave it leased to this member,
+            # undelivered, until the lease ran out (I20)
             result.messages.extend(self._hand_out_covered(time.time()))
         if self._unseen_since is not None:
             # the handed-out segments still waiting for a ``seen`` this worker can write (a seek
@@ -993,6 +1001,23 @@ class PartitionWorker:
             return self.state.prior_deliveries(pos) + 1
         return None
 
+    def _unhanded_releases(self, state: CursorState, before: list[Op], end: Op) -> list[Op]:
+        """The releases that go with the end of this worker's standing claim (I20): every message
+        the log leases to it (once ``before``, the delta's earlier ops, are applied) that this
+        worker never handed out: a segment another member saw under it, or one its own ``seen``
+        covered past the demand. Nobody else may claim such a message while the lease lives, and
+        its holder will never deliver it: left alone, it waited a visibility timeout."""
+        after = CursorState.from_json(state.to_json())
+        after.n = state.n
+        now = time.time()
+        for op in before:
+            apply_op(after, op, now)
+        return [
+            Op("release", pos[0], pos[1], token=end.token, counted=False, ref="unhanded")
+            for pos, lease in sorted(after.leases.items())
+            if lease.token == end.token and pos not in self._handed
+        ]
+
     def can_give_back(self) -> bool:
         """The member holds a standing claim it may give back now (see ``_handed_unseen``)."""
         return self.holds_standing() and not self._handed_unseen(time.time())
@@ -1071,9 +1096,9 @@ class PartitionWorker:
         return _by_priority(out)
 
     def _hand_out_covered(self, now: float) -> list[Message]:
-        """After a commit: the messages the log now leases to this worker's standing claim that it
-        has not handed out (segments its delta saw under the claim, or another member's ``seen``):
-        they are this member's, delivered like claimed ones."""
+        """After every cycle: the messages the log now leases to this worker's standing claim that
+        it has not handed out (segments its delta saw under the claim, or another member's
+        ``seen``, read with a catch-up): they are this member's, delivered like claimed ones."""
         st = self.standing()
         if st is None:
             return []

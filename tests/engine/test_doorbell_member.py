@@ -22,8 +22,11 @@ from bucketq.bench.metered import MeteredStore
 from bucketq.config import PROFILES, ConsumerSettings
 from bucketq.core import cadence
 from bucketq.core.cadence import PING_LOOK_GAP_S, rung_poll_s
+from bucketq.core.cursor_log import CursorLog
+from bucketq.core.partition_worker import seen_op
 from bucketq.core.pings import RING_VERSION, ring_payload
 from bucketq.core.producer import partition_for_key
+from bucketq.core.segment import decode_segment
 from bucketq.errors import StorageError
 from bucketq.storage import Blob, ObjectInfo
 from bucketq.storage.memory import MemoryStore
@@ -592,3 +595,124 @@ def test_a_message_dead_lettered_under_a_standing_claim_is_never_delivered_again
     assert errors == []
     assert deliveries == dict.fromkeys(range(20), 1)
     assert sorted(dead) == list(range(1, 20, 2))
+
+
+async def covered_segment_seen_by_another_member() -> tuple[bool, str | None, float]:
+    """A member (``max_in_flight=1``) holds its first message under the standing claim it took
+    (I20); meanwhile a second message is published and another member, which also believes it
+    owns the partition (membership views may differ for a heartbeat), writes that segment's
+    ``seen``: the message is then leased to the standing claim's holder. The holder acks the first
+    message (its delta meets the other's, rebases and lands). Returns (a standing claim stood, the
+    payload the holder received next, seconds until it did)."""
+    store = MemoryStore()
+    member_bq = Bucketq(settings(), store=store)
+    other_bq = Bucketq(settings(), store=store)
+    await member_bq.open()
+    await other_bq.open()
+    await other_bq.create_topic("t", partitions=1)
+    member = await member_bq.register_consumer("g", "t", max_in_flight=1)
+    producer = await other_bq.register_producer("p")
+    await producer.publish("t", "first")
+    [first] = await member.poll(max_messages=1, wait=10.0)
+    stood = member._subs["t"].workers[0].standing() is not None
+
+    await producer.publish("t", "second")  # the member is full: it does not look for it
+    incarnation = (await other_bq.catalog.marker("t")).incarnation
+    other = CursorLog(
+        other_bq.storage,
+        other_bq.keys,
+        "t",
+        "g",
+        0,
+        "other",
+        topic_fence=other_bq.catalog.fence("t", incarnation),
+    )
+    state = await other.load()
+    blob = await other_bq.storage.get(other_bq.keys.segment("t", 0, state.frontier + 1))
+    assert blob is not None
+    await other.commit(lambda s: [seen_op(decode_segment(blob.data), "g", incarnation)])
+
+    await first.ack()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    received: list[Any] = []
+    while not received and loop.time() - started < 120:
+        received = await member.poll(max_messages=1, wait=1.0)
+    took = loop.time() - started
+    await member.close()
+    await member_bq.close()
+    await other_bq.close()
+    return stood, received[0].payload if received else None, took
+
+
+def test_a_message_another_member_saw_under_this_members_standing_claim_is_delivered_at_once() -> None:
+    """I20: a ``seen`` written by any member leases a covered segment's messages to the standing
+    claim's holder. The holder hands them out whenever its replica shows them, not only after a
+    delta of its own: here it read the other's ``seen`` while committing its ack, before the
+    segment was in its window, and then had nothing to write, so the message sat leased to it,
+    undelivered, until the lease ran out (a visibility timeout, 30 s)."""
+    stood, payload, took = run_virtual(covered_segment_seen_by_another_member)
+    assert stood, "no standing claim: the test did not test it"
+    assert payload == "second"
+    assert took < 5.0, f"the message leased to the holder reached its app after {took:.1f}s"
+
+
+async def standing_claim_given_back_over_a_covered_segment() -> tuple[bool, list[str], float]:
+    """A member (``max_in_flight=1``) holds its first message under the standing claim it took
+    (I20); another member writes the next segment's ``seen``, which leases its message to the
+    standing claim; the holder then closes (giving the first message and the claim back) without
+    having read the log since. A new member joins. Returns (a standing claim stood, what the new
+    member received, seconds until it had both messages)."""
+    store = MemoryStore()
+    member_bq = Bucketq(settings(), store=store)
+    other_bq = Bucketq(settings(), store=store)
+    await member_bq.open()
+    await other_bq.open()
+    await other_bq.create_topic("t", partitions=1)
+    member = await member_bq.register_consumer("g", "t", max_in_flight=1)
+    producer = await other_bq.register_producer("p")
+    await producer.publish("t", "first")
+    [_first] = await member.poll(max_messages=1, wait=10.0)
+    stood = member._subs["t"].workers[0].standing() is not None
+
+    await producer.publish("t", "second")  # the member is full: it does not look for it
+    incarnation = (await other_bq.catalog.marker("t")).incarnation
+    other = CursorLog(
+        other_bq.storage,
+        other_bq.keys,
+        "t",
+        "g",
+        0,
+        "other",
+        topic_fence=other_bq.catalog.fence("t", incarnation),
+    )
+    state = await other.load()
+    blob = await other_bq.storage.get(other_bq.keys.segment("t", 0, state.frontier + 1))
+    assert blob is not None
+    await other.commit(lambda s: [seen_op(decode_segment(blob.data), "g", incarnation)])
+
+    await member.close()  # gives "first" back (drain) and ends the standing claim
+    await member_bq.close()
+    successor = await other_bq.register_consumer("g", "t")
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    received: list[str] = []
+    while len(received) < 2 and loop.time() - started < 120:
+        for msg in await successor.poll(max_messages=10, wait=1.0):
+            received.append(msg.payload)
+            await msg.ack()
+    took = loop.time() - started
+    await successor.close()
+    await other_bq.close()
+    return stood, received, took
+
+
+def test_a_standing_claim_given_back_releases_the_covered_messages_its_holder_never_handed_out() -> None:
+    """I20: the end of a standing claim (its holder closes, or stops owning the partition) also
+    releases what the log leases to it that it never handed out: here a segment another member saw
+    under it. Those leases used to outlive the claim, so the message waited for its lease to run
+    out (a visibility timeout) before anybody could claim it."""
+    stood, received, took = run_virtual(standing_claim_given_back_over_a_covered_segment)
+    assert stood, "no standing claim: the test did not test it"
+    assert sorted(received) == ["first", "second"]
+    assert took < 5.0, f"the successor waited {took:.1f}s"
