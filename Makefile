@@ -87,12 +87,12 @@ tools: $(HELM) $(KUBECTL) ## Install what the tests use beyond .venv: helm and k
 # side runs, each a pytest process running its tests in order, and `make lint` (about 17 s, mostly
 # a cold mypy) beside them rather than before. Most tests wait on servers and timers, so the cores
 # stay busy: three workers overlap the waits. The side runs, their logs printed after the rest:
-#   spark:    the Spark tests share one SparkSession;
+#   spark:    the Spark tests share one SparkSession; then the docs' walkthroughs run as written
+#             (~60 s of commands and their waits; the Spark tests end ~70 s before the other runs);
 #   checkers: the operator tests share one emulated API server and operator (stopped after its last
 #             test); then the simulation batch and the chaos runs (about 150 s of worker time) go
 #             in the same process: the operator tests end ~300 s before the xdist part does, and
 #             those tests need no test beside them. Checked by histories, they hold under any load.
-#             Last, the docs' walkthroughs run as written (~60 s of commands and their waits).
 # Each run ends with its TEST_DURATIONS slowest tests (setup, call and teardown apart), so a CI
 # log shows where the time went. A lint failure still fails `make test`. TEST_JOBS=0: one process.
 # --maxschedchunk=1: a worker is handed the next test when it has fewer than two queued. xdist's
@@ -103,8 +103,8 @@ TEST_JOBS ?= 3
 XDIST := -n $(TEST_JOBS) --maxschedchunk=1
 TEST_DURATIONS ?= 20
 SIDE_RUNS := spark checkers
-SIDE_spark := tests/spark
-SIDE_checkers := tests/operator tests/sim tests/chaos tests/cli/test_walkthroughs.py
+SIDE_spark := tests/spark tests/cli/test_walkthroughs.py
+SIDE_checkers := tests/operator tests/sim tests/chaos
 SIDE_TESTS := $(foreach r,$(SIDE_RUNS),$(SIDE_$(r)))
 test: tools ## Lint and type-check, and run the whole test suite (lint and two side runs beside TEST_JOBS workers)
 ifeq ($(TEST_JOBS),0)
