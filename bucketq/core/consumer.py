@@ -310,7 +310,14 @@ class Consumer:
                 self._settled[receipt] = "released at close"
             self._held.clear()
             deadline = time.monotonic() + 10
-            while any(w.has_work() or w.busy for s in self._subs.values() for w in s.workers.values()):
+            # a deleted topic's cursor logs take no more writes (I6): nothing there is waited for
+            # (a standing claim's give-back there kept close() waiting its whole budget, I20)
+            while any(
+                w.has_work() or w.busy
+                for s in self._subs.values()
+                if s.gone is None
+                for w in s.workers.values()
+            ):
                 if time.monotonic() > deadline or self._task is None or self._task.done():
                     break
                 self._wake.set()

@@ -20,14 +20,14 @@ import pytest
 from bucketq import Bucketq, Settings
 from bucketq.bench.metered import MeteredStore
 from bucketq.config import PROFILES, ConsumerSettings
-from bucketq.core import cadence
+from bucketq.core import cadence, topics
 from bucketq.core.cadence import PING_LOOK_GAP_S, rung_poll_s
 from bucketq.core.cursor_log import CursorLog
 from bucketq.core.partition_worker import seen_op
 from bucketq.core.pings import RING_VERSION, ring_payload
 from bucketq.core.producer import partition_for_key
 from bucketq.core.segment import decode_segment
-from bucketq.errors import StorageError
+from bucketq.errors import StorageError, TopicNotFound
 from bucketq.storage import Blob, ObjectInfo
 from bucketq.storage.memory import MemoryStore
 from tests.support.virtual import run_virtual
@@ -716,3 +716,49 @@ def test_a_standing_claim_given_back_releases_the_covered_messages_its_holder_ne
     assert stood, "no standing claim: the test did not test it"
     assert sorted(received) == ["first", "second"]
     assert took < 5.0, f"the successor waited {took:.1f}s"
+
+
+async def close_after_the_topic_was_deleted() -> tuple[bool, float]:
+    """A member holds a standing claim (I20) when its topic is deleted; it is told so, then
+    closes. Returns (a standing claim stood, seconds ``close()`` took)."""
+    store = MemoryStore()
+    member_bq = Bucketq(settings({"heartbeat_interval_s": 0.2}), store=store)
+    admin_bq = Bucketq(settings(), store=store)
+    await member_bq.open()
+    await admin_bq.open()
+    await admin_bq.create_topic("t", partitions=1)
+    member = await member_bq.register_consumer("g", "t")
+    producer = await admin_bq.register_producer("p")
+    await producer.publish("t", "only")
+    [msg] = await member.poll(max_messages=1, wait=10.0)
+    await msg.ack()
+    stood = member._subs["t"].workers[0].standing() is not None
+    await admin_bq.catalog.delete("t", fence_wait_s=DELETE_FENCE_WAIT_S)
+    told = False
+    for _ in range(600):  # until a refresh of the topic's marker finds it gone
+        try:
+            await member.poll(max_messages=1, wait=1.0)
+        except TopicNotFound:
+            told = True
+            break
+    assert told, "the member was never told its topic was deleted"
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    await member.close()
+    took = loop.time() - started
+    await member_bq.close()
+    await admin_bq.close()
+    return stood, took
+
+
+DELETE_FENCE_WAIT_S = 1.0
+
+
+def test_a_member_whose_topic_was_deleted_closes_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Nothing can be written to a deleted topic's cursor logs (I6), so ``close()`` does not wait
+    for them: it used to wait its whole 10 s budget for the give-back of a standing claim (I20)
+    that could never be written."""
+    monkeypatch.setattr(topics, "TOPIC_FENCE_S", DELETE_FENCE_WAIT_S / 2)
+    stood, took = run_virtual(close_after_the_topic_was_deleted)
+    assert stood, "no standing claim: the test did not test it"
+    assert took < 1.0, f"close() took {took:.1f}s"
