@@ -1007,11 +1007,7 @@ class PartitionWorker:
         worker never handed out: a segment another member saw under it, or one its own ``seen``
         covered past the demand. Nobody else may claim such a message while the lease lives, and
         its holder will never deliver it: left alone, it waited a visibility timeout."""
-        after = CursorState.from_json(state.to_json())
-        after.n = state.n
-        now = time.time()
-        for op in before:
-            apply_op(after, op, now)
+        after = _preview(state, *before)
         return [
             Op("release", pos[0], pos[1], token=end.token, counted=False, ref="unhanded")
             for pos, lease in sorted(after.leases.items())
@@ -1156,9 +1152,11 @@ def _retrieve(task: asyncio.Task[Blob | None]) -> None:
         task.exception()
 
 
-def _preview(state: CursorState, op: Op) -> CursorState:
-    """The state as it will be after ``op`` (validated the same way), for building the other ops."""
+def _preview(state: CursorState, *ops: Op) -> CursorState:
+    """The state as it will be after ``ops`` (validated the same way), for building the other ops."""
     copy = CursorState.from_json(state.to_json())
     copy.n = state.n
-    apply_op(copy, op, time.time())
+    now = time.time()
+    for op in ops:
+        apply_op(copy, op, now)
     return copy

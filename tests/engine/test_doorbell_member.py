@@ -597,13 +597,24 @@ def test_a_message_dead_lettered_under_a_standing_claim_is_never_delivered_again
     assert sorted(dead) == list(range(1, 20, 2))
 
 
-async def covered_segment_seen_by_another_member() -> tuple[bool, str | None, float]:
-    """A member (``max_in_flight=1``) holds its first message under the standing claim it took
-    (I20); meanwhile a second message is published and another member, which also believes it
-    owns the partition (membership views may differ for a heartbeat), writes that segment's
-    ``seen``: the message is then leased to the standing claim's holder. The holder acks the first
-    message (its delta meets the other's, rebases and lands). Returns (a standing claim stood, the
-    payload the holder received next, seconds until it did)."""
+@dataclass
+class CoveredBySomeoneElse:
+    """A member (``max_in_flight=1``) holding ``first`` under the standing claim it took (I20),
+    and a second message whose segment another member (one that also believes it owns the
+    partition: membership views may differ for a heartbeat) saw, which leased it to that claim."""
+
+    member_bq: Bucketq
+    other_bq: Bucketq
+    member: Any
+    first: Any
+    stood: bool  # a standing claim stood: else the tests below test nothing
+
+    async def close(self) -> None:
+        await self.member_bq.close()
+        await self.other_bq.close()
+
+
+async def a_segment_seen_by_another_member_under_a_standing_claim() -> CoveredBySomeoneElse:
     store = MemoryStore()
     member_bq = Bucketq(settings(), store=store)
     other_bq = Bucketq(settings(), store=store)
@@ -631,18 +642,24 @@ async def covered_segment_seen_by_another_member() -> tuple[bool, str | None, fl
     blob = await other_bq.storage.get(other_bq.keys.segment("t", 0, state.frontier + 1))
     assert blob is not None
     await other.commit(lambda s: [seen_op(decode_segment(blob.data), "g", incarnation)])
+    return CoveredBySomeoneElse(member_bq, other_bq, member, first, stood)
 
-    await first.ack()
+
+async def covered_segment_seen_by_another_member() -> tuple[bool, str | None, float]:
+    """The holder of ``a_segment_seen_by_another_member_under_a_standing_claim`` acks the first
+    message (its delta meets the other's, rebases and lands). Returns (a standing claim stood, the
+    payload the holder received next, seconds until it did)."""
+    case = await a_segment_seen_by_another_member_under_a_standing_claim()
+    await case.first.ack()
     loop = asyncio.get_running_loop()
     started = loop.time()
     received: list[Any] = []
     while not received and loop.time() - started < 120:
-        received = await member.poll(max_messages=1, wait=1.0)
+        received = await case.member.poll(max_messages=1, wait=1.0)
     took = loop.time() - started
-    await member.close()
-    await member_bq.close()
-    await other_bq.close()
-    return stood, received[0].payload if received else None, took
+    await case.member.close()
+    await case.close()
+    return case.stood, received[0].payload if received else None, took
 
 
 def test_a_message_another_member_saw_under_this_members_standing_claim_is_delivered_at_once() -> None:
@@ -658,42 +675,13 @@ def test_a_message_another_member_saw_under_this_members_standing_claim_is_deliv
 
 
 async def standing_claim_given_back_over_a_covered_segment() -> tuple[bool, list[str], float]:
-    """A member (``max_in_flight=1``) holds its first message under the standing claim it took
-    (I20); another member writes the next segment's ``seen``, which leases its message to the
-    standing claim; the holder then closes (giving the first message and the claim back) without
-    having read the log since. A new member joins. Returns (a standing claim stood, what the new
-    member received, seconds until it had both messages)."""
-    store = MemoryStore()
-    member_bq = Bucketq(settings(), store=store)
-    other_bq = Bucketq(settings(), store=store)
-    await member_bq.open()
-    await other_bq.open()
-    await other_bq.create_topic("t", partitions=1)
-    member = await member_bq.register_consumer("g", "t", max_in_flight=1)
-    producer = await other_bq.register_producer("p")
-    await producer.publish("t", "first")
-    [_first] = await member.poll(max_messages=1, wait=10.0)
-    stood = member._subs["t"].workers[0].standing() is not None
-
-    await producer.publish("t", "second")  # the member is full: it does not look for it
-    incarnation = (await other_bq.catalog.marker("t")).incarnation
-    other = CursorLog(
-        other_bq.storage,
-        other_bq.keys,
-        "t",
-        "g",
-        0,
-        "other",
-        topic_fence=other_bq.catalog.fence("t", incarnation),
-    )
-    state = await other.load()
-    blob = await other_bq.storage.get(other_bq.keys.segment("t", 0, state.frontier + 1))
-    assert blob is not None
-    await other.commit(lambda s: [seen_op(decode_segment(blob.data), "g", incarnation)])
-
-    await member.close()  # gives "first" back (drain) and ends the standing claim
-    await member_bq.close()
-    successor = await other_bq.register_consumer("g", "t")
+    """The holder of ``a_segment_seen_by_another_member_under_a_standing_claim`` closes (giving the
+    first message and the claim back) without having read the log since. A new member joins.
+    Returns (a standing claim stood, what the new member received, seconds until it had both)."""
+    case = await a_segment_seen_by_another_member_under_a_standing_claim()
+    await case.member.close()  # gives "first" back (drain) and ends the standing claim
+    await case.member_bq.close()
+    successor = await case.other_bq.register_consumer("g", "t")
     loop = asyncio.get_running_loop()
     started = loop.time()
     received: list[str] = []
@@ -703,8 +691,8 @@ async def standing_claim_given_back_over_a_covered_segment() -> tuple[bool, list
             await msg.ack()
     took = loop.time() - started
     await successor.close()
-    await other_bq.close()
-    return stood, received, took
+    await case.other_bq.close()
+    return case.stood, received, took
 
 
 def test_a_standing_claim_given_back_releases_the_covered_messages_its_holder_never_handed_out() -> None:
