@@ -255,15 +255,26 @@ def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
             proc.wait(timeout=10)
 
 
-def start_moto(workdir: Path) -> S3Server:
-    """``moto_server`` on a free 127.0.0.1 port (stop it with :meth:`S3Server.stop`)."""
+def moto_command() -> list[str] | None:
+    """The command that runs a moto server, or None when none is installed.
+
+    With moto in this interpreter, :mod:`bucketq.bench.moto_server` (moto's server without its
+    per-request directory scan); else a ``moto_server`` on PATH as it is.
+    """
+    import importlib.util
+
+    # moto.server needs the ``server`` extra (flask): without it, moto alone cannot serve
+    if all(importlib.util.find_spec(name) is not None for name in ("moto", "flask", "flask_cors")):
+        return [sys.executable, "-m", "bucketq.bench.moto_server"]
     exe = find_tool("moto_server")
-    if exe is None:
-        try:
-            import moto.server  # noqa: F401
-        except ImportError:
-            raise ServerUnavailable("moto server is not installed (pip install 'moto[server]')") from None
-    args = [exe] if exe else [sys.executable, "-m", "moto.server"]
+    return [exe] if exe else None
+
+
+def start_moto(workdir: Path) -> S3Server:
+    """A moto server on a free 127.0.0.1 port (stop it with :meth:`S3Server.stop`)."""
+    args = moto_command()
+    if args is None:
+        raise ServerUnavailable("moto server is not installed (pip install 'moto[server]')")
     (port,) = free_ports(1)
     log_path = workdir / "moto.log"
     started = time.monotonic()

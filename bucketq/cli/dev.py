@@ -187,10 +187,10 @@ def _moto(where: Path, port: int) -> DevState:
         and _answers(running.endpoint_url)
     ):
         return running
-    from bucketq.bench.servers import find_tool, free_ports
+    from bucketq.bench.servers import free_ports, moto_command
 
-    exe = find_tool("moto_server")
-    if exe is None:
+    command = moto_command()
+    if command is None:
         from bucketq._extras import install_hint
 
         raise CliError(f"{install_hint('bucketq dev', 'local')} (or use --backend file)", EXIT_ERROR)
@@ -200,7 +200,7 @@ def _moto(where: Path, port: int) -> DevState:
     log_path = where / "moto.log"
     with open(log_path, "ab") as log:
         process = subprocess.Popen(
-            [exe, "-H", "127.0.0.1", "-p", str(port)],
+            [*command, "-H", "127.0.0.1", "-p", str(port)],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -89,8 +89,8 @@ def test_dev_starts_reuses_and_stops_a_moto_server(tmp_path: Path) -> None:
 
 
 def test_dev_without_moto_names_the_extra(tmp_path: Path) -> None:
-    # an interpreter that finds no moto_server (as in an install without the extra)
-    no_moto = "import bucketq.bench.servers as s; s.find_tool = lambda name: None; from bucketq.cli import main; main()"
+    # an interpreter that finds no moto server (as in an install without the extra)
+    no_moto = "import bucketq.bench.servers as s; s.moto_command = lambda: None; from bucketq.cli import main; main()"
     result = subprocess.run(
         [sys.executable, "-c", no_moto, "dev"],
         env=base_env(BUCKETQ_DEV_DIR=str(tmp_path / "dev")), capture_output=True, text=True, timeout=60, cwd=ROOT,
