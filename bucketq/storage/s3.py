@@ -19,6 +19,8 @@ import builtins
 import contextvars
 import random
 import threading
+import urllib.parse
+import urllib.request
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
@@ -102,6 +104,22 @@ def _session_for(access_key_id: str | None, secret_access_key: str | None, regio
             aws_access_key_id=access_key_id, aws_secret_access_key=secret_access_key, region_name=region
         )
     return session
+
+
+def certificate_verification(endpoint_url: str | None) -> bool | None:
+    """botocore's ``verify`` for a client of ``endpoint_url``: None (its default, verify) or False.
+
+    False only where no TLS can happen: a plain ``http://`` endpoint with no proxy for it (a
+    proxy may be reached over TLS, and its certificate must then be checked). Verifying makes
+    every client load the CA bundle into a fresh SSL context when it opens its connection pool,
+    ~30 CPU-ms a client, for a context a plain-HTTP endpoint never uses: every CLI command, Spark
+    split and operator namespace against an in-cluster S3 server paid it."""
+    if endpoint_url is None or urllib.parse.urlsplit(endpoint_url).scheme.lower() != "http":
+        return None
+    proxies = urllib.request.getproxies()
+    if proxies.get("http") or proxies.get("all"):
+        return None
+    return False
 
 
 @dataclass(slots=True)
@@ -247,7 +265,12 @@ class S3Store:
                 )
                 stack = AsyncExitStack()
                 client = await stack.enter_async_context(
-                    session.client("s3", endpoint_url=self.endpoint_url, config=config)
+                    session.client(
+                        "s3",
+                        endpoint_url=self.endpoint_url,
+                        config=config,
+                        verify=certificate_verification(self.endpoint_url),
+                    )
                 )
                 client.meta.events.register("before-send.s3", self._on_before_send)
                 client.meta.events.register_first("needs-retry.s3", self._on_needs_retry)
