@@ -198,6 +198,8 @@ def _standing_holders(events: list[dict[str, object]]) -> dict[tuple[object, obj
     return holders
 
 
+# slow: 120 schedules, about 30 s of `make test-fast`'s 60 (`make test` runs it with the batch)
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("family", "holders_change"),
     [
