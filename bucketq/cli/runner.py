@@ -257,23 +257,34 @@ def _run_app(argv: list[str], url: str, app_port: int | None, sidecar: subproces
     env = dict(os.environ, BUCKETQ_SIDECAR_URL=url)
     if app_port is not None:
         env["BUCKETQ_APP_PORT"] = str(app_port)
-    try:
-        app = subprocess.Popen(argv, env=env, preexec_fn=die_with_parent)
-    except OSError as exc:
-        stderr().print(f"[bold red]error:[/] cannot start {argv[0]}: {exc.strerror}", highlight=False)
-        return 127 if isinstance(exc, FileNotFoundError) else 126
     # The app shares this terminal's process group, so Ctrl-C reaches it directly; a signal sent
-    # to bucketq run alone (kill, a supervisor) is passed on to it.
+    # to bucketq run alone (kill, a supervisor) is passed on to it. The handlers are in place
+    # before the app starts: a Ctrl-C while it starts must not end bucketq run (KeyboardInterrupt)
+    # and leave the app running without its sidecar; it is passed on once the app exists.
     from_terminal = sys.stdin is not None and sys.stdin.isatty()
+    started: list[subprocess.Popen[bytes]] = []
+    pending: list[int] = []
 
     def forward(signum: int, frame: object) -> None:
+        if not started:
+            pending.append(signum)
+            return
         if signum == signal.SIGINT and from_terminal:
             return  # the app had it from the terminal too
         with contextlib.suppress(ProcessLookupError):
-            app.send_signal(signum)
+            started[0].send_signal(signum)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
+        try:
+            app = subprocess.Popen(argv, env=env, preexec_fn=die_with_parent)
+        except OSError as exc:
+            stderr().print(f"[bold red]error:[/] cannot start {argv[0]}: {exc.strerror}", highlight=False)
+            return 127 if isinstance(exc, FileNotFoundError) else 126
+        started.append(app)
+        if pending:
+            with contextlib.suppress(ProcessLookupError):
+                app.send_signal(pending[0])  # it came before the app: the app has it now, once
         while True:
             code = app.poll()
             if code is not None:

@@ -290,6 +290,36 @@ def test_ctrl_c_reaches_the_app_once_then_the_sidecar_stops(file_env: dict[str, 
     assert "stopped (exit code 0)" in err
 
 
+def test_a_signal_while_the_app_starts_reaches_the_app_and_bucketq_run_waits_for_it() -> None:
+    """A Ctrl-C or SIGTERM that comes while bucketq run is starting the app (between fork and its
+    handlers) is the app's once it exists: bucketq run does not die of it (leaving the app without
+    its sidecar), passes it on, and returns the app's exit status (here: ended by SIGINT, 130)."""
+    # the signal arrives inside Popen, before the app exists: the worst moment, made certain
+    script = (
+        "import os, signal, subprocess, sys\n"
+        "from bucketq.cli import runner\n"
+        "real = subprocess.Popen\n"
+        "class Interrupted(real):\n"
+        "    def __init__(self, *a, **k):\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "        super().__init__(*a, **k)\n"
+        "        print('app', self.pid, flush=True)\n"
+        "sidecar = real([sys.executable, '-c', 'import time; time.sleep(60)'], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        "runner.subprocess.Popen = Interrupted\n"
+        "app = [sys.executable, '-c', 'import time; time.sleep(60)']\n"
+        "code = runner._run_app(app, 'http://127.0.0.1:9', None, sidecar)\n"
+        "sidecar.kill()\n"
+        "print('exit', code, flush=True)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, cwd=ROOT
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    started, ended = result.stdout.splitlines()
+    assert ended == "exit 130", result.stdout  # the app's status: it was ended by the SIGINT
+    assert not alive(int(started.split()[1]))
+
+
 @pytest.mark.parametrize(
     ("argv", "name"),
     [(["python", "examples/worker.py"], "worker"), (["python", "-m", "shop.billing_worker"], "billing-worker"),
