@@ -21,12 +21,14 @@ def main(argv: list[str] | None = None) -> None:
     import moto.backends
     import moto.server
 
-    modules = tuple(moto.backends.list_of_moto_modules())
+    scan = getattr(moto.backends, "list_of_moto_modules", None)
+    if scan is not None:  # moto releases without it (the `local` extra allows 5.x) run as they are
+        modules = tuple(scan())
 
-    def list_of_moto_modules() -> Iterable[str]:
-        return modules
+        def list_of_moto_modules() -> Iterable[str]:
+            return modules
 
-    moto.backends.list_of_moto_modules = list_of_moto_modules
+        moto.backends.list_of_moto_modules = list_of_moto_modules
     moto.server.main(sys.argv[1:] if argv is None else argv)
 
 
