@@ -14,7 +14,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "sidecar": ("prometheus_client", "cloudevents"),
     "operator": ("kopf", "cryptography", "prometheus_client"),
     "spark": ("pyspark", "pyarrow"),
-    "local": ("moto",),
+    "local": ("moto", "flask", "flask_cors"),  # moto[server]: its server is a flask app
 }
 
 

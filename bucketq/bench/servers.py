@@ -261,10 +261,9 @@ def moto_command() -> list[str] | None:
     With moto in this interpreter, :mod:`bucketq.bench.moto_server` (moto's server without its
     per-request directory scan); else a ``moto_server`` on PATH as it is.
     """
-    import importlib.util
+    from bucketq._extras import missing_module
 
-    # moto.server needs the ``server`` extra (flask): without it, moto alone cannot serve
-    if all(importlib.util.find_spec(name) is not None for name in ("moto", "flask", "flask_cors")):
+    if missing_module("local") is None:
         return [sys.executable, "-m", "bucketq.bench.moto_server"]
     exe = find_tool("moto_server")
     return [exe] if exe else None
