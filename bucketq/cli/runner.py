@@ -262,17 +262,18 @@ def _run_app(argv: list[str], url: str, app_port: int | None, sidecar: subproces
     # before the app starts: a Ctrl-C while it starts must not end bucketq run (KeyboardInterrupt)
     # and leave the app running without its sidecar; it is passed on once the app exists.
     from_terminal = sys.stdin is not None and sys.stdin.isatty()
-    started: list[subprocess.Popen[bytes]] = []
-    pending: list[int] = []
+    app: subprocess.Popen[bytes] | None = None
+    pending: int | None = None  # the first signal that came before the app existed
 
     def forward(signum: int, frame: object) -> None:
-        if not started:
-            pending.append(signum)
+        nonlocal pending
+        if app is None:
+            pending = pending or signum
             return
         if signum == signal.SIGINT and from_terminal:
             return  # the app had it from the terminal too
         with contextlib.suppress(ProcessLookupError):
-            started[0].send_signal(signum)
+            app.send_signal(signum)
 
     previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -281,10 +282,9 @@ def _run_app(argv: list[str], url: str, app_port: int | None, sidecar: subproces
         except OSError as exc:
             stderr().print(f"[bold red]error:[/] cannot start {argv[0]}: {exc.strerror}", highlight=False)
             return 127 if isinstance(exc, FileNotFoundError) else 126
-        started.append(app)
-        if pending:
+        if pending is not None:
             with contextlib.suppress(ProcessLookupError):
-                app.send_signal(pending[0])  # it came before the app: the app has it now, once
+                app.send_signal(pending)  # it came before the app: the app has it now, once
         while True:
             code = app.poll()
             if code is not None:
