@@ -8,7 +8,6 @@ import sys
 import urllib.request
 from pathlib import Path
 
-import boto3
 import pytest
 
 from bucketq.bench.servers import moto_command, start_moto
@@ -39,13 +38,7 @@ def test_the_backends_read_once_are_the_ones_moto_lists_per_request() -> None:
 def test_it_serves_s3_and_logs_every_request(tmp_path: Path) -> None:
     server = start_moto(tmp_path)
     try:
-        s3 = boto3.client(
-            "s3",
-            endpoint_url=server.endpoint_url,
-            aws_access_key_id="k",
-            aws_secret_access_key="s",
-            region_name="us-east-1",
-        )
+        s3 = server.client()
         s3.create_bucket(Bucket="served-bucket")
         s3.put_object(Bucket="served-bucket", Key="a", Body=b"1", IfNoneMatch="*")
         assert s3.get_object(Bucket="served-bucket", Key="a")["Body"].read() == b"1"
