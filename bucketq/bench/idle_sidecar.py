@@ -9,6 +9,7 @@ numbers are the bill of an idle sidecar, its producer side and its HTTP long-pol
 from __future__ import annotations
 
 import asyncio
+import json
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -20,10 +21,17 @@ from bucketq.client import AsyncClient, SidecarError
 from bucketq.config import Settings
 
 LONG_POLL_S = 20.0
+# The engine groups a sidecar member takes from the run (its own listener and ping are its own).
+ENGINE_GROUPS = ("csprng", "producer", "consumer")
 
 
 def sidecar_env(settings: Settings, group: str, topic: str) -> dict[str, str]:
-    """The environment of a sidecar member of ``group`` on ``topic`` in the run's bucket."""
+    """The environment of a sidecar member of ``group`` on ``topic`` in the run's bucket.
+
+    The sidecar is one of the run's members, so it runs with the run's engine settings: the
+    profile's values and every ``--set`` (``BUCKETQ_CONSUMER__HEARTBEAT_INTERVAL_S=1``), not the
+    profile's alone.
+    """
     env = {
         "BUCKETQ_BACKEND": "s3",
         "BUCKETQ_S3_ENDPOINT_URL": settings.s3_endpoint_url or "",
@@ -37,6 +45,10 @@ def sidecar_env(settings: Settings, group: str, topic: str) -> dict[str, str]:
         "BUCKETQ_SIDECAR_METRICS_PORT": "0",
         "BUCKETQ_SIDECAR_DRAIN_GRACE_S": "5",
     }
+    for name in ENGINE_GROUPS:
+        for field_name, value in getattr(settings, name).model_dump(mode="json").items():
+            text = value if isinstance(value, str) else json.dumps(value)
+            env[f"BUCKETQ_{name.upper()}__{field_name.upper()}"] = text
     if settings.s3_access_key_id is not None:
         env["BUCKETQ_S3_ACCESS_KEY_ID"] = settings.s3_access_key_id.get_secret_value()
     if settings.s3_secret_access_key is not None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from bucketq.bench import served
 from bucketq.bench.backends import Backend, open_backend
 from bucketq.bench.fleet import open_fleet
 from bucketq.bench.idle import Members, PickupTimeout, run_pickups
+from bucketq.bench.idle_sidecar import sidecar_env
 from bucketq.bench.metering import Meter
 from bucketq.bench.params import BenchParams
 from bucketq.bench.runner import run_scenarios
@@ -29,6 +31,7 @@ from bucketq.bench.served import ServedStore
 from bucketq.bench.tracker import Tracker
 from bucketq.bench.workers import Pacing, produce_paced
 from bucketq.cli import app
+from bucketq.config import Settings
 from bucketq.errors import AlreadyExists, Closed
 from bucketq.storage import MemoryStore
 from tests.support.servers import S3Server
@@ -397,7 +400,10 @@ def test_idle_sidecars_whose_apps_long_poll_are_counted_at_the_server(tmp_path: 
     out = tmp_path / "idle-sidecar.json"
     args = ["bench", "-b", "moto", "-s", "idle", "--via", "sidecar", "--json", str(out)]
     fast = ["--idle-seconds", "2.5", "--idle-warmup", "0.5", "--silence-seconds", "1", "--pickups", "2"]
-    result = CliRunner().invoke(app, [*args, *fast])
+    # a heartbeat every half second (the sidecars take the run's --set): each measured window of a
+    # second or more holds one, wherever it falls after the sidecars started
+    beats = ["--set", "consumer.heartbeat_interval_s=0.5", "--set", "consumer.heartbeat_idle_s=0.5"]
+    result = CliRunner().invoke(app, [*args, *fast, *beats])
     assert result.exit_code == 0, result.output
     (run,) = json.loads(out.read_text())
     assert (run["scenario"], run["via"], run["consumers"]) == ("idle", "sidecar", 2)
@@ -411,6 +417,41 @@ def test_idle_sidecars_whose_apps_long_poll_are_counted_at_the_server(tmp_path: 
     assert "PUT member" in run["server_calls_by_key"]  # the sidecars' heartbeats, seen by the server
     pickups = run["extra"]["pickups"]
     assert (pickups["handled"], len(pickups["latencies_ms"])) == (2, 2)
+
+
+def test_sidecar_members_run_with_the_runs_engine_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sidecar member reads from its environment the engine settings the run has: the profile's
+    values and every --set, so ``--via sidecar`` measures what it was asked to."""
+    run = Settings.from_dict(
+        {
+            "s3_bucket": "bench",
+            "s3_endpoint_url": "http://127.0.0.1:9",
+            "profile": "economy",
+            "producer": {"linger_ms": 7},
+            "consumer": {"heartbeat_interval_s": 1.5, "ordered": True, "start_position": "latest"},
+            "csprng": {"verify_retries": 5},
+        }
+    )
+    env = sidecar_env(run, "workers", "orders")
+    for key in [k for k in os.environ if k.startswith("BUCKETQ_")]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    member = Settings.load()
+    assert (member.profile, member.csprng, member.producer, member.consumer) == (
+        run.profile,
+        run.csprng,
+        run.producer,
+        run.consumer,
+    )
+    # the --set values, and the profile's where nothing was set
+    assert (member.producer.linger_ms, member.consumer.heartbeat_interval_s) == (7, 1.5)
+    assert member.consumer.ordered and member.consumer.start_position == "latest"
+    assert member.csprng.verify_retries == 5
+    assert (
+        member.consumer.commit_linger_ms
+        == Settings.from_dict({"profile": "economy", "backend": "memory"}).consumer.commit_linger_ms
+    )
 
 
 def test_idle_via_sidecar_needs_a_real_server_and_the_idle_scenario_alone() -> None:
