@@ -83,8 +83,8 @@ $(HELM) $(KUBECTL) &: | $(STAMP)
 # machine that cannot have one opts out with BUCKETQ_TEST_SKIP=spark,helm,kubectl,prometheus.
 APT_TOOLS := $(shell command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 || echo prometheus) \
 	$(shell command -v java >/dev/null 2>&1 || echo default-jre-headless)
-# Debian's packages install while .venv is made (on a fresh machine both take tens of seconds, and
-# neither needs the other): the recipe runs a make of its own with -j whatever make was given.
+# Debian's packages install while .venv is made (on a fresh machine each takes tens of seconds, and
+# neither needs the other): the recipe runs a make of its own with -j 3, whatever -j this one has.
 tools: ## Install what the tests use beyond .venv: helm and kubectl in .tools/bin, Prometheus, Java
 	@$(MAKE) --no-print-directory -j 3 kube-tools system-tools
 

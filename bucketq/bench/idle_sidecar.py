@@ -21,7 +21,7 @@ from bucketq.client import AsyncClient, SidecarError
 from bucketq.config import Settings
 
 LONG_POLL_S = 20.0
-# The engine groups a sidecar member takes from the run (its own listener and ping are its own).
+# The settings groups a sidecar member takes from the run; its wake-ping listener (ping) stays its own.
 ENGINE_GROUPS = ("csprng", "producer", "consumer")
 
 
